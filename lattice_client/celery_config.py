@@ -1,0 +1,121 @@
+"""The Celery application configuration shared by the client, the workers and Flower.
+
+Design: DESIGN.md section 5 (queues, JSON only, late acks, task events) and
+issue 6 item 1. The client only *sends* tasks, by name
+(``app.send_task("lattice.run_lead", args=[run_id], queue=queue_name(...))``);
+the worker side (``lattice_worker.celery_app``) builds its app with the same
+function and registers the task bodies on it.
+
+Isolation of deployments sharing one Redis (``key_prefix``):
+
+* kombu's ``global_keyprefix`` transport option puts ``"<prefix>:"`` in front of
+  every key the Redis transport touches: queue lists, the ``_kombu.binding.*``
+  routing tables, the unacked hash/index/mutex, and the Pub/Sub channels used by
+  fanout exchanges (remote control "pidbox" broadcasts and task events): kombu's
+  ``PrefixedRedisPubSub`` prefixes ``SUBSCRIBE``/``PSUBSCRIBE`` and the prefixed
+  client prefixes ``PUBLISH`` (checked in kombu 5.7's ``kombu/transport/redis.py``).
+* One command of that transport is *not* prefixed: ``EXISTS`` (used only by
+  passive queue declarations). As defence in depth every name kombu builds keys
+  from carries the prefix too: our queues (``<prefix>.<team>.<member>``), the
+  default queue (``<prefix>.default``), the control exchange (``<prefix>`` ->
+  ``<prefix>.pidbox`` / ``reply.<prefix>.pidbox``) and the event exchange and
+  event queues (``<prefix>.celeryev``). ``tests/integration/test_celery_config.py``
+  checks with a real worker that every Redis key a round trip creates starts
+  with ``"<prefix>:"`` and that another prefix sees no worker.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+
+from .settings import LatticeSettings, get_settings
+
+LEAD_MEMBER = "lead"
+"""Member name of a team's lead queue: ``queue_name(prefix, team, LEAD_MEMBER)``."""
+
+RUN_LEAD_TASK = "lattice.run_lead"
+"""Task name: run a lead turn of a new run (args: ``[run_id]``)."""
+
+DELIVER_TASK = "lattice.deliver"
+"""Task name: the doorbell of one mailbox (args: ``[mailbox_id]``)."""
+
+RESUME_LEAD_TASK = "lattice.resume_lead"
+"""Task name: resume a suspended lead run (args: ``[run_id]``)."""
+
+
+def queue_name(prefix: str, team: str, member: str = LEAD_MEMBER) -> str:
+    """The Celery queue of one team member: ``"<prefix>.<team>.<member>"``.
+
+    ``member="lead"`` names the lead's queue (DESIGN.md section 5). Raises
+    ``ValueError`` when a part is empty or contains whitespace.
+    """
+    for label, part in (("prefix", prefix), ("team", team), ("member", member)):
+        if not part or any(ch.isspace() for ch in part):
+            raise ValueError(f"queue_name: {label} must be non-empty without whitespace, got {part!r}")
+    return f"{prefix}.{team}.{member}"
+
+
+def celery_config(settings: LatticeSettings) -> dict[str, Any]:
+    """The Celery configuration (a dict for ``app.conf.update``) for ``settings``."""
+    prefix = settings.key_prefix
+    default_queue = f"{prefix}.default"
+    return {
+        "broker_url": settings.broker_url,
+        "broker_connection_retry_on_startup": True,
+        "broker_transport_options": {
+            "global_keyprefix": f"{prefix}:",
+            "fanout_prefix": True,
+            "fanout_patterns": True,
+        },
+        # JSON only: a pickled message is refused by the worker (ContentDisallowed).
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "result_serializer": "json",
+        "result_accept_content": ["json"],
+        "event_serializer": "json",
+        # Runs keep their own results (run store + event stream): no result backend.
+        "task_ignore_result": True,
+        "result_backend": None,
+        # A task is acked after it ran; a killed worker's task goes back to the queue.
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        # Task events for Flower.
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        # Every queue/exchange name carries the prefix (see the module docstring).
+        "task_default_queue": default_queue,
+        "task_default_exchange": default_queue,
+        "task_default_routing_key": default_queue,
+        "task_create_missing_queues": True,
+        "control_exchange": prefix,
+        "event_exchange": f"{prefix}.celeryev",
+        "event_queue_prefix": f"{prefix}.celeryev",
+    }
+
+
+def make_celery_app(settings: LatticeSettings | None = None, *, name: str = "lattice") -> Celery:
+    """A new Celery app configured for ``settings`` (default: ``get_settings()``).
+
+    The app is not set as the current app and has no tasks registered; the
+    client uses it only to send tasks by name. Raises
+    ``pydantic.ValidationError`` when the environment holds bad settings.
+    """
+    settings = settings if settings is not None else get_settings()
+    app = Celery(name, set_as_current=False)
+    app.conf.update(celery_config(settings))
+    return app
+
+
+__all__ = [
+    "DELIVER_TASK",
+    "LEAD_MEMBER",
+    "RESUME_LEAD_TASK",
+    "RUN_LEAD_TASK",
+    "celery_config",
+    "make_celery_app",
+    "queue_name",
+]

@@ -1,0 +1,28 @@
+"""Errors raised by the thin client and the run store.
+
+Both are standard-library exception subclasses, so callers that do not import
+this module can still catch them (``LookupError`` / ``ValueError``).
+"""
+
+from __future__ import annotations
+
+
+class RunNotFoundError(LookupError):
+    """No run with this id exists (under this key prefix)."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"run {run_id!r} not found")
+        self.run_id = run_id
+
+
+class RunStateError(ValueError):
+    """The run is not in a status that allows the operation (for example
+    suspending a run that is not ``running``). ``status`` is its current status."""
+
+    def __init__(self, run_id: str, status: str, operation: str) -> None:
+        super().__init__(f"cannot {operation} run {run_id!r}: its status is {status!r}")
+        self.run_id = run_id
+        self.status = status
+
+
+__all__ = ["RunNotFoundError", "RunStateError"]

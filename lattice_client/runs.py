@@ -1,0 +1,652 @@
+"""The run store: run records, per-run work-item wait sets and event streams in Redis.
+
+Design: DESIGN.md section 5, steps 1-4 (submit, suspend, complete, resume) and
+"Lua scripts" / "Redis keys". Every multi-key operation is one Lua script from
+``lattice_client/lua/`` (one file per operation; each lists its KEYS, ARGV,
+return values and errors). Keys are passed in ``KEYS[]``; all keys of one run
+share the hash tag ``{run:<run_id>}``, so the scripts are Redis Cluster-safe.
+
+Key layout (``P`` = the key prefix, ``R`` = ``P:run:{run:<run_id>}``):
+
+=====================  ======  ===============================================
+key                    type    content
+=====================  ======  ===============================================
+``R``                  hash    the run record (see :class:`RunRecord`)
+``R:events``           stream  the run's events, field ``data`` = JSON object
+``R:items``            hash    work_item_id -> item JSON
+``R:order``            list    work_item_ids in registration order
+``R:state``            hash    work_item_id -> ``queued|dispatched|done``
+``R:outcomes``         hash    work_item_id -> outcome JSON
+``R:wait``             set     unfinished work_item_ids (the wait set)
+``R:queued``           list    registered, not yet dispatched
+``R:active``           set     dispatched, not finished
+``P:runs``             zset    run ids by creation time (ms)
+``P:runs:team:<team>`` zset    the same, per team
+=====================  ======  ===============================================
+
+The asyncio Redis client is created lazily per running event loop (never shared
+across loops) when the store is built from a URL; a client passed in is used
+as is (its owner keeps it on one loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import weakref
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
+from redis.exceptions import ResponseError
+
+from .errors import RunNotFoundError, RunStateError
+from .models import RunParent, RunRecord, RunResult, RunStatus
+from .settings import KEY_PREFIX_PATTERN
+
+RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+"""Allowed run ids: 1-128 characters from ``[A-Za-z0-9_.:-]``."""
+
+DEFAULT_MAX_EVENTS = 10_000
+"""Default approximate length bound of a run's event stream (entries)."""
+
+_SCRIPT_NAMES = (
+    "create",
+    "set_status",
+    "add_items",
+    "complete_item",
+    "suspend",
+    "clear_items",
+    "append_event",
+    "finish",
+    "cancel",
+)
+
+
+def _load_scripts() -> dict[str, str]:
+    base = resources.files("lattice_client").joinpath("lua")
+    return {name: base.joinpath(f"{name}.lua").read_text(encoding="utf-8") for name in _SCRIPT_NAMES}
+
+
+_SCRIPTS = _load_scripts()
+
+
+def now_ms() -> int:
+    """Milliseconds since the Unix epoch."""
+    return time.time_ns() // 1_000_000
+
+
+def check_run_id(run_id: str) -> str:
+    """Return ``run_id`` or raise ``ValueError`` when it is not 1-128 characters
+    of ``[A-Za-z0-9_.:-]`` (it becomes part of Redis keys and a hash tag)."""
+    if not isinstance(run_id, str) or not RUN_ID_PATTERN.fullmatch(run_id):
+        raise ValueError(f"invalid run id {run_id!r}: expected 1-128 characters of [A-Za-z0-9_.:-]")
+    return run_id
+
+
+def dumps(value: Any, what: str) -> str:
+    """Compact JSON; raise ``ValueError`` naming ``what`` when it is not serialisable."""
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{what} is not JSON-serialisable: {exc}") from None
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+class WorkItem(BaseModel):
+    """Validation of one work item given to :meth:`RunStore.add_items`.
+
+    Required: ``work_item_id``, ``message_id`` (the mailbox message carrying the
+    work), ``mailbox_id``. Usual: ``member``, ``mode`` (``ask|handoff|observe``),
+    ``tool_use_id``. Other keys are kept as given.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    work_item_id: str = Field(min_length=1)
+    message_id: str = Field(min_length=1)
+    mailbox_id: str = Field(min_length=1)
+    member: str | None = None
+    mode: str | None = None
+    tool_use_id: str | None = None
+
+
+@dataclass(frozen=True)
+class CompleteResult:
+    """What :meth:`RunStore.complete_item` decided.
+
+    ``resume``: True exactly once per suspension: this completion emptied the
+    wait set of a ``suspended`` run, which is now ``resuming`` (the caller sends
+    ``lattice.resume_lead``). ``dispatch``: queued items that may be dispatched
+    now (ring their doorbells). ``recorded``: False when the item was unknown,
+    cleared or already completed (then nothing changed).
+    """
+
+    resume: bool
+    dispatch: list[dict[str, Any]] = field(default_factory=list)
+    recorded: bool = True
+
+
+@dataclass(frozen=True)
+class RunKeys:
+    """The Redis keys of one run (all share the hash tag ``{run:<run_id>}``)."""
+
+    record: str
+    events: str
+    items: str
+    order: str
+    state: str
+    outcomes: str
+    wait: str
+    queued: str
+    active: str
+
+
+@dataclass
+class _Conn:
+    client: Redis
+    scripts: dict[str, AsyncScript]
+
+
+class RunStore:
+    """Runs, their work items and their event streams in Redis.
+
+    ``redis_url_or_client``: a ``redis://`` URL (a client is then created per
+    running event loop) or a ``redis.asyncio.Redis``. ``prefix``: the key prefix
+    (``[A-Za-z0-9_.-]+``). ``max_events``: approximate bound of each run's
+    event stream. Raises ``ValueError`` on a bad prefix.
+
+    Redis failures surface as ``redis.exceptions.ConnectionError`` /
+    ``TimeoutError``; every write is one atomic script, so a failed call either
+    happened completely or not at all.
+    """
+
+    def __init__(
+        self,
+        redis_url_or_client: str | Redis,
+        prefix: str = "lattice",
+        *,
+        max_events: int = DEFAULT_MAX_EVENTS,
+    ) -> None:
+        if not isinstance(prefix, str) or not KEY_PREFIX_PATTERN.fullmatch(prefix):
+            raise ValueError(f"invalid key prefix {prefix!r}: expected [A-Za-z0-9_.-]+")
+        if not isinstance(max_events, int) or max_events < 1:
+            raise ValueError(f"max_events must be a positive integer, got {max_events!r}")
+        self.prefix = prefix
+        self.max_events = max_events
+        self._url: str | None = None
+        self._shared: _Conn | None = None
+        if isinstance(redis_url_or_client, str):
+            self._url = redis_url_or_client
+        elif isinstance(redis_url_or_client, Redis):
+            self._shared = self._make_conn(redis_url_or_client)
+        else:
+            raise TypeError("RunStore needs a redis:// URL or a redis.asyncio.Redis client")
+        self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Conn] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    # -- connection ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _make_conn(client: Redis) -> _Conn:
+        return _Conn(client, {name: client.register_script(src) for name, src in _SCRIPTS.items()})
+
+    def _conn(self) -> _Conn:
+        if self._shared is not None:
+            return self._shared
+        loop = asyncio.get_running_loop()
+        conn = self._per_loop.get(loop)
+        if conn is None:
+            assert self._url is not None
+            conn = self._make_conn(Redis.from_url(self._url, decode_responses=True))
+            self._per_loop[loop] = conn
+        return conn
+
+    async def redis(self) -> Redis:
+        """The Redis client of the running event loop (created on first use)."""
+        return self._conn().client
+
+    async def aclose(self) -> None:
+        """Close the client of the running event loop (a client passed in is
+        left to its owner). Other loops' clients go away with their loops."""
+        if self._shared is not None:
+            return
+        loop = asyncio.get_running_loop()
+        conn = self._per_loop.pop(loop, None)
+        if conn is not None:
+            await conn.client.aclose()
+
+    async def _run(self, name: str, run_id: str, keys: list[str], args: list[Any]) -> Any:
+        try:
+            return await self._conn().scripts[name](keys=keys, args=args)
+        except ResponseError as exc:
+            message = str(exc)
+            if message.startswith("NORUN"):
+                raise RunNotFoundError(run_id) from None
+            raise
+
+    # -- keys ---------------------------------------------------------------------------------
+
+    def keys(self, run_id: str) -> RunKeys:
+        """The keys of run ``run_id`` (raises ``ValueError`` on a bad run id)."""
+        base = f"{self.prefix}:run:{{run:{check_run_id(run_id)}}}"
+        return RunKeys(
+            record=base,
+            events=f"{base}:events",
+            items=f"{base}:items",
+            order=f"{base}:order",
+            state=f"{base}:state",
+            outcomes=f"{base}:outcomes",
+            wait=f"{base}:wait",
+            queued=f"{base}:queued",
+            active=f"{base}:active",
+        )
+
+    @property
+    def runs_index_key(self) -> str:
+        """The sorted set of every run id by creation time (ms)."""
+        return f"{self.prefix}:runs"
+
+    def team_index_key(self, team: str) -> str:
+        """The sorted set of one team's run ids by creation time (ms)."""
+        return f"{self.prefix}:runs:team:{team}"
+
+    # -- records ------------------------------------------------------------------------------
+
+    async def create(
+        self,
+        run_id: str,
+        team: str,
+        prompt: str,
+        *,
+        team_ref: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        parent: RunParent | dict[str, Any] | None = None,
+    ) -> RunRecord:
+        """Create run ``run_id`` in status ``queued`` and index it.
+
+        Raises ``ValueError`` when the run id already exists (nothing is
+        overwritten), on a bad run id, an empty team, a non-string prompt,
+        metadata that is not a JSON object, or a malformed ``parent``
+        (``{run_id, message_id, mailbox_id}``).
+        """
+        keys = self.keys(run_id)
+        if not isinstance(team, str) or not team:
+            raise ValueError(f"team must be a non-empty string, got {team!r}")
+        if not isinstance(prompt, str):
+            raise ValueError(f"prompt must be a string, got {type(prompt).__name__}")
+        if metadata is not None and not isinstance(metadata, dict):
+            raise ValueError(f"metadata must be a dict, got {type(metadata).__name__}")
+        try:
+            parent_model = RunParent.model_validate(parent) if parent is not None else None
+        except ValidationError as exc:
+            raise ValueError(f"invalid parent: {exc}") from None
+        meta = dict(metadata or {})
+        meta_json = dumps(meta, "metadata")
+        parent_json = parent_model.model_dump_json() if parent_model is not None else ""
+        created = now_ms()
+        ok = await self._run(
+            "create",
+            run_id,
+            [keys.record],
+            [run_id, team, team_ref or "", prompt, created, meta_json, parent_json],
+        )
+        if not ok:
+            raise ValueError(f"run {run_id!r} already exists")
+        client = self._conn().client
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.zadd(self.runs_index_key, {run_id: created})
+            pipe.zadd(self.team_index_key(team), {run_id: created})
+            await pipe.execute()
+        return RunRecord(
+            run_id=run_id,
+            team=team,
+            team_ref=team_ref,
+            prompt=prompt,
+            status=RunStatus.QUEUED,
+            created_at=created,
+            updated_at=created,
+            metadata=meta,
+            parent=parent_model,
+        )
+
+    async def get(self, run_id: str) -> RunRecord | None:
+        """The run record, or ``None`` when there is no such run."""
+        raw = await self._conn().client.hgetall(self.keys(run_id).record)
+        if not raw:
+            return None
+        return _parse_record({_text(k): _text(v) for k, v in raw.items()})
+
+    async def set_status(
+        self, run_id: str, status: RunStatus | str, *, expect: RunStatus | str | None = None
+    ) -> bool:
+        """Set a non-final status (``queued|running|suspended|resuming``).
+
+        With ``expect`` this is a compare-and-set: it only happens when the
+        current status is ``expect``. Returns False when refused: unknown run,
+        status mismatch, or a run that already finished (final statuses are
+        written only by :meth:`finish` and :meth:`cancel`). Raises ``ValueError``
+        for an unknown status value or a final target status.
+        """
+        target = RunStatus.parse(status)
+        if target.finished:
+            raise ValueError(f"set_status cannot write {target.value!r}: use finish() or cancel()")
+        expected = RunStatus.parse(expect).value if expect is not None else ""
+        keys = self.keys(run_id)
+        return bool(await self._run("set_status", run_id, [keys.record], [target.value, expected, now_ms()]))
+
+    async def begin_resume(self, run_id: str) -> bool:
+        """``resuming`` -> ``running``, exactly once: a duplicated resume task
+        gets False (as does an unknown or cancelled run)."""
+        return await self.set_status(run_id, RunStatus.RUNNING, expect=RunStatus.RESUMING)
+
+    # -- work items ---------------------------------------------------------------------------
+
+    async def add_items(
+        self, run_id: str, items: list[dict[str, Any]], *, max_active: int
+    ) -> list[dict[str, Any]]:
+        """Register ``items`` (in order) in the run's wait set; return those that
+        may be dispatched now.
+
+        At most ``max_active`` (integer >= 1; the run's
+        ``max_concurrent_work_items``) of the run's items are dispatched and
+        unfinished at any time; the others wait in registration order and are
+        handed out by :meth:`complete_item`. An item id already registered is
+        skipped. On a finished or cancelled run items are recorded but none is
+        dispatched. Raises :class:`RunNotFoundError` for an unknown run and
+        ``ValueError`` for a bad ``max_active``, a malformed item (see
+        :class:`WorkItem`) or a duplicated id within ``items``.
+        """
+        if isinstance(max_active, bool) or not isinstance(max_active, int) or max_active < 1:
+            raise ValueError(f"max_active must be an integer >= 1, got {max_active!r}")
+        if not isinstance(items, list):
+            raise ValueError(f"items must be a list of dicts, got {type(items).__name__}")
+        args: list[Any] = [max_active, now_ms()]
+        seen: set[str] = set()
+        for index, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise ValueError(f"work item #{index} must be a dict, got {type(item).__name__}")
+            try:
+                checked = WorkItem.model_validate(item)
+            except ValidationError as exc:
+                raise ValueError(f"invalid work item #{index}: {exc}") from None
+            if checked.work_item_id in seen:
+                raise ValueError(f"work item id {checked.work_item_id!r} appears twice")
+            seen.add(checked.work_item_id)
+            args += [checked.work_item_id, dumps(item, f"work item #{index}")]
+        k = self.keys(run_id)
+        out = await self._run(
+            "add_items", run_id, [k.record, k.items, k.order, k.state, k.wait, k.queued, k.active], args
+        )
+        return [json.loads(_text(x)) for x in out]
+
+    async def complete_item(self, run_id: str, work_item_id: str, outcome: dict[str, Any]) -> CompleteResult:
+        """Record the outcome of one work item; idempotent.
+
+        Removes the item from the wait set, returns the queued items now allowed
+        to dispatch and ``resume=True`` exactly once: when this completion
+        emptied the wait set of a ``suspended`` run (which atomically becomes
+        ``resuming``). A repeated completion, an unknown or cleared item returns
+        ``CompleteResult(resume=False, dispatch=[], recorded=False)`` and changes
+        nothing. On a finished or cancelled run the outcome is stored, but
+        nothing is dispatched or resumed. Raises ``ValueError`` when ``outcome``
+        is not a JSON-serialisable dict.
+        """
+        if not isinstance(outcome, dict):
+            raise ValueError(f"outcome must be a dict, got {type(outcome).__name__}")
+        if not isinstance(work_item_id, str) or not work_item_id:
+            raise ValueError(f"work_item_id must be a non-empty string, got {work_item_id!r}")
+        k = self.keys(run_id)
+        out = await self._run(
+            "complete_item",
+            run_id,
+            [k.record, k.items, k.state, k.outcomes, k.wait, k.queued, k.active],
+            [work_item_id, dumps(outcome, "outcome"), now_ms()],
+        )
+        return CompleteResult(
+            resume=bool(int(out[1])),
+            dispatch=[json.loads(_text(x)) for x in out[2:]],
+            recorded=bool(int(out[0])),
+        )
+
+    async def suspend(self, run_id: str) -> bool:
+        """Suspend a ``running`` run until its wait set is empty.
+
+        True: the run is now ``suspended`` (the caller's task ends; the last
+        :meth:`complete_item` returns ``resume=True``). False: the wait set was
+        already empty, nothing changed, the caller continues at once. Atomic
+        with :meth:`complete_item`, so a wake-up is never lost or doubled.
+        Raises :class:`RunNotFoundError` / :class:`RunStateError` (the run is
+        neither running nor suspended, e.g. cancelled).
+        """
+        k = self.keys(run_id)
+        try:
+            return bool(await self._run("suspend", run_id, [k.record, k.wait], [now_ms()]))
+        except ResponseError as exc:
+            message = str(exc)
+            if message.startswith("BADSTATE"):
+                raise RunStateError(run_id, message.split(" ", 1)[1], "suspend") from None
+            raise
+
+    async def items(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's registered items in registration order, each with
+        ``state`` (``queued|dispatched|done``) and ``outcome`` (dict or ``None``)."""
+        k = self.keys(run_id)
+        async with self._conn().client.pipeline(transaction=True) as pipe:
+            pipe.lrange(k.order, 0, -1)
+            pipe.hgetall(k.items)
+            pipe.hgetall(k.state)
+            pipe.hgetall(k.outcomes)
+            order, items, states, outcomes = await pipe.execute()
+        items = {_text(a): _text(b) for a, b in items.items()}
+        states = {_text(a): _text(b) for a, b in states.items()}
+        outcomes = {_text(a): _text(b) for a, b in outcomes.items()}
+        result = []
+        for raw_id in order:
+            item_id = _text(raw_id)
+            if item_id not in items:
+                continue
+            item = json.loads(items[item_id])
+            item["state"] = states.get(item_id, "queued")
+            item["outcome"] = json.loads(outcomes[item_id]) if item_id in outcomes else None
+            result.append(item)
+        return result
+
+    async def clear_items(self, run_id: str) -> int:
+        """Forget the run's finished items (after a resume consumed their
+        outcomes); unfinished items stay. Returns how many were removed."""
+        k = self.keys(run_id)
+        return int(await self._run("clear_items", run_id, [k.items, k.order, k.state, k.outcomes], []))
+
+    # -- events and results -------------------------------------------------------------------
+
+    async def append_event(self, run_id: str, event: dict[str, Any]) -> str:
+        """Append ``event`` (a JSON-serialisable dict with a string ``type``) to
+        the run's stream; returns the stream entry id. Raises
+        :class:`RunNotFoundError` for an unknown run, ``ValueError`` on a bad event."""
+        if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+            raise ValueError("an event must be a dict with a string 'type'")
+        k = self.keys(run_id)
+        entry = await self._run(
+            "append_event", run_id, [k.record, k.events], [self.max_events, dumps(event, "event")]
+        )
+        return _text(entry)
+
+    async def events(
+        self,
+        run_id: str,
+        last_id: str = "0-0",
+        block_ms: int | None = None,
+        count: int = 100,
+    ) -> list[tuple[str, dict[str, Any]]]:
+        """Events after stream id ``last_id``, oldest first, at most ``count``.
+
+        ``block_ms`` (milliseconds): wait up to that long for the first new
+        event (``None`` = do not wait; ``0`` = wait forever, as Redis
+        ``XREAD BLOCK 0``). Returns ``[]`` when nothing arrived. Each entry is
+        ``(stream_id, event_dict)``.
+        """
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"count must be a positive integer, got {count!r}")
+        if block_ms is not None and (
+            isinstance(block_ms, bool) or not isinstance(block_ms, int) or block_ms < 0
+        ):
+            raise ValueError(f"block_ms must be None or an integer >= 0, got {block_ms!r}")
+        key = self.keys(run_id).events
+        reply = await self._conn().client.xread({key: last_id}, count=count, block=block_ms)
+        return [(_text(entry_id), _decode_event(fields)) for entry_id, fields in _stream_entries(reply)]
+
+    async def finish(self, run_id: str, result: RunResult) -> bool:
+        """Store the final ``result`` (status ``completed`` or ``failed``) and
+        append the ``{"type": "run_result", ...}`` event, once.
+
+        Returns False (nothing written) when the run already finished or was
+        cancelled. Raises :class:`RunNotFoundError`, or ``ValueError`` when
+        ``result.run_id`` differs or its status is ``cancelled`` (use :meth:`cancel`).
+        """
+        if not isinstance(result, RunResult):
+            result = RunResult.model_validate(result)
+        if result.run_id != run_id:
+            raise ValueError(f"result.run_id {result.run_id!r} does not match run {run_id!r}")
+        if result.status == "cancelled":
+            raise ValueError("finish() takes a completed or failed result; use cancel() to cancel")
+        k = self.keys(run_id)
+        ok = await self._run(
+            "finish",
+            run_id,
+            [k.record, k.events],
+            [
+                result.status,
+                result.model_dump_json(),
+                dumps(result.to_event(), "result"),
+                self.max_events,
+                now_ms(),
+            ],
+        )
+        return bool(ok)
+
+    async def cancel(self, run_id: str, *, reason: str = "cancelled by request") -> list[dict[str, Any]]:
+        """Cancel the run unless it already completed or failed.
+
+        Sets status ``cancelled``, stores a cancelled :class:`RunResult`
+        (``error=reason``), appends its ``run_result`` event and drops the
+        not-yet-dispatched queue. Returns the run's unfinished items (registered,
+        not completed) so the caller can cancel their mailbox messages; a repeated
+        cancel appends nothing but lists them again; a completed or failed run
+        returns ``[]`` unchanged. Raises :class:`RunNotFoundError`.
+        """
+        result = RunResult(run_id=run_id, status="cancelled", error=reason)
+        k = self.keys(run_id)
+        out = await self._run(
+            "cancel",
+            run_id,
+            [k.record, k.events, k.order, k.state, k.items, k.queued],
+            [result.model_dump_json(), dumps(result.to_event(), "result"), self.max_events, now_ms()],
+        )
+        return [json.loads(_text(x)) for x in out[1:]]
+
+    # -- listing and deletion -----------------------------------------------------------------
+
+    async def list_runs(self, team: str | None = None, limit: int = 50) -> list[RunRecord]:
+        """The most recent runs (newest first), of one team or of all, at most
+        ``limit`` (>= 1). Index entries whose record is gone are dropped."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit must be a positive integer, got {limit!r}")
+        client = self._conn().client
+        index = self.team_index_key(team) if team is not None else self.runs_index_key
+        run_ids = [_text(x) for x in await client.zrevrange(index, 0, limit - 1)]
+        if not run_ids:
+            return []
+        async with client.pipeline(transaction=False) as pipe:
+            for run_id in run_ids:
+                pipe.hgetall(self.keys(run_id).record)
+            raws = await pipe.execute()
+        records: list[RunRecord] = []
+        stale: list[str] = []
+        for run_id, raw in zip(run_ids, raws, strict=True):
+            if raw:
+                records.append(_parse_record({_text(k): _text(v) for k, v in raw.items()}))
+            else:
+                stale.append(run_id)
+        if stale:
+            await client.zrem(index, *stale)
+        return records
+
+    async def delete(self, run_id: str) -> bool:
+        """Delete every key of the run and its index entries (for finished runs
+        whose record is no longer needed). Returns False for an unknown run."""
+        record = await self.get(run_id)
+        if record is None:
+            return False
+        k = self.keys(run_id)
+        client = self._conn().client
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.delete(k.record, k.events, k.items, k.order, k.state, k.outcomes, k.wait, k.queued, k.active)
+            pipe.zrem(self.runs_index_key, run_id)
+            pipe.zrem(self.team_index_key(record.team), run_id)
+            await pipe.execute()
+        return True
+
+
+def _parse_record(raw: dict[str, str]) -> RunRecord:
+    data: dict[str, Any] = {
+        "run_id": raw["run_id"],
+        "team": raw["team"],
+        "team_ref": raw.get("team_ref") or None,
+        "prompt": raw.get("prompt", ""),
+        "status": raw["status"],
+        "created_at": int(raw["created_at"]),
+        "updated_at": int(raw.get("updated_at", raw["created_at"])),
+        "metadata": json.loads(raw.get("metadata") or "{}"),
+    }
+    if raw.get("parent"):
+        data["parent"] = json.loads(raw["parent"])
+    if raw.get("result"):
+        data["result"] = json.loads(raw["result"])
+    if raw.get("max_active"):
+        data["max_active"] = int(raw["max_active"])
+    return RunRecord.model_validate(data)
+
+
+def _stream_entries(reply: Any) -> list[tuple[Any, dict[Any, Any]]]:
+    """Entries of a one-stream XREAD reply in RESP2 (list) or RESP3 (dict) shape."""
+    if not reply:
+        return []
+    if isinstance(reply, dict):
+        streams = list(reply.values())  # RESP3: {key: [entries]}
+        entries = streams[0][0] if streams and streams[0] else []
+    else:
+        entries = reply[0][1]
+    return [(entry_id, fields) for entry_id, fields in entries]
+
+
+def _decode_event(fields: dict[Any, Any]) -> dict[str, Any]:
+    data = {_text(k): _text(v) for k, v in fields.items()}.get("data")
+    if data is None:
+        return {"type": "invalid_event", "fields": {_text(k): _text(v) for k, v in fields.items()}}
+    try:
+        event = json.loads(data)
+    except ValueError:
+        return {"type": "invalid_event", "raw": data}
+    return event if isinstance(event, dict) else {"type": "invalid_event", "raw": data}
+
+
+__all__ = [
+    "CompleteResult",
+    "DEFAULT_MAX_EVENTS",
+    "RUN_ID_PATTERN",
+    "RunKeys",
+    "RunStore",
+    "WorkItem",
+    "check_run_id",
+    "now_ms",
+]
