@@ -1,0 +1,585 @@
+"""The thin client: submit team runs to the workers, wait for and stream their results.
+
+Design: DESIGN.md section 5 ("Submit", "Resume") and section 9 (pinned names);
+issue 6 item 5. A backend service installs only this package's thin parts: the
+client never imports ``lattice_worker`` at module level (a team *reference*
+that no worker registered yet is imported lazily, see :meth:`AsyncLatticeClient.submit`).
+
+* :class:`AsyncLatticeClient` - the asyncio API.
+* :class:`LatticeClient` - the same API, blocking; it runs the async client on a
+  private event loop in a background thread, so it also works where a loop is
+  already running (Jupyter, async web frameworks).
+
+Where things live: run records, their event streams and the team registry in
+the broker's Redis (``settings.broker_url``); mailboxes at
+``settings.mailbox_url``; every key starts with ``settings.key_prefix``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import re
+import threading
+import uuid
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from concurrent.futures import Future
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+from celery import Celery
+from pydantic import BaseModel, Field
+
+from lattice_mailbox import MessageStatus, TeamMessage, mailbox_from_url
+
+from .celery_config import RUN_LEAD_TASK, make_celery_app, queue_name
+from .errors import RunNotFoundError
+from .models import RunRecord, RunResult, RunStatus
+from .runs import RunStore, check_run_id, dumps
+from .settings import LatticeSettings, get_settings
+
+T = TypeVar("T")
+
+_TEAM_NAME = re.compile(r"[^\s:]+")
+_REF = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+_EVENT_BATCH = 200
+_MAX_BLOCK_MS = 30_000
+
+
+class CancelReport(BaseModel):
+    """What :meth:`AsyncLatticeClient.cancel` did.
+
+    ``status``: the run's status afterwards (``cancelled``, or ``completed`` /
+    ``failed`` when it had already finished). ``cancelled_messages``: ids of the
+    mailbox messages moved to ``cancelled``; ``skipped_messages``: ids of
+    unfinished items whose message could not be cancelled (already finished,
+    or unknown), each with the reason.
+    """
+
+    run_id: str
+    status: RunStatus
+    cancelled_messages: list[str] = Field(default_factory=list)
+    skipped_messages: dict[str, str] = Field(default_factory=dict)
+
+
+class StatusReport(BaseModel):
+    """Mailbox counts and recent runs, as :meth:`AsyncLatticeClient.status` returns them.
+
+    ``mailboxes``: mailbox id -> {status value -> number of messages};
+    ``runs``: the most recent runs, newest first.
+    """
+
+    team: str | None = None
+    mailboxes: dict[str, dict[str, int]] = Field(default_factory=dict)
+    runs: list[RunRecord] = Field(default_factory=list)
+
+
+def _mailbox_kwargs(settings: LatticeSettings) -> dict[str, Any]:
+    scheme = urlsplit(settings.mailbox_url).scheme.lower()
+    if scheme in ("redis", "rediss", "unix"):
+        return {"prefix": settings.key_prefix, "max_message_bytes": settings.max_message_bytes}
+    return {}
+
+
+def _resolve_settings(
+    settings: LatticeSettings | None, broker_url: str | None, mailbox_url: str | None, key_prefix: str | None
+) -> LatticeSettings:
+    overrides = {"broker_url": broker_url, "mailbox_url": mailbox_url, "key_prefix": key_prefix}
+    if settings is None:
+        return get_settings(**overrides)
+    return settings.with_overrides(**overrides)
+
+
+class AsyncRunHandle:
+    """A submitted run (asyncio). ``run_id`` names it; :meth:`wait` and
+    :meth:`events` read its Redis event stream."""
+
+    def __init__(self, client: AsyncLatticeClient, run_id: str) -> None:
+        self._client = client
+        self.run_id = run_id
+
+    def __repr__(self) -> str:
+        return f"AsyncRunHandle(run_id={self.run_id!r})"
+
+    async def wait(self, timeout: float | None = None) -> RunResult:  # noqa: ASYNC109 (pinned API)
+        """The run's final :class:`RunResult`; see :meth:`AsyncLatticeClient.wait`."""
+        return await self._client.wait(self.run_id, timeout=timeout)
+
+    def events(self, timeout: float | None = None) -> AsyncIterator[dict[str, Any]]:
+        """The run's events; see :meth:`AsyncLatticeClient.events`."""
+        return self._client.events(self.run_id, timeout=timeout)
+
+    async def get(self) -> RunRecord | None:
+        """The run record (status, result, ...), or ``None`` if it is gone."""
+        return await self._client.get_run(self.run_id)
+
+    async def cancel(self) -> CancelReport:
+        """Cancel this run; see :meth:`AsyncLatticeClient.cancel`."""
+        return await self._client.cancel(self.run_id)
+
+
+class AsyncLatticeClient:
+    """Submit runs to a team of Celery workers and follow them (asyncio).
+
+    Arguments override the settings (``LATTICE_*`` environment variables, see
+    :class:`~lattice_client.settings.LatticeSettings`): ``broker_url`` (Redis),
+    ``mailbox_url`` (default: the broker URL), ``key_prefix``. Raises
+    ``pydantic.ValidationError`` (a ``ValueError``) on bad settings. Nothing
+    connects until the first call. Use ``async with`` or :meth:`aclose`.
+    """
+
+    def __init__(
+        self,
+        broker_url: str | None = None,
+        mailbox_url: str | None = None,
+        *,
+        key_prefix: str | None = None,
+        settings: LatticeSettings | None = None,
+    ) -> None:
+        self.settings = _resolve_settings(settings, broker_url, mailbox_url, key_prefix)
+        self.runs = RunStore(
+            self.settings.broker_url, prefix=self.settings.key_prefix, max_events=self.settings.max_run_events
+        )
+        self._mailbox: Any = None
+        self._celery: Celery | None = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"AsyncLatticeClient(broker_url={self.settings.broker_url!r}, key_prefix={self.settings.key_prefix!r})"
+
+    async def __aenter__(self) -> AsyncLatticeClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- parts ------------------------------------------------------------------------------------
+
+    @property
+    def mailbox(self) -> Any:
+        """The mailbox store (``mailbox_from_url(settings.mailbox_url, prefix=...)``), built on first use."""
+        with self._lock:
+            if self._mailbox is None:
+                self._mailbox = mailbox_from_url(self.settings.mailbox_url, **_mailbox_kwargs(self.settings))
+            return self._mailbox
+
+    @property
+    def celery(self) -> Celery:
+        """The Celery app used to send tasks by name (no task bodies: no worker import)."""
+        with self._lock:
+            if self._celery is None:
+                self._celery = make_celery_app(self.settings)
+            return self._celery
+
+    @property
+    def teams_key(self) -> str:
+        """The Redis hash workers fill at start-up: team ref or name -> team name."""
+        return f"{self.settings.key_prefix}:teams"
+
+    # -- submit -----------------------------------------------------------------------------------
+
+    async def resolve_team(self, team: str) -> tuple[str, str | None]:
+        """``(team name, team ref or None)`` for a registered name or a
+        ``"package.module:attribute"`` reference.
+
+        The registry hash ``<prefix>:teams`` (written by workers) is asked first.
+        An unregistered reference is imported lazily and its object's ``name``
+        is used (an object without one, that is callable, is called first). An
+        unregistered plain name is accepted as is (its workers may start later).
+        Raises ``ValueError`` for an empty name, whitespace, or a reference that
+        cannot be imported or has no team name.
+        """
+        if not isinstance(team, str) or not team.strip():
+            raise ValueError("team must be a non-empty team name or a 'package.module:attribute' reference")
+        client = await self.runs.redis()
+        registered = await client.hget(self.teams_key, team)
+        is_ref = ":" in team
+        if registered:
+            name = registered.decode() if isinstance(registered, bytes) else str(registered)
+            return name, team if is_ref else None
+        if is_ref:
+            return _import_team_name(team), team
+        if not _TEAM_NAME.fullmatch(team):
+            raise ValueError(f"invalid team name {team!r}: no whitespace or ':' allowed")
+        return team, None
+
+    async def submit(
+        self,
+        team: str,
+        prompt: str,
+        *,
+        run_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> AsyncRunHandle:
+        """Create a run of ``team`` on ``prompt`` and send ``lattice.run_lead``
+        to the queue ``<prefix>.<team>.lead``.
+
+        ``team``: a registered team name or a ``"package.module:attribute"``
+        reference (see :meth:`resolve_team`). ``run_id``: your own id (1-128
+        characters of ``[A-Za-z0-9_.:-]``; default a fresh ``run_<hex>``).
+        ``metadata``: a JSON-serialisable dict kept on the run record.
+
+        Raises ``ValueError`` for bad input (empty prompt, prompt over
+        ``settings.max_message_bytes`` bytes, duplicate or malformed run id,
+        metadata not a JSON object) with nothing written. When the task cannot be
+        sent (broker down), the run is finished as ``failed`` with the error and
+        the error is raised.
+        """
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError("prompt must be a non-empty string")
+        size = len(prompt.encode("utf-8"))
+        if size > self.settings.max_message_bytes:
+            raise ValueError(
+                f"prompt is {size} bytes, over the bound of {self.settings.max_message_bytes} bytes"
+            )
+        if metadata is not None:
+            if not isinstance(metadata, dict):
+                raise ValueError(f"metadata must be a dict, got {type(metadata).__name__}")
+            dumps(metadata, "metadata")
+        run_id = check_run_id(run_id) if run_id is not None else f"run_{uuid.uuid4().hex}"
+        name, ref = await self.resolve_team(team)
+        await self.runs.create(run_id, name, prompt, team_ref=ref, metadata=metadata)
+        queue = queue_name(self.settings.key_prefix, name, "lead")
+        try:
+            await asyncio.to_thread(self._send_run_lead, run_id, queue)
+        except Exception as exc:
+            error = f"could not enqueue {RUN_LEAD_TASK} on {queue}: {exc}"
+            try:
+                await self.runs.finish(run_id, RunResult(run_id=run_id, status="failed", error=error))
+            except Exception:  # the run store may be down too; the original error matters more
+                pass
+            raise
+        return AsyncRunHandle(self, run_id)
+
+    def _send_run_lead(self, run_id: str, queue: str) -> None:
+        self.celery.send_task(
+            RUN_LEAD_TASK,
+            args=[run_id],
+            queue=queue,
+            task_id=f"{run_id}.run_lead",
+            retry=True,
+            retry_policy={"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 1.0},
+        )
+
+    def handle(self, run_id: str) -> AsyncRunHandle:
+        """A handle for an existing run id (no I/O; raises ``ValueError`` on a malformed id)."""
+        return AsyncRunHandle(self, check_run_id(run_id))
+
+    # -- follow -----------------------------------------------------------------------------------
+
+    async def get_run(self, run_id: str) -> RunRecord | None:
+        """The run record, or ``None`` when there is no such run."""
+        return await self.runs.get(run_id)
+
+    async def wait(self, run_id: str, timeout: float | None = None) -> RunResult:  # noqa: ASYNC109 (pinned API)
+        """Block until the run's ``run_result`` event and return the :class:`RunResult`.
+
+        ``timeout`` in **seconds** (``None`` = no limit). Reads the run's Redis
+        Stream with blocking ``XREAD`` (no polling loop). Raises the builtin
+        ``TimeoutError`` when the timeout passes and :class:`RunNotFoundError`
+        for an unknown run.
+        """
+        async for event in self.events(run_id, timeout=timeout, _results_only=True):
+            return RunResult.model_validate(event)
+        raise RuntimeError("unreachable: the event stream ended without a run_result")  # pragma: no cover
+
+    async def events(
+        self,
+        run_id: str,
+        timeout: float | None = None,  # noqa: ASYNC109 (pinned API)
+        *,
+        _results_only: bool = False,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The run's events from its first one, as dicts with a ``type``, ending
+        after the ``{"type": "run_result", ...}`` event.
+
+        ``timeout`` in **seconds** for the whole iteration (``None`` = no limit):
+        the builtin ``TimeoutError`` is raised when it passes first. Raises
+        :class:`RunNotFoundError` for an unknown run (checked before the first event).
+        """
+        if timeout is not None and timeout < 0:
+            raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
+        record = await self.runs.get(run_id)
+        if record is None:
+            raise RunNotFoundError(run_id)
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        last_id = "0-0"
+        first = True
+        while True:
+            block_ms: int | None = None  # the first read never blocks
+            if not first:
+                if deadline is None:
+                    block_ms = _MAX_BLOCK_MS
+                else:
+                    remaining_ms = int((deadline - loop.time()) * 1000)
+                    if remaining_ms <= 0:
+                        raise TimeoutError(f"run {run_id!r} did not finish within {timeout} s")
+                    block_ms = min(remaining_ms, _MAX_BLOCK_MS)
+            batch = await self.runs.events(run_id, last_id, block_ms=block_ms, count=_EVENT_BATCH)
+            if first and not batch and record.result is not None:
+                # finished, but its stream is gone (trimmed or deleted): the record has the result
+                yield record.result.to_event()
+                return
+            first = False
+            for entry_id, event in batch:
+                last_id = entry_id
+                if event.get("type") == "run_result":
+                    yield event
+                    return
+                if not _results_only:
+                    yield event
+
+    # -- control ----------------------------------------------------------------------------------
+
+    async def cancel(self, run_id: str) -> CancelReport:
+        """Cancel a run, even with no worker online.
+
+        Marks the run ``cancelled`` (unless it already completed or failed),
+        appends its ``run_result`` event, and moves the mailbox message of every
+        unfinished work item to ``cancelled``, so no worker runs it later.
+        Idempotent. Raises :class:`RunNotFoundError` for an unknown run.
+        """
+        items = await self.runs.cancel(run_id)
+        report = CancelReport(run_id=run_id, status=RunStatus.CANCELLED)
+        for item in items:
+            message_id = str(item.get("message_id"))
+            try:
+                changed = await self.mailbox.update_status(message_id, MessageStatus.CANCELLED)
+            except ValueError as exc:  # InvalidTransitionError: already done/failed/cancelled
+                report.skipped_messages[message_id] = str(exc)
+                continue
+            if changed:
+                report.cancelled_messages.append(message_id)
+            else:
+                report.skipped_messages[message_id] = "unknown message"
+        record = await self.runs.get(run_id)
+        if record is not None:
+            report.status = record.status
+        return report
+
+    async def status(self, team: str | None = None, *, limit: int = 20) -> StatusReport:
+        """Per-status message counts of every ``<team>::*`` mailbox (every mailbox
+        when ``team`` is ``None``) and the ``limit`` most recent runs."""
+        prefix = f"{team}::" if team else None
+        mailbox = self.mailbox
+        ids = await mailbox.mailbox_ids(prefix)
+        counts = {mailbox_id: await mailbox.counts(mailbox_id) for mailbox_id in ids}
+        runs = await self.runs.list_runs(team, limit=limit)
+        return StatusReport(team=team, mailboxes=counts, runs=runs)
+
+    async def inbox(self, mailbox_id: str, status: MessageStatus | str = "pending") -> list[TeamMessage]:
+        """Messages of one mailbox (``"<team>::<member>"``) with ``status`` (a
+        :class:`MessageStatus` value or ``"all"``), oldest first. Raises
+        ``ValueError`` for an unknown status."""
+        if status != "all":
+            status = MessageStatus.parse(status)
+        return await self.mailbox.inbox(mailbox_id, status)
+
+    async def aclose(self) -> None:
+        """Close this loop's connections (Redis clients, the Celery producer pool)."""
+        await self.runs.aclose()
+        mailbox = self._mailbox
+        if mailbox is not None and hasattr(mailbox, "aclose"):
+            await mailbox.aclose()
+        celery, self._celery = self._celery, None
+        if celery is not None:
+            await asyncio.to_thread(celery.close)
+
+    close = aclose
+
+
+def _import_team_name(ref: str) -> str:
+    if not _REF.fullmatch(ref):
+        raise ValueError(f"invalid team reference {ref!r}: expected 'package.module:attribute'")
+    module_name, _, attribute = ref.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attribute.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(
+            f"team reference {ref!r} is not registered by any worker and cannot be imported here: {exc}"
+        ) from None
+    name = getattr(obj, "name", None)
+    if not isinstance(name, str) and callable(obj):
+        name = getattr(obj(), "name", None)
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"team reference {ref!r} does not name a team (no 'name' attribute)")
+    return name
+
+
+# -- the blocking client -------------------------------------------------------------------------
+
+
+class _LoopThread:
+    """A private event loop running in a daemon thread."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._main, name="lattice-client-loop", daemon=True)
+        self.thread.start()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def run(self, coro: Awaitable[T]) -> T:
+        if threading.current_thread() is self.thread:
+            raise RuntimeError("LatticeClient: blocking call from its own event loop thread")
+        if self.loop.is_closed():
+            raise RuntimeError("LatticeClient is closed")
+        future: Future[T] = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()
+            raise
+
+    def stop(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+
+def _stop_loop(loop_thread: _LoopThread) -> None:
+    loop_thread.stop()
+
+
+class RunHandle:
+    """A submitted run (blocking API). ``run_id`` names it."""
+
+    def __init__(self, client: LatticeClient, run_id: str) -> None:
+        self._client = client
+        self.run_id = run_id
+
+    def __repr__(self) -> str:
+        return f"RunHandle(run_id={self.run_id!r})"
+
+    def wait(self, timeout: float | None = None) -> RunResult:
+        """Block until the run finishes and return its :class:`RunResult`.
+
+        ``timeout`` in **seconds** (``None`` = no limit); raises the builtin
+        ``TimeoutError`` when it passes, :class:`RunNotFoundError` for an unknown run.
+        """
+        return self._client.wait(self.run_id, timeout=timeout)
+
+    def events(self, timeout: float | None = None) -> Iterator[dict[str, Any]]:
+        """Iterate the run's events (dicts with a ``type``), ending after the
+        ``run_result`` event; ``timeout`` in seconds for the whole iteration
+        (builtin ``TimeoutError``)."""
+        return self._client.events(self.run_id, timeout=timeout)
+
+    def get(self) -> RunRecord | None:
+        """The run record, or ``None``."""
+        return self._client.get_run(self.run_id)
+
+    def cancel(self) -> CancelReport:
+        """Cancel this run (see :meth:`LatticeClient.cancel`)."""
+        return self._client.cancel(self.run_id)
+
+
+class LatticeClient:
+    """The blocking client: the :class:`AsyncLatticeClient` API without ``await``.
+
+    Runs the async client on a private event loop in a background thread, so it
+    works in plain scripts, threads, Jupyter and inside async frameworks alike.
+    Arguments as for :class:`AsyncLatticeClient`. Call :meth:`close` (or use
+    ``with``) when done.
+    """
+
+    def __init__(
+        self,
+        broker_url: str | None = None,
+        mailbox_url: str | None = None,
+        *,
+        key_prefix: str | None = None,
+        settings: LatticeSettings | None = None,
+    ) -> None:
+        self.aio = AsyncLatticeClient(broker_url, mailbox_url, key_prefix=key_prefix, settings=settings)
+        self.settings = self.aio.settings
+        self._loop = _LoopThread()
+        self._finalizer = weakref.finalize(self, _stop_loop, self._loop)
+
+    def __repr__(self) -> str:
+        return (
+            f"LatticeClient(broker_url={self.settings.broker_url!r}, key_prefix={self.settings.key_prefix!r})"
+        )
+
+    def __enter__(self) -> LatticeClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        return self._loop.run(fn(*args, **kwargs))
+
+    def submit(
+        self, team: str, prompt: str, *, run_id: str | None = None, metadata: dict[str, Any] | None = None
+    ) -> RunHandle:
+        """Create a run and enqueue its lead task; see :meth:`AsyncLatticeClient.submit`."""
+        handle = self._call(self.aio.submit, team, prompt, run_id=run_id, metadata=metadata)
+        return RunHandle(self, handle.run_id)
+
+    def handle(self, run_id: str) -> RunHandle:
+        """A handle for an existing run id (raises ``ValueError`` on a malformed id)."""
+        return RunHandle(self, check_run_id(run_id))
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        """The run record, or ``None``."""
+        return self._call(self.aio.get_run, run_id)
+
+    def wait(self, run_id: str, timeout: float | None = None) -> RunResult:
+        """See :meth:`RunHandle.wait`."""
+        return self._call(self.aio.wait, run_id, timeout)
+
+    def events(self, run_id: str, timeout: float | None = None) -> Iterator[dict[str, Any]]:
+        """See :meth:`RunHandle.events`."""
+        agen = self.aio.events(run_id, timeout=timeout)
+        try:
+            while True:
+                try:
+                    yield self._loop.run(agen.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            if not self._loop.loop.is_closed():
+                self._loop.run(agen.aclose())
+
+    def cancel(self, run_id: str) -> CancelReport:
+        """See :meth:`AsyncLatticeClient.cancel`."""
+        return self._call(self.aio.cancel, run_id)
+
+    def status(self, team: str | None = None, *, limit: int = 20) -> StatusReport:
+        """See :meth:`AsyncLatticeClient.status`."""
+        return self._call(self.aio.status, team, limit=limit)
+
+    def inbox(self, mailbox_id: str, status: MessageStatus | str = "pending") -> list[TeamMessage]:
+        """See :meth:`AsyncLatticeClient.inbox`."""
+        return self._call(self.aio.inbox, mailbox_id, status)
+
+    def close(self) -> None:
+        """Close the connections and stop the private event loop (idempotent)."""
+        if not self._finalizer.alive:
+            return
+        try:
+            if not self._loop.loop.is_closed():
+                self._loop.run(self.aio.aclose())
+        finally:
+            self._finalizer()
+
+
+__all__ = [
+    "AsyncLatticeClient",
+    "AsyncRunHandle",
+    "CancelReport",
+    "LatticeClient",
+    "RunHandle",
+    "RunResult",
+    "StatusReport",
+]
