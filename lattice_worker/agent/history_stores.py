@@ -83,12 +83,28 @@ async def _maybe_await(value: Any) -> Any:
 
 # -- JSONL file store -------------------------------------------------------------
 
+_path_locks: dict[str, threading.Lock] = {}
+_path_locks_guard = threading.Lock()
+
+
+def _lock_for(path: Path) -> threading.Lock:
+    """One lock per file in this process, shared by every store over that file."""
+    key = os.path.abspath(path)
+    with _path_locks_guard:
+        lock = _path_locks.get(key)
+        if lock is None:
+            lock = _path_locks[key] = threading.Lock()
+        return lock
+
 
 class JsonlHistoryStore:
     """Conversation history in a JSON Lines file: one message per line, UTF-8.
 
     Built by :func:`create_jsonl_history_store`. Methods are coroutines; file
-    I/O runs in a worker thread, serialised by a per-store lock.
+    I/O runs in a worker thread, serialised by a lock per file shared by every
+    store of this process over the same path (so a ``replace`` never loses a
+    concurrent ``append``). Across processes, each append is a single
+    ``O_APPEND`` write.
     """
 
     def __init__(
@@ -97,7 +113,7 @@ class JsonlHistoryStore:
         self.path = Path(path)
         self.fail_on_error = bool(fail_on_error)
         self.fsync = bool(fsync)
-        self._lock = threading.Lock()
+        self._lock = _lock_for(self.path)
 
     def __repr__(self) -> str:
         return f"JsonlHistoryStore(path={str(self.path)!r}, fail_on_error={self.fail_on_error})"
@@ -363,6 +379,10 @@ class RedisHistoryStore:
         loop = asyncio.get_running_loop()
         client = self._per_loop.get(loop)
         if client is None:
+            # A client refers to its loop, so entries of closed loops would never be
+            # collected from the weak dict: drop them (their connections died with the loop).
+            for old in [lp for lp in self._per_loop if lp.is_closed()]:
+                del self._per_loop[old]
             if self._factory is not None:
                 client = self._factory()
                 if not (hasattr(client, "lrange") and hasattr(client, "pipeline")):

@@ -153,6 +153,9 @@ def test_one_store_works_across_event_loops(key):
 
     assert asyncio.run(step(USER)) == [USER]
     assert asyncio.run(step(ASSISTANT)) == [USER, ASSISTANT]
+    assert asyncio.run(step(USER)) == [USER, ASSISTANT, USER]
+    # clients of loops that have closed are dropped, not accumulated
+    assert len(store._per_loop) == 1
 
     async def close() -> None:
         await store.aclose()
