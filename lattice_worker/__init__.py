@@ -1,0 +1,122 @@
+"""agent-lattice: agents, tools, hooks, teams (DESIGN §9 public names).
+
+Keep this a plain explicit list; each area appends its own exports.
+"""
+
+# --- agent loop (lattice_worker.agent) and tools (lattice_worker.tools)
+from .agent.abort import AbortController, AbortSignal
+from .agent.agent import Agent, AgentSpec, create_agent, create_bare_agent, define_agent, is_agent_spec
+from .agent.events import (
+    AssistantMessage,
+    ResultMessage,
+    SDKMessage,
+    StreamEvent,
+    SystemMessage,
+    UserMessage,
+)
+from .agent.hooks import (
+    AgentHooks,
+    ModelRequestHookContext,
+    ToolResultHookContext,
+    create_composite_agent_hooks,
+)
+from .agent.loop import SuspendQuery, ToolBatchOutcome
+from .agent.model import AssistantModelMessage, ModelClient, ModelRequest, TokenUsage
+from .agent.options import AgentOptions, QueryOptions
+from .agent.output import SUBMIT_OUTPUT_TOOL_NAME
+from .agent.scripted import ScriptedModelClient, ScriptExhaustedError, error_turn, text_turn, tool_turn
+from .agent.tool_batch import PermissionRequest, ToolBatchPolicyContext
+from .errors import (
+    AbortError,
+    APIError,
+    ConcurrentQueryError,
+    ConfigError,
+    LatticeError,
+    MaxTurnsError,
+    MissingOutputError,
+    ModelTimeoutError,
+    ToolBatchRejectedError,
+    ToolExecutionError,
+)
+from .tools.tool import ToolContext, ToolDefinition, ToolResult, tool
+
+__all__ = [
+    # agent loop
+    "SUBMIT_OUTPUT_TOOL_NAME",
+    "AbortController",
+    "AbortSignal",
+    "Agent",
+    "AgentHooks",
+    "AgentOptions",
+    "AgentSpec",
+    "AssistantMessage",
+    "AssistantModelMessage",
+    "ModelClient",
+    "ModelRequest",
+    "ModelRequestHookContext",
+    "PermissionRequest",
+    "QueryOptions",
+    "ResultMessage",
+    "SDKMessage",
+    "ScriptExhaustedError",
+    "ScriptedModelClient",
+    "StreamEvent",
+    "SuspendQuery",
+    "SystemMessage",
+    "TokenUsage",
+    "ToolBatchOutcome",
+    "ToolBatchPolicyContext",
+    "ToolResultHookContext",
+    "UserMessage",
+    "create_agent",
+    "create_bare_agent",
+    "create_composite_agent_hooks",
+    "define_agent",
+    "error_turn",
+    "is_agent_spec",
+    "text_turn",
+    "tool_turn",
+    # tools
+    "ToolContext",
+    "ToolDefinition",
+    "ToolResult",
+    "tool",
+    # errors
+    "APIError",
+    "AbortError",
+    "ConcurrentQueryError",
+    "ConfigError",
+    "LatticeError",
+    "MaxTurnsError",
+    "MissingOutputError",
+    "ModelTimeoutError",
+    "ToolBatchRejectedError",
+    "ToolExecutionError",
+]
+
+# --- history stores (lattice_worker.agent.history_stores) and trace sinks (lattice_worker.tracing)
+from .agent.history import HistoryStore  # noqa: E402
+from .agent.history_stores import (  # noqa: E402
+    RedisHistoryStore,
+    create_jsonl_history_store,
+    define_history_store,
+)
+from .tracing import (  # noqa: E402
+    ContextTracer,
+    TraceContext,
+    create_composite_context_tracer,
+    create_jsonl_context_tracer,
+    define_context_tracer,
+)
+
+__all__ += [
+    "ContextTracer",
+    "HistoryStore",
+    "RedisHistoryStore",
+    "TraceContext",
+    "create_composite_context_tracer",
+    "create_jsonl_context_tracer",
+    "create_jsonl_history_store",
+    "define_context_tracer",
+    "define_history_store",
+]

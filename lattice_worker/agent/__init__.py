@@ -1,0 +1,64 @@
+"""The agent loop: agents, options, events, the model boundary, scripted model.
+
+Spec: AgentLattice "Agent Loop", "Streaming Events", "Configuration". The
+Anthropic client lives in :mod:`.anthropic_client` (imported lazily).
+"""
+
+from .abort import AbortController, AbortSignal
+from .agent import Agent, AgentSpec, create_agent, create_bare_agent, define_agent, is_agent_spec
+from .events import (
+    AssistantMessage,
+    ResultMessage,
+    SDKMessage,
+    StreamEvent,
+    SystemMessage,
+    UserMessage,
+    parse_sdk_message,
+)
+from .hooks import AgentHooks, ModelRequestHookContext, ToolResultHookContext, create_composite_agent_hooks
+from .loop import SuspendQuery, ToolBatchOutcome
+from .model import AssistantModelMessage, ModelClient, ModelRequest, TokenUsage
+from .options import AgentOptions, AutoCompactOptions, QueryOptions, ToolConcurrencyOptions
+from .output import SUBMIT_OUTPUT_TOOL_NAME
+from .scripted import ScriptedModelClient, ScriptExhaustedError, error_turn, text_turn, tool_turn
+from .tool_batch import PermissionRequest, ToolBatchPolicyContext
+
+__all__ = [
+    "SUBMIT_OUTPUT_TOOL_NAME",
+    "AbortController",
+    "AbortSignal",
+    "Agent",
+    "AgentHooks",
+    "AgentOptions",
+    "AgentSpec",
+    "AssistantMessage",
+    "AssistantModelMessage",
+    "AutoCompactOptions",
+    "ModelClient",
+    "ModelRequest",
+    "ModelRequestHookContext",
+    "PermissionRequest",
+    "QueryOptions",
+    "ResultMessage",
+    "SDKMessage",
+    "ScriptExhaustedError",
+    "ScriptedModelClient",
+    "StreamEvent",
+    "SuspendQuery",
+    "SystemMessage",
+    "TokenUsage",
+    "ToolBatchOutcome",
+    "ToolBatchPolicyContext",
+    "ToolConcurrencyOptions",
+    "ToolResultHookContext",
+    "UserMessage",
+    "create_agent",
+    "create_bare_agent",
+    "create_composite_agent_hooks",
+    "define_agent",
+    "error_turn",
+    "is_agent_spec",
+    "parse_sdk_message",
+    "text_turn",
+    "tool_turn",
+]

@@ -1,0 +1,382 @@
+"""``Agent`` and its factories (spec "Quickstart", "Configuration", "Agent Loop",
+"Public API -- Agent").
+
+One :class:`Agent` holds one conversation. Create it with :func:`create_agent`,
+:func:`create_bare_agent` or :meth:`AgentSpec.spawn` (from :func:`define_agent`).
+
+``create_agent`` vs ``create_bare_agent``: the spec gives ``create_agent`` a
+private workspace with built-in file/shell tools and a workspace prompt section.
+Workspace tools do not exist in this package yet, so both currently offer the
+same tools. The one difference today is the default prompt section: a non-bare
+agent whose tools can run concurrently gets a short system-prompt note asking
+the model to batch independent calls (spec "Run independent tools
+concurrently"); a bare agent sends exactly the ``system_prompt`` you gave.
+``workspace=False`` makes ``create_agent`` / ``define_agent`` bare.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import inspect
+import logging
+import uuid
+from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import Any
+
+from ..errors import ConcurrentQueryError, ConfigError
+from ..tools.tool import ToolDefinition
+from .events import ResultMessage
+from .loop import RunControl, run_query
+from .options import AgentOptions, check_tool_set, validate_agent_options, validate_query_options
+from .output import build_submit_output_tool
+
+logger = logging.getLogger("lattice_worker.agent")
+
+CONCURRENCY_PROMPT = (
+    "Some of your tools can run at the same time. When several tool calls are independent of each "
+    "other, put them in one response; when a call needs an earlier call's result, make it in a later "
+    "response."
+)
+
+
+async def _maybe_await(value: Any) -> Any:
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+def _check_prompt(where: str, prompt: Any) -> None:
+    if prompt is None:
+        return
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise ConfigError(f"{where}: the prompt is empty")
+        return
+    if isinstance(prompt, list):
+        if not prompt:
+            raise ConfigError(f"{where}: the prompt is an empty list of content blocks")
+        for i, block in enumerate(prompt):
+            if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+                raise ConfigError(f'{where}: prompt item {i} is not a content block (a dict with a "type")')
+        return
+    raise ConfigError(
+        f"{where}: the prompt must be a str, a list of content blocks, or None (continue from history); "
+        f"got {type(prompt).__name__}"
+    )
+
+
+class Agent:
+    """One conversation with a model, plus its tools (spec "Agent").
+
+    Create with :func:`create_agent` / :func:`create_bare_agent` / ``AgentSpec.spawn()``;
+    the constructor is internal. Attributes: ``session_id`` (a fresh UUID string),
+    ``name``, ``options`` (the validated :class:`AgentOptions`), ``output_schema``,
+    ``tools`` (a copy of the registered tools, ``submit_output`` excluded).
+    """
+
+    def __init__(self, options: AgentOptions, *, bare: bool = False, session_id: str | None = None) -> None:
+        self.options = options
+        self.session_id = session_id or str(uuid.uuid4())
+        self._bare = bare
+        self._tools: dict[str, ToolDefinition] = {t.name: t for t in options.tools}
+        self._submit_tool = (
+            build_submit_output_tool(options.output_schema) if options.output_schema is not None else None
+        )
+        self._history: list[dict[str, Any]] = []
+        self._history_loaded = options.history_store is None
+        self._control: RunControl | None = None
+        self._lazy_client: Any = None
+        self._lazy_client_loop: Any = None
+
+    def __repr__(self) -> str:
+        return f"Agent(name={self.name!r}, session_id={self.session_id!r}, bare={self._bare})"
+
+    # ---------------------------------------------------------------- properties
+
+    @property
+    def name(self) -> str | None:
+        """The ``name`` option (used as the trace source name), or ``None``."""
+        return self.options.name
+
+    @property
+    def output_schema(self) -> Any:
+        """The ``output_schema`` option (read-only), or ``None``."""
+        return self.options.output_schema
+
+    @property
+    def bare(self) -> bool:
+        """True for agents from ``create_bare_agent`` (or ``workspace=False``)."""
+        return self._bare
+
+    @property
+    def tools(self) -> list[ToolDefinition]:
+        """The registered tools in registration order (``submit_output`` not included)."""
+        return list(self._tools.values())
+
+    @property
+    def running(self) -> bool:
+        """True while a query of this Agent is running."""
+        return self._control is not None
+
+    # ------------------------------------------------------------------ tools
+
+    def add_tools(self, tools: Iterable[ToolDefinition]) -> None:
+        """Register more tools (the team runtime adds member tools to its lead).
+
+        Takes effect from the next model request. Raises :class:`ConfigError` for a
+        non-``ToolDefinition`` item, a name already registered, or ``submit_output``
+        while ``output_schema`` is set; on error nothing is added.
+        """
+        new = list(tools)
+        for i, t in enumerate(new):
+            if not isinstance(t, ToolDefinition):
+                raise ConfigError(f"add_tools: item {i} is {type(t).__name__}, not a ToolDefinition")
+        check_tool_set(list(self._tools.values()) + new, output_schema=self.output_schema, where="add_tools")
+        for t in new:
+            self._tools[t.name] = t
+
+    def _tool_map(self) -> dict[str, ToolDefinition]:
+        if self._submit_tool is None:
+            return self._tools
+        return {**self._tools, self._submit_tool.name: self._submit_tool}
+
+    def _system_prompt(self) -> str | None:
+        prompt = self.options.system_prompt
+        if self._bare:
+            return prompt
+        sections = [prompt] if prompt else []
+        mode = self.options.tool_concurrency.mode
+        if len(self._tools) > 1 and (
+            mode == "all"
+            or (
+                mode == "safe"
+                and any(t.is_concurrency_safe not in (None, False) for t in self._tools.values())
+            )
+        ):
+            sections.append(CONCURRENCY_PROMPT)
+        return "\n\n".join(sections) if sections else None
+
+    def _model_client(self) -> Any:
+        if self.options.model_client is not None:
+            return self.options.model_client
+        loop = asyncio.get_running_loop()
+        if self._lazy_client is None or self._lazy_client_loop is not loop:
+            # Imported lazily: the Anthropic client is optional for scripted/custom clients,
+            # and its HTTP pool is bound to one event loop (prompt_sync runs a new loop per call).
+            from .anthropic_client import AnthropicModelClient
+
+            self._lazy_client = AnthropicModelClient(
+                api_key=self.options.api_key, base_url=self.options.base_url
+            )
+            self._lazy_client_loop = loop
+        return self._lazy_client
+
+    # ---------------------------------------------------------------- history
+
+    def _store_failed(self, action: str, exc: BaseException) -> None:
+        store = self.options.history_store
+        if getattr(store, "fail_on_error", False):
+            raise exc
+        logger.warning("history store %s failed; continuing in memory", action, exc_info=exc)
+
+    async def _ensure_history_loaded(self) -> None:
+        if self._history_loaded:
+            return
+        store = self.options.history_store
+        try:
+            loaded = await _maybe_await(store.load())
+            if loaded is None:
+                loaded = []
+            if not isinstance(loaded, list) or not all(isinstance(m, dict) for m in loaded):
+                raise TypeError(
+                    f"history store load() returned {type(loaded).__name__}, not a list of message dicts"
+                )
+        except Exception as exc:
+            self._store_failed("load", exc)
+            loaded = []
+        self._history = list(loaded) + self._history
+        self._history_loaded = True
+
+    async def _append(self, message: dict[str, Any]) -> None:
+        self._history.append(message)
+        store = self.options.history_store
+        if store is not None:
+            try:
+                await _maybe_await(store.append(copy.deepcopy(message)))
+            except Exception as exc:
+                self._store_failed("append", exc)
+
+    async def get_history(self) -> list[dict[str, Any]]:
+        """A deep copy of the conversation (Anthropic wire-format message dicts),
+        including what the history store held (loaded on first use)."""
+        if self._control is None:
+            await self._ensure_history_loaded()
+        return copy.deepcopy(self._history)
+
+    async def replace_history(self, messages: list[dict[str, Any]]) -> None:
+        """Replace the whole conversation (and the history store's copy).
+
+        Idle only: raises :class:`ConcurrentQueryError` while a query runs. The
+        content is the host's (not validated beyond being a list of message dicts);
+        it must be a well-formed history. Raises :class:`ConfigError` otherwise.
+        """
+        if self._control is not None:
+            raise ConcurrentQueryError("replace_history() is idle-only: this Agent is running a query")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise ConfigError("replace_history: messages must be a list of message dicts")
+        new = copy.deepcopy(messages)
+        store = self.options.history_store
+        if store is not None:
+            try:
+                await _maybe_await(store.replace(copy.deepcopy(new)))
+            except Exception as exc:
+                self._store_failed("replace", exc)
+        self._history = new
+        self._history_loaded = True
+
+    # ---------------------------------------------------------------- queries
+
+    def query(self, prompt: Any, /, **query_options: Any) -> AsyncIterator[Any]:
+        """Run the agent loop on ``prompt``; an async iterator of SDK events
+        (``system``, ``stream_event``, ``assistant``, ``user``, then one ``result``).
+
+        ``prompt``: a str, a list of content blocks (multimodal), or ``None`` to
+        continue from the stored history (which must end with a user message).
+        ``query_options``: see :class:`~lattice_worker.agent.options.QueryOptions`.
+
+        Raises :class:`ConfigError` at once for bad options or prompt;
+        :class:`ConcurrentQueryError` on first iteration while another query of this
+        Agent runs. Close an abandoned iteration with ``contextlib.aclosing`` (or
+        ``await it.aclose()``) so the Agent is released immediately.
+        """
+        _check_prompt("query", prompt)
+        options = validate_query_options("query", query_options)
+        return run_query(self, prompt, options)
+
+    async def prompt(self, prompt: Any, /, **query_options: Any) -> ResultMessage:
+        """Run the loop and return only the final :class:`ResultMessage`.
+
+        Error subtypes are returned, not raised (see ``ResultMessage.raise_for_error``);
+        :class:`ConcurrentQueryError` and exceptions from hooks (and ``fail_on_error``
+        stores/tracers) are raised.
+        """
+        _check_prompt("prompt", prompt)
+        options = validate_query_options("prompt", query_options)
+        result: ResultMessage | None = None
+        gen = run_query(self, prompt, options)
+        try:
+            async for event in gen:
+                if isinstance(event, ResultMessage):
+                    result = event
+        finally:
+            await gen.aclose()
+        if result is None:  # pragma: no cover - the loop always ends with a result
+            raise RuntimeError("the agent loop ended without a result")
+        return result
+
+    def prompt_sync(self, prompt: Any, /, **query_options: Any) -> ResultMessage:
+        """Blocking :meth:`prompt` for synchronous callers (runs its own event loop).
+
+        Raises ``RuntimeError`` when called from a thread whose event loop is
+        running -- use ``await agent.prompt(...)`` there.
+        """
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            raise RuntimeError(
+                "prompt_sync() cannot run inside a running event loop; use `await agent.prompt(...)` instead"
+            )
+        _check_prompt("prompt_sync", prompt)
+        validate_query_options("prompt_sync", query_options)
+        return asyncio.run(self.prompt(prompt, **query_options))
+
+    def interrupt(self) -> bool:
+        """End the running query with subtype ``"interrupted"`` (``is_error`` false).
+
+        The in-flight model turn is dropped; a running tool batch finishes and its
+        results are recorded first. Returns True when a query was running, False
+        when idle (a no-op). Safe to call from another thread.
+        """
+        control = self._control
+        if control is None:
+            return False
+        control.interrupt()
+        return True
+
+
+class AgentSpec:
+    """A stateless agent template from :func:`define_agent` (spec ``AgentSpec``).
+
+    ``options`` is the validated :class:`AgentOptions`; :meth:`spawn` creates an
+    independent :class:`Agent` (own session id and history) from it.
+    """
+
+    __slots__ = ("options",)
+
+    def __init__(self, options: AgentOptions) -> None:
+        self.options = options
+
+    @property
+    def name(self) -> str | None:
+        return self.options.name
+
+    @property
+    def output_schema(self) -> Any:
+        return self.options.output_schema
+
+    def spawn(self) -> Agent:
+        """A fresh :class:`Agent` session (bare when ``workspace=False``)."""
+        return Agent(self.options, bare=self.options.workspace is False)
+
+    def __repr__(self) -> str:
+        return f"AgentSpec(name={self.options.name!r})"
+
+
+def create_agent(**options: Any) -> Agent:
+    """Create an :class:`Agent` (DESIGN §9 options, keyword-only).
+
+    Raises :class:`ConfigError` naming an unknown option key or an option of the
+    wrong type, on duplicate tool names, or a tool named ``submit_output`` while
+    ``output_schema`` is set. See the module doc for create_agent vs create_bare_agent.
+    """
+    validated = validate_agent_options("create_agent", options)
+    return Agent(validated, bare=validated.workspace is False)
+
+
+def create_bare_agent(**options: Any) -> Agent:
+    """Create a bare :class:`Agent`: no default prompt section (and, once they exist,
+    no workspace tools). Same options as :func:`create_agent` minus ``workspace``;
+    raises :class:`ConfigError` like it."""
+    validated = validate_agent_options("create_bare_agent", options, allow_workspace=False)
+    return Agent(validated, bare=True)
+
+
+def define_agent(**options: Any) -> AgentSpec:
+    """Create an :class:`AgentSpec` template; ``spec.spawn()`` makes sessions.
+
+    Raises :class:`ConfigError` like :func:`create_agent`.
+    """
+    return AgentSpec(validate_agent_options("define_agent", options))
+
+
+def is_agent_spec(value: Any) -> bool:
+    """True when ``value`` is an :class:`AgentSpec` (a template), not a live session."""
+    return isinstance(value, AgentSpec)
+
+
+def agent_options_dict(options: AgentOptions) -> Mapping[str, Any]:
+    """The options that were explicitly given, as a dict."""
+    return {k: getattr(options, k) for k in options.model_fields_set}
+
+
+__all__ = [
+    "Agent",
+    "AgentSpec",
+    "create_agent",
+    "create_bare_agent",
+    "define_agent",
+    "is_agent_spec",
+]

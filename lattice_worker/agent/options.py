@@ -1,0 +1,411 @@
+"""Agent and query options, validated strictly (spec "Configuration",
+"Public API -- AgentOptions / QueryOptions", "Tools -- Strict option validation").
+
+Options are keyword-only. An unknown key raises :class:`ConfigError` naming it;
+a value of the wrong type raises :class:`ConfigError` naming the option and what
+it expects. Validation is pydantic's (strict scalars: ``"5"`` is not an int,
+``True`` is not an int).
+
+Not active yet (accepted, validated and stored, but they change nothing):
+``auto_compact`` (context compaction), ``skills`` and ``workspace`` (built-in
+workspace tools and prompt). Building on them is later work.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    StrictBool,
+    StrictStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from ..errors import ConfigError
+from ..tools.tool import ToolDefinition
+from .abort import AbortSignal
+from .hooks import AgentHooks, coerce_hooks
+from .output import SUBMIT_OUTPUT_TOOL_NAME, is_output_schema
+
+PositiveInt = Annotated[int, Strict(), Field(gt=0)]
+NonNegativeInt = Annotated[int, Strict(), Field(ge=0)]
+
+DEFAULT_MAX_TOKENS = 4096
+"""Output budget per model request when ``max_tokens`` is not set."""
+
+DEFAULT_MAX_TURNS = 50
+
+UNKNOWN_OPTION_HINT = (
+    "Check for a typo, or upgrade agent-lattice if this option was added in a newer version."
+)
+
+
+class ToolConcurrencyOptions(BaseModel):
+    """``tool_concurrency`` (spec "Run independent tools concurrently").
+
+    ``mode``: ``"safe"`` (default; consecutive calls whose tool says
+    ``is_concurrency_safe(input)`` overlap), ``"all"`` (every call may overlap) or
+    ``"sequential"``. ``max_concurrency``: positive int, default 10.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: Literal["safe", "all", "sequential"] = "safe"
+    max_concurrency: PositiveInt = 10
+
+
+class AutoCompactOptions(BaseModel):
+    """``auto_compact`` settings. **Not active yet**: accepted and stored only."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    threshold_tokens: PositiveInt = 100_000
+    keep_recent_messages: NonNegativeInt = 6
+    prompt: StrictStr | None = None
+    model: StrictStr | None = None
+    max_tokens: PositiveInt | None = None
+
+
+class WorkspaceOptions(BaseModel):
+    """``workspace`` as an object. **Not active yet**: accepted and stored only."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cwd: StrictStr
+    allowed_directories: list[StrictStr] | None = None
+    bash_timeout_ms: PositiveInt | None = None
+
+
+def _check_thinking(value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ValueError("not a dict")
+    kind = value.get("type")
+    if kind in ("adaptive", "disabled"):
+        if set(value) != {"type"}:
+            raise ValueError(f'type "{kind}" takes no other keys')
+        return {"type": kind}
+    if kind == "enabled":
+        budget = value.get("budget_tokens")
+        if (
+            set(value) != {"type", "budget_tokens"}
+            or not isinstance(budget, int)
+            or isinstance(budget, bool)
+            or budget <= 0
+        ):
+            raise ValueError('type "enabled" needs a positive integer "budget_tokens" and nothing else')
+        return {"type": "enabled", "budget_tokens": budget}
+    raise ValueError(f"unknown thinking type {kind!r}")
+
+
+def _check_output_format(value: Any) -> Any:
+    if value is None or value == "json":
+        return value
+    if (
+        isinstance(value, Mapping)
+        and value.get("type") == "json_schema"
+        and isinstance(value.get("schema"), Mapping)
+    ):
+        if set(value) - {"type", "schema", "name", "strict"}:
+            raise ValueError("unknown keys")
+        return dict(value)
+    raise ValueError("not an output format")
+
+
+def _has_methods(value: Any, *names: str) -> bool:
+    return all(callable(getattr(value, n, None)) for n in names)
+
+
+_AGENT_EXPECTED: dict[str, str] = {
+    "api_key": "a string",
+    "base_url": "a string (an Anthropic-compatible endpoint URL)",
+    "name": "a string",
+    "model": "a string (the model name)",
+    "system_prompt": "a string",
+    "max_tokens": "a positive integer",
+    "max_turns": "a positive integer (model requests per query)",
+    "thinking_config": '{"type": "adaptive"}, {"type": "enabled", "budget_tokens": N} or {"type": "disabled"}',
+    "reasoning_effort": '"low", "high" or "max"',
+    "request_timeout_ms": "a positive integer number of milliseconds",
+    "output_schema": "a pydantic BaseModel subclass or an object with a parse(value) method",
+    "tools": "a list of ToolDefinition (built with tool())",
+    "tool_batch_policy": "an object with validate(ctx), or a callable(ctx)",
+    "hooks": "AgentHooks(on_tool_result=..., on_model_request=...) or a dict of those",
+    "auto_compact": "True/False or a dict with threshold_tokens, keep_recent_messages, prompt, model, max_tokens",
+    "tool_concurrency": '{"mode": "safe" | "all" | "sequential", "max_concurrency": positive int}',
+    "skills": "a list of skills",
+    "workspace": "a directory path, False, or a dict with cwd, allowed_directories, bash_timeout_ms",
+    "permission": "a callable(request) returning {'behavior': 'allow'} or {'behavior': 'deny', 'message': ...}",
+    "model_client": "a ModelClient (an object with async create_message(request))",
+    "tracer": "a ContextTracer (an object with on_event(event))",
+    "history_store": "a HistoryStore (an object with load(), append(message), replace(messages))",
+}
+
+_QUERY_EXPECTED: dict[str, str] = {
+    "stream": "True or False",
+    "output_format": '"json" or {"type": "json_schema", "schema": {...}}',
+    "thinking_config": _AGENT_EXPECTED["thinking_config"],
+    "reasoning_effort": _AGENT_EXPECTED["reasoning_effort"],
+    "request_timeout_ms": _AGENT_EXPECTED["request_timeout_ms"],
+    "signal": "an AbortSignal (AbortController().signal or AbortSignal.timeout(seconds))",
+    "tracer": _AGENT_EXPECTED["tracer"],
+    "runtime": "a runtime object (optional async after_tool_batch(outcome))",
+    "trace_context": "a lattice_worker.tracing.base.TraceContext",
+}
+
+
+class AgentOptions(BaseModel):
+    """Options of ``create_agent`` / ``create_bare_agent`` / ``define_agent`` (DESIGN §9).
+
+    See the module doc for strictness; ``auto_compact``, ``skills`` and
+    ``workspace`` are stored but not active yet. ``create_bare_agent`` does not
+    accept ``workspace``. Units: ``request_timeout_ms`` is milliseconds.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    api_key: StrictStr | None = None
+    base_url: StrictStr | None = None
+    name: StrictStr | None = None
+    model: StrictStr | None = None
+    system_prompt: StrictStr | None = None
+    max_tokens: PositiveInt | None = None
+    max_turns: PositiveInt = DEFAULT_MAX_TURNS
+    thinking_config: Any = None
+    reasoning_effort: Literal["low", "high", "max"] | None = None
+    request_timeout_ms: PositiveInt | None = None
+    output_schema: Any = None
+    tools: list[Any] = Field(default_factory=list)
+    tool_batch_policy: Any = None
+    hooks: Any = None
+    auto_compact: StrictBool | AutoCompactOptions | None = None
+    tool_concurrency: ToolConcurrencyOptions = Field(default_factory=ToolConcurrencyOptions)
+    skills: list[Any] | None = None
+    workspace: StrictStr | Literal[False] | WorkspaceOptions | None = None
+    permission: Callable[..., Any] | None = None
+    model_client: Any = None
+    tracer: Any = None
+    history_store: Any = None
+
+    @field_validator("thinking_config", mode="before")
+    @classmethod
+    def _thinking(cls, v: Any) -> Any:
+        return _check_thinking(v)
+
+    @field_validator("workspace", mode="before")
+    @classmethod
+    def _workspace(cls, v: Any) -> Any:
+        if isinstance(v, os.PathLike):
+            return os.fspath(v)
+        if v is True:
+            raise ValueError("True is not a workspace")
+        return v
+
+    @field_validator("output_schema")
+    @classmethod
+    def _output_schema(cls, v: Any) -> Any:
+        if v is not None and not is_output_schema(v):
+            raise ValueError("not an output schema")
+        return v
+
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, v: list[Any]) -> list[Any]:
+        for i, t in enumerate(v):
+            if not isinstance(t, ToolDefinition):
+                raise ValueError(f"item {i} is {type(t).__name__}, not a ToolDefinition")
+        return v
+
+    @field_validator("tool_batch_policy")
+    @classmethod
+    def _policy(cls, v: Any) -> Any:
+        if v is not None and not (callable(getattr(v, "validate", None)) or callable(v)):
+            raise ValueError("not a tool batch policy")
+        return v
+
+    @field_validator("hooks")
+    @classmethod
+    def _hooks(cls, v: Any) -> AgentHooks | None:
+        try:
+            return coerce_hooks(v)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("model_client")
+    @classmethod
+    def _client(cls, v: Any) -> Any:
+        if v is not None and not _has_methods(v, "create_message"):
+            raise ValueError("no create_message method")
+        return v
+
+    @field_validator("tracer")
+    @classmethod
+    def _tracer(cls, v: Any) -> Any:
+        if v is not None and not _has_methods(v, "on_event"):
+            raise ValueError("no on_event method")
+        return v
+
+    @field_validator("history_store")
+    @classmethod
+    def _store(cls, v: Any) -> Any:
+        if v is not None and not _has_methods(v, "load", "append", "replace"):
+            raise ValueError("needs load, append and replace methods")
+        return v
+
+    @model_validator(mode="after")
+    def _tool_set(self) -> AgentOptions:
+        check_tool_set(self.tools, output_schema=self.output_schema, where=None)
+        return self
+
+
+class QueryOptions(BaseModel):
+    """Per-query options of ``Agent.query`` / ``prompt`` / ``prompt_sync``.
+
+    ``stream`` (default True) asks the model client to stream and yields
+    ``stream_event`` events; ``output_format`` is passed to the provider;
+    ``thinking_config`` / ``reasoning_effort`` / ``request_timeout_ms`` (milliseconds)
+    override the agent's; ``signal`` aborts the query (``error_abort``); ``tracer``
+    overrides the agent's tracer for this query. Internal seams
+    (docs/contracts.md): ``runtime`` and ``trace_context``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    stream: StrictBool = True
+    output_format: Any = None
+    thinking_config: Any = None
+    reasoning_effort: Literal["low", "high", "max"] | None = None
+    request_timeout_ms: PositiveInt | None = None
+    signal: AbortSignal | None = None
+    tracer: Any = None
+    runtime: Any = None
+    trace_context: Any = None
+
+    @field_validator("thinking_config", mode="before")
+    @classmethod
+    def _thinking(cls, v: Any) -> Any:
+        return _check_thinking(v)
+
+    @field_validator("output_format", mode="before")
+    @classmethod
+    def _output_format(cls, v: Any) -> Any:
+        return _check_output_format(v)
+
+    @field_validator("tracer")
+    @classmethod
+    def _tracer(cls, v: Any) -> Any:
+        if v is not None and not _has_methods(v, "on_event"):
+            raise ValueError("no on_event method")
+        return v
+
+    @field_validator("runtime")
+    @classmethod
+    def _runtime(cls, v: Any) -> Any:
+        if v is not None and getattr(v, "after_tool_batch", None) is not None:
+            if not callable(v.after_tool_batch):
+                raise ValueError("after_tool_batch is not callable")
+        return v
+
+    @field_validator("trace_context")
+    @classmethod
+    def _trace_context(cls, v: Any) -> Any:
+        from ..tracing.base import TraceContext
+
+        if v is not None and not isinstance(v, TraceContext):
+            raise ValueError("not a TraceContext")
+        return v
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    if len(text) > 80:
+        text = text[:77] + "..."
+    return f"{text} ({type(value).__name__})"
+
+
+def _to_config_error(
+    where: str, exc: ValidationError, given: Mapping[str, Any], expected: dict[str, str]
+) -> ConfigError:
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    loc = first.get("loc", ())
+    option = str(loc[0]) if loc else ""
+    if option in given and option in expected:
+        detail = str(first.get("msg", "")).removeprefix("Value error, ")
+        return ConfigError(
+            f'{where}: option "{option}" expects {expected[option]}; got {_short(given[option])}. ({detail})'
+        )
+    # a cross-field check (model_validator) or a nested location
+    msg = str(first.get("msg", "")).removeprefix("Value error, ")
+    return ConfigError(f"{where}: {msg}")
+
+
+def validate_agent_options(
+    where: str, options: Mapping[str, Any], *, allow_workspace: bool = True
+) -> AgentOptions:
+    """Validate ``options`` for the factory called ``where``.
+
+    Raises :class:`ConfigError` for an unknown key (``create_bare_agent`` knows no
+    ``workspace``), a wrong type, duplicate tool names, or a tool named
+    ``submit_output`` while ``output_schema`` is set.
+    """
+    known = AgentOptions.model_fields.keys()
+    for key in options:
+        if key not in known or (key == "workspace" and not allow_workspace):
+            raise ConfigError(f'{where}: unknown option "{key}". {UNKNOWN_OPTION_HINT}')
+    try:
+        return AgentOptions(**options)
+    except ValidationError as exc:
+        raise _to_config_error(where, exc, options, _AGENT_EXPECTED) from None
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def validate_query_options(where: str, options: Mapping[str, Any]) -> QueryOptions:
+    """Validate per-query options; raises :class:`ConfigError` like :func:`validate_agent_options`."""
+    known = QueryOptions.model_fields.keys()
+    for key in options:
+        if key not in known:
+            raise ConfigError(f'{where}: unknown option "{key}". {UNKNOWN_OPTION_HINT}')
+    try:
+        return QueryOptions(**options)
+    except ValidationError as exc:
+        raise _to_config_error(where, exc, options, _QUERY_EXPECTED) from None
+
+
+def check_tool_set(tools: list[ToolDefinition], *, output_schema: Any, where: str | None) -> None:
+    """Raise :class:`ConfigError` on duplicate tool names, or on a tool named
+    ``submit_output`` while ``output_schema`` is set (the name is reserved then)."""
+    prefix = f"{where}: " if where else ""
+    seen: set[str] = set()
+    for t in tools:
+        if t.name in seen:
+            raise ConfigError(f'{prefix}duplicate tool name "{t.name}"; tool names must be unique per agent')
+        seen.add(t.name)
+        if output_schema is not None and t.name == SUBMIT_OUTPUT_TOOL_NAME:
+            raise ConfigError(
+                f'{prefix}the tool name "{SUBMIT_OUTPUT_TOOL_NAME}" is reserved while output_schema is set'
+            )
+
+
+__all__ = [
+    "DEFAULT_MAX_TOKENS",
+    "DEFAULT_MAX_TURNS",
+    "AgentOptions",
+    "AutoCompactOptions",
+    "QueryOptions",
+    "ToolConcurrencyOptions",
+    "WorkspaceOptions",
+    "check_tool_set",
+    "validate_agent_options",
+    "validate_query_options",
+]

@@ -1,0 +1,336 @@
+"""Execution of one tool batch (all ``tool_use`` blocks of one assistant turn).
+
+Spec: AgentLattice "Tools" (concurrency, batch policy), "Permissions",
+"Agent Loop" (structured output exclusivity, truncation at ``max_tokens``).
+
+Order of checks, batch level first (each rejects the whole batch, no handler runs):
+
+1. the response was cut at ``max_tokens`` -> every call gets an error asking for
+   a shorter reissue;
+2. ``output_schema`` is set and ``submit_output`` is mixed with other calls or
+   submitted twice -> code ``submit_output_exclusive_batch``;
+3. ``tool_batch_policy`` rejects (its code) or raises (``tool_batch_policy_error``).
+
+Then per call, in scheduling order: unknown tool name -> error; ``permission``
+callback (raw input, before parsing; deny -> the message; not called for the
+built-in ``submit_output``) -> error; input parsing (not an object / invalid) ->
+error; handler (exception -> error). Calls that have not started when the
+query's signal is aborted get an "aborted" error and never run; handlers that
+started are awaited to completion. Results always come back in ``tool_use`` order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import AbortError, ToolBatchRejectedError, ToolExecutionError
+from ..tools.tool import ToolContext, ToolDefinition, ToolInputError, ToolResult
+from .abort import AbortSignal
+from .options import ToolConcurrencyOptions
+from .output import SUBMIT_OUTPUT_TOOL_NAME
+
+TRUNCATED_MESSAGE = (
+    "This tool call was not run: your response was cut off at the max_tokens limit, so its input may "
+    "be incomplete. Reissue the call with shorter output (for example split a large input across "
+    "several calls)."
+)
+
+
+@dataclass
+class PermissionRequest:
+    """What a ``permission`` callback receives (spec "Permissions -- Request shape").
+
+    ``input`` is the raw, unvalidated input the model sent.
+    """
+
+    tool_name: str
+    input: Any
+    tool_use_id: str
+
+
+@dataclass
+class ToolBatchPolicyContext:
+    """What ``tool_batch_policy`` receives.
+
+    ``tool_calls`` is ``[{"id", "name", "input", "kind": "tool" | "agent_tool"}]`` in
+    tool_use order; ``signal`` the query's abort signal; ``agent`` and ``runtime``
+    the running Agent and the query's runtime (or ``None``).
+    """
+
+    tool_calls: list[dict[str, Any]]
+    signal: AbortSignal | None = None
+    agent: Any = None
+    runtime: Any = None
+
+
+@dataclass
+class CallOutcome:
+    """One call's outcome: the ``tool_use`` block, the ``tool_result`` block, the
+    error (exception) when it failed, and the handler's :class:`ToolResult` on success."""
+
+    call: dict[str, Any]
+    block: dict[str, Any]
+    error: BaseException | None = None
+    result: ToolResult | None = None
+    started: bool = False
+
+
+@dataclass
+class _Prepared:
+    index: int
+    call: dict[str, Any]
+    tool: ToolDefinition | None
+    parsed: Any = None
+    parse_error: ToolInputError | None = None
+    safe: bool = False
+    outcome: CallOutcome | None = field(default=None, repr=False)
+
+
+def _error_block(tool_use_id: str, content: str) -> dict[str, Any]:
+    return {"type": "tool_result", "tool_use_id": tool_use_id, "content": content, "is_error": True}
+
+
+def _fail(call: dict[str, Any], error: BaseException, content: str | None = None) -> CallOutcome:
+    text = content if content is not None else f"Error: {error}"
+    return CallOutcome(call=call, block=_error_block(str(call.get("id", "")), text), error=error)
+
+
+def _rejection_content(code: str, message: str, extra: dict[str, Any] | None = None) -> str:
+    body: dict[str, Any] = {"error": {"code": code, "message": message}}
+    if extra:
+        body["error"].update(extra)
+    return json.dumps(body, ensure_ascii=False)
+
+
+async def _maybe_await(value: Any) -> Any:
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+class ToolBatchRunner:
+    """Runs batches for one query; built by the loop with the agent's settings."""
+
+    def __init__(
+        self,
+        *,
+        tools: dict[str, ToolDefinition],
+        concurrency: ToolConcurrencyOptions,
+        permission: Callable[[PermissionRequest], Any] | None,
+        policy: Any,
+        structured: bool,
+        signal: AbortSignal,
+        runtime: Any,
+        agent: Any,
+    ) -> None:
+        self.tools = tools
+        self.concurrency = concurrency
+        self.permission = permission
+        self.policy = policy
+        self.structured = structured
+        self.signal = signal
+        self.runtime = runtime
+        self.agent = agent
+
+    # ----------------------------------------------------------------- batch checks
+
+    def _truncated(self, calls: list[dict[str, Any]]) -> list[CallOutcome]:
+        return [_fail(c, ToolExecutionError(TRUNCATED_MESSAGE), f"Error: {TRUNCATED_MESSAGE}") for c in calls]
+
+    def _reject_all(
+        self, calls: list[dict[str, Any]], code: str, message: str, extra: dict[str, Any] | None = None
+    ) -> list[CallOutcome]:
+        content = _rejection_content(code, message, extra)
+        return [_fail(c, ToolBatchRejectedError(message, code=code), content) for c in calls]
+
+    def _exclusive_submit(self, calls: list[dict[str, Any]]) -> list[CallOutcome] | None:
+        if not self.structured or len(calls) < 2:
+            return None
+        submits = [c for c in calls if c.get("name") == SUBMIT_OUTPUT_TOOL_NAME]
+        if not submits:
+            return None
+        message = (
+            f"{SUBMIT_OUTPUT_TOOL_NAME} must be the only tool call in its response "
+            f"(this response had {len(calls)} calls, {len(submits)} of them {SUBMIT_OUTPUT_TOOL_NAME}). "
+            f"Finish the other work first, then call {SUBMIT_OUTPUT_TOOL_NAME} alone, once."
+        )
+        return self._reject_all(calls, "submit_output_exclusive_batch", message)
+
+    async def _apply_policy(self, calls: list[dict[str, Any]]) -> list[CallOutcome] | None:
+        if self.policy is None:
+            return None
+        ctx = ToolBatchPolicyContext(
+            tool_calls=[
+                {
+                    "id": c.get("id"),
+                    "name": c.get("name"),
+                    "input": c.get("input"),
+                    "kind": (self.tools[c["name"]].kind if c.get("name") in self.tools else "tool"),
+                }
+                for c in calls
+            ],
+            signal=self.signal,
+            agent=self.agent,
+            runtime=self.runtime,
+        )
+        validate = getattr(self.policy, "validate", None)
+        fn = validate if callable(validate) else self.policy
+        try:
+            decision = await _maybe_await(fn(ctx))
+            allowed, code, message, extra = _read_decision(decision)
+        except Exception as exc:
+            return self._reject_all(
+                calls,
+                "tool_batch_policy_error",
+                f"tool_batch_policy failed ({type(exc).__name__}: {exc}); no tool of this batch was run",
+            )
+        if allowed:
+            return None
+        return self._reject_all(calls, code, message, extra)
+
+    # ------------------------------------------------------------------- execution
+
+    def _prepare(self, index: int, call: dict[str, Any]) -> _Prepared:
+        definition = self.tools.get(call.get("name", ""))
+        prep = _Prepared(index=index, call=call, tool=definition)
+        if definition is None:
+            return prep
+        try:
+            prep.parsed = definition.parse_input(call.get("input"))
+        except ToolInputError as exc:
+            prep.parse_error = exc
+            return prep
+        mode = self.concurrency.mode
+        prep.safe = mode == "all" or (mode == "safe" and definition.check_concurrency_safe(prep.parsed))
+        return prep
+
+    async def _run_one(self, prep: _Prepared) -> CallOutcome:
+        call = prep.call
+        tool_use_id = str(call.get("id", ""))
+        name = call.get("name")
+        if self.signal.aborted:
+            return _fail(call, AbortError("tool call not started: the query was aborted"))
+        definition = prep.tool
+        if definition is None:
+            available = ", ".join(sorted(self.tools)) or "(none)"
+            return _fail(call, ToolExecutionError(f'unknown tool "{name}". Available tools: {available}.'))
+        if self.permission is not None and name != SUBMIT_OUTPUT_TOOL_NAME:
+            denied = await self._check_permission(PermissionRequest(name, call.get("input"), tool_use_id))
+            if denied is not None:
+                return _fail(call, ToolExecutionError(denied), denied)
+        if prep.parse_error is not None:
+            return _fail(call, prep.parse_error)
+        ctx = ToolContext(
+            tool_use_id=tool_use_id,
+            tool_name=definition.name,
+            signal=self.signal,
+            runtime=self.runtime,
+            agent=self.agent,
+        )
+        try:
+            result = await definition.invoke(prep.parsed, ctx)
+        except Exception as exc:
+            if isinstance(exc, ToolExecutionError) and exc.__class__ is ToolExecutionError:
+                text = f"Error: {exc}"
+            else:
+                text = f'Error: tool "{definition.name}" failed: {type(exc).__name__}: {exc}'
+            outcome = _fail(call, exc, text)
+            outcome.started = True
+            return outcome
+        block: dict[str, Any] = {"type": "tool_result", "tool_use_id": tool_use_id, "content": result.content}
+        return CallOutcome(call=call, block=block, result=result, started=True)
+
+    async def _check_permission(self, request: PermissionRequest) -> str | None:
+        """``None`` when allowed, else the denial message (fail closed on bad answers)."""
+        assert self.permission is not None
+        try:
+            decision = await _maybe_await(self.permission(request))
+        except Exception as exc:
+            return f'Permission check for tool "{request.tool_name}" failed ({type(exc).__name__}: {exc}); the call was not run.'
+        behavior = (
+            decision.get("behavior") if isinstance(decision, dict) else getattr(decision, "behavior", None)
+        )
+        if behavior == "allow":
+            return None
+        if behavior == "deny":
+            message = (
+                decision.get("message") if isinstance(decision, dict) else getattr(decision, "message", None)
+            )
+            return str(message) if message else f'Permission denied for tool "{request.tool_name}".'
+        return (
+            f'Permission check for tool "{request.tool_name}" returned {decision!r}, not '
+            "{'behavior': 'allow'} or {'behavior': 'deny', 'message': ...}; the call was not run."
+        )
+
+    async def _run_group(self, group: list[_Prepared]) -> None:
+        if len(group) == 1:
+            group[0].outcome = await self._run_one(group[0])
+            return
+        semaphore = asyncio.Semaphore(self.concurrency.max_concurrency)
+
+        async def guarded(prep: _Prepared) -> None:
+            async with semaphore:
+                prep.outcome = await self._run_one(prep)
+
+        await asyncio.gather(*(guarded(p) for p in group))
+
+    async def run(self, calls: list[dict[str, Any]], *, truncated: bool = False) -> list[CallOutcome]:
+        """Run one batch; returns one :class:`CallOutcome` per call, in ``calls`` order.
+
+        Never raises for tool failures (they become error outcomes).
+        """
+        if truncated:
+            return self._truncated(calls)
+        rejected = self._exclusive_submit(calls)
+        if rejected is None:
+            rejected = await self._apply_policy(calls)
+        if rejected is not None:
+            return rejected
+        prepared = [self._prepare(i, c) for i, c in enumerate(calls)]
+        group: list[_Prepared] = []
+        for prep in prepared:
+            if prep.safe:
+                group.append(prep)
+                continue
+            if group:
+                await self._run_group(group)
+                group = []
+            await self._run_group([prep])
+        if group:
+            await self._run_group(group)
+        return [p.outcome for p in prepared if p.outcome is not None]
+
+
+def _read_decision(decision: Any) -> tuple[bool, str, str, dict[str, Any]]:
+    def get(key: str) -> Any:
+        return decision.get(key) if isinstance(decision, dict) else getattr(decision, key, None)
+
+    if decision is None or not (isinstance(decision, dict) or hasattr(decision, "allowed")):
+        raise TypeError(f"the policy returned {decision!r}, not {{'allowed': bool, ...}}")
+    allowed = get("allowed")
+    if not isinstance(allowed, bool):
+        raise TypeError(f"the policy result's 'allowed' is {allowed!r}, not a bool")
+    if allowed:
+        return True, "", "", {}
+    code = get("code") or "invalid_tool_batch"
+    message = get("message") or "The tool batch was rejected by the tool_batch_policy."
+    extra: dict[str, Any] = {}
+    for key in ("conflicting_tool_call_ids", "suggested_next_step"):
+        value = get(key)
+        if value is not None:
+            extra[key] = value
+    return False, str(code), str(message), extra
+
+
+__all__ = [
+    "TRUNCATED_MESSAGE",
+    "CallOutcome",
+    "PermissionRequest",
+    "ToolBatchPolicyContext",
+    "ToolBatchRunner",
+]
