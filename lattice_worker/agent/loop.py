@@ -148,6 +148,7 @@ class _QueryRun:
         self.stop_reason: str | None = None
         self.last_text = ""
         self.hooks = opts.hooks
+        self.last_outcomes: list[CallOutcome] = []
         self.structured = opts.output_schema is not None
         self.max_turns = opts.max_turns
         self.timeout_ms = (
@@ -325,6 +326,54 @@ class _QueryRun:
             runtime=self.q.runtime,
             agent=self.agent,
         )
+
+    async def execute_batch(self, calls: list[dict[str, Any]], *, truncated: bool) -> dict[str, Any]:
+        """Trace the calls, run the batch, apply hooks, record the tool_result user
+        message. If anything raises before the message is recorded (a hook, a
+        ``fail_on_error`` tracer, cancellation), every call is answered with a
+        "withheld" error result first -- never the unhooked content -- so the history
+        keeps each tool_use paired with a tool_result, then the error propagates."""
+        recorded = False
+        try:
+            tool_map = self.agent._tool_map()
+            for call in calls:
+                definition = tool_map.get(call.get("name", ""))
+                await self.trace(
+                    "tool_use",
+                    {
+                        "tool_use_id": call.get("id"),
+                        "name": call.get("name"),
+                        "input": call.get("input"),
+                        "description": definition.description if definition is not None else None,
+                    },
+                )
+            self.last_outcomes = await self.batch_runner().run(calls, truncated=truncated)
+            blocks = await self.finalize_results(self.last_outcomes)
+            user_message = {"role": "user", "content": blocks}
+            await self.agent._append(user_message)
+            recorded = True
+            await self.trace("user_message", {"message": user_message})
+            return user_message
+        except BaseException:
+            if not recorded:
+                withheld = {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": str(c.get("id", "")),
+                            "content": "Error: this tool call's result was withheld because the host failed "
+                            "while processing the batch.",
+                            "is_error": True,
+                        }
+                        for c in calls
+                    ],
+                }
+                try:
+                    await self.agent._append(withheld)
+                except Exception:
+                    logger.warning("could not record withheld tool results", exc_info=True)
+            raise
 
     async def finalize_results(self, outcomes: list[CallOutcome]) -> list[dict[str, Any]]:
         """Run ``on_tool_result`` hooks, then trace each result; returns the blocks."""
@@ -529,22 +578,8 @@ async def run_query(agent: Agent, prompt: Any, q: QueryOptions) -> AsyncIterator
                 return
 
             # ---- the tool batch
-            tool_map = agent._tool_map()
-            for call in calls:
-                definition = tool_map.get(call.get("name", ""))
-                await run.trace(
-                    "tool_use",
-                    {
-                        "tool_use_id": call.get("id"),
-                        "name": call.get("name"),
-                        "input": call.get("input"),
-                        "description": definition.description if definition is not None else None,
-                    },
-                )
-            outcomes = await run.batch_runner().run(calls, truncated=message.stop_reason == "max_tokens")
-            blocks = await run.finalize_results(outcomes)
-            user_message = {"role": "user", "content": blocks}
-            await run.add_user_message(user_message)
+            user_message = await run.execute_batch(calls, truncated=message.stop_reason == "max_tokens")
+            outcomes, blocks = run.last_outcomes, user_message["content"]
             yield UserMessage(
                 session_id=run.session_id,
                 message=_copy(user_message),
