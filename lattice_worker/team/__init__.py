@@ -1,0 +1,51 @@
+"""Teams in one process: supervisor delegation (``agent_tool``) and mailbox
+teams (``create_team``, ``team_member``, the runner, ``drain``).
+
+Spec: AgentLattice "Agent delegation and teams", "Supervisor delegation",
+"Mailbox team", "Team tracing"; DESIGN.md section 4. The distributed runtime
+reuses :func:`~lattice_worker.team.work.run_work_item`,
+:func:`~lattice_worker.team.lead_tools.make_lead_member_tools` and
+:func:`~lattice_worker.team.reports.format_report_message`.
+"""
+
+from .agent_tool import agent_tool
+from .drain import DrainResult, drain_team
+from .events import AgentMessageEvent, AgentRuntimeFailure, TeamAgentEvent, TeamMessageEvent
+from .ids import lead_mailbox_id, mailbox_id, new_work_item_id
+from .lead_tools import Dispatcher, handoff_receipt, make_lead_member_tools
+from .member import TeamMember, team_member
+from .member_tools import MAILBOX_TOOL_NAMES, MailboxToolState, make_mailbox_tools
+from .reports import format_report_message, parse_report_message
+from .runner import RunnerOptions, TeamRunner, create_team_runner
+from .team import Team, create_team
+from .work import WorkItemOutcome, run_work_item
+
+__all__ = [
+    "AgentMessageEvent",
+    "AgentRuntimeFailure",
+    "Dispatcher",
+    "DrainResult",
+    "MAILBOX_TOOL_NAMES",
+    "MailboxToolState",
+    "RunnerOptions",
+    "Team",
+    "TeamAgentEvent",
+    "TeamMember",
+    "TeamMessageEvent",
+    "TeamRunner",
+    "WorkItemOutcome",
+    "agent_tool",
+    "create_team",
+    "create_team_runner",
+    "drain_team",
+    "format_report_message",
+    "handoff_receipt",
+    "lead_mailbox_id",
+    "mailbox_id",
+    "make_lead_member_tools",
+    "make_mailbox_tools",
+    "new_work_item_id",
+    "parse_report_message",
+    "run_work_item",
+    "team_member",
+]

@@ -1,0 +1,360 @@
+"""Supervisor delegation: expose an agent-like child as a plain tool.
+
+Spec: AgentLattice "Supervisor delegation" (basic shape, tool input, spec or
+session target, structured child output with contract inheritance and
+assembly-time checks, structured passthrough without a schema, typed
+delegation). ``agent_tool()`` returns a :class:`ToolDefinition` of kind
+``"agent_tool"``; when the supervisor model calls it with ``mode: "ask"`` the
+child runs once and its final answer becomes the ``tool_result``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from ..errors import ConfigError, ToolExecutionError
+from ..tools.tool import TOOL_NAME_PATTERN, ToolContext, ToolDefinition
+from .events import failure_from_result
+
+_UNKNOWN_OPTION_HINT = (
+    "Check for a typo, or upgrade agent-lattice if this option was added in a newer version."
+)
+CHILD_OUTPUT_INVALID = "child_output_invalid"
+
+
+class AgentToolInput(BaseModel):
+    """The standard model-facing input of an agent tool."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["ask", "handoff", "observe"] = Field(
+        description=(
+            '"ask": run the agent now and get its final answer as this tool result (use this). '
+            '"handoff": needs a team runtime (mailbox team). "observe": not supported.'
+        )
+    )
+    task: str = Field(min_length=1, description="One clear task for the agent.")
+    expected_output: str | None = Field(default=None, description="What the answer should look like.")
+    acceptance_criteria: list[str] | None = Field(default=None, description="Checks the answer must pass.")
+
+
+def _task_text(data: AgentToolInput) -> str:
+    parts = [data.task.strip()]
+    if data.expected_output:
+        parts.append(f"Expected output: {data.expected_output.strip()}")
+    if data.acceptance_criteria:
+        parts.append("Acceptance criteria:\n" + "\n".join(f"- {c.strip()}" for c in data.acceptance_criteria))
+    return "\n\n".join(parts)
+
+
+# --------------------------------------------------------------------------- schemas
+
+
+def _strip_titles(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _strip_titles(v) for k, v in value.items() if k not in ("title", "description")}
+    if isinstance(value, list):
+        return [_strip_titles(v) for v in value]
+    return value
+
+
+def schema_json(schema: Any) -> dict[str, Any] | None:
+    """The JSON Schema of an output schema (pydantic model class, ``TypeAdapter``,
+    or an object with ``model_json_schema()`` / ``json_schema()``), else ``None``."""
+    if isinstance(schema, type) and issubclass(schema, BaseModel):
+        return schema.model_json_schema()
+    if isinstance(schema, TypeAdapter):
+        return schema.json_schema()
+    for attr in ("model_json_schema", "json_schema"):
+        fn = getattr(schema, attr, None)
+        if callable(fn):
+            try:
+                out = fn()
+            except Exception:
+                return None
+            return out if isinstance(out, dict) else None
+    return None
+
+
+def _check_schema_object(where: str, schema: Any) -> None:
+    if isinstance(schema, type) and issubclass(schema, BaseModel):
+        return
+    if isinstance(schema, TypeAdapter) or callable(getattr(schema, "parse", None)):
+        return
+    raise ConfigError(
+        f"{where}: output_schema must be a pydantic model class, a TypeAdapter, or an object with parse(); "
+        f"got {schema!r}"
+    )
+
+
+def validate_output(schema: Any, value: Any) -> Any:
+    """Validate ``value`` against ``schema``; returns the JSON-ready payload.
+    Raises ``ValueError`` (or the schema's own error) when it does not validate."""
+    if isinstance(schema, type) and issubclass(schema, BaseModel):
+        return schema.model_validate(value).model_dump(mode="json")
+    if isinstance(schema, TypeAdapter):
+        return schema.dump_python(schema.validate_python(value), mode="json")
+    parsed = schema.parse(value)
+    if isinstance(parsed, BaseModel):
+        return parsed.model_dump(mode="json")
+    return parsed
+
+
+def _target_schema(target: Any, kind: str) -> Any:
+    if kind == "host":
+        return None  # host adapters expose no readable declaration
+    if kind == "spec":
+        return getattr(target.options, "output_schema", None)
+    return getattr(target, "output_schema", None)
+
+
+def _target_kind(where: str, target: Any) -> str:
+    from ..agent.agent import Agent, is_agent_spec
+    from .team import Team
+
+    if is_agent_spec(target):
+        return "spec"
+    if isinstance(target, Team):
+        return "team"
+    if isinstance(target, Agent):
+        return "agent"
+    if callable(getattr(target, "prompt", None)) or callable(getattr(target, "query", None)):
+        return "host"
+    raise ConfigError(
+        f"{where}: target must be an Agent, an AgentSpec, a Team or an object with prompt()/query(); "
+        f"got {type(target).__name__}"
+    )
+
+
+# --------------------------------------------------------------------------- running
+
+
+async def _run_child(child: Any, kind: str, prompt: Any, ctx: ToolContext) -> Any:
+    if kind in ("agent", "team", "spec"):
+        options: dict[str, Any] = {}
+        if ctx.signal is not None:
+            options["signal"] = ctx.signal
+        return await child.prompt(prompt, **options)
+    if callable(getattr(child, "prompt", None)):
+        value = child.prompt(prompt)
+        return await value if inspect.isawaitable(value) else value
+    result = None
+    stream = child.query(prompt)
+    if inspect.isawaitable(stream):
+        stream = await stream
+    async for event in stream:
+        etype = event.get("type") if isinstance(event, dict) else getattr(event, "type", None)
+        if etype == "result":
+            result = event
+    return result
+
+
+def _field(result: Any, name: str) -> Any:
+    if isinstance(result, dict):
+        return result.get(name)
+    return getattr(result, name, None)
+
+
+def _text(result: Any) -> str:
+    if isinstance(result, str):
+        return result
+    value = _field(result, "result")
+    return value if isinstance(value, str) else ("" if value is None else str(value))
+
+
+def _finish(result: Any, schema: Any) -> str:
+    """The tool-result text for a child result (see :func:`agent_tool`)."""
+    if result is None:
+        if schema is not None:
+            raise ToolExecutionError(f"{CHILD_OUTPUT_INVALID}: no_result: the child agent produced no result")
+        raise ToolExecutionError("the child agent produced no result")
+    is_error = not isinstance(result, str) and bool(_field(result, "is_error"))
+    if is_error:
+        failure = failure_from_result(result)
+        if schema is not None:
+            raise ToolExecutionError(f"{CHILD_OUTPUT_INVALID}: {failure['code']}: {failure['message']}")
+        raise ToolExecutionError(f"the child agent failed ({failure['code']}): {failure['message']}")
+    structured = None if isinstance(result, str) else _field(result, "structured_result")
+    if schema is not None:
+        if structured is None:
+            raise ToolExecutionError(
+                f"{CHILD_OUTPUT_INVALID}: missing_output: the child ended without submitting structured output"
+            )
+        try:
+            payload = validate_output(schema, structured)
+        except ValidationError as exc:
+            raise ToolExecutionError(f"{CHILD_OUTPUT_INVALID}: schema_mismatch: {exc}") from None
+        except Exception as exc:
+            raise ToolExecutionError(
+                f"{CHILD_OUTPUT_INVALID}: schema_mismatch: {type(exc).__name__}: {exc}"
+            ) from None
+        return json.dumps(payload, ensure_ascii=False)
+    if structured is not None:
+        return json.dumps(structured, ensure_ascii=False, default=str)
+    return _text(result)
+
+
+# --------------------------------------------------------------------------- factory
+
+
+def _description(name: str, target: Any, kind: str, given: str | None, schema: Any, typed: bool) -> str:
+    if given is not None:
+        text = given.strip()
+    else:
+        label = getattr(target, "name", None) or name
+        text = f'Ask the "{label}" agent to do one task and return its final answer.'
+    if kind == "spec":
+        text += (
+            " Each call starts a fresh agent session with no memory of earlier calls, so make every task "
+            "self-contained."
+        )
+    else:
+        text += " This agent keeps its conversation across calls: earlier tasks can inform later answers."
+    if schema is not None:
+        shape = schema_json(schema)
+        text += " The result is the agent's structured output as JSON"
+        text += f" matching this JSON Schema: {json.dumps(shape, separators=(',', ':'))}." if shape else "."
+    if not typed:
+        text += ' Use mode "ask".'
+    return text
+
+
+def agent_tool(
+    name: str,
+    target: Any,
+    *,
+    description: str | None = None,
+    output_schema: Any = None,
+    input_schema: type[BaseModel] | Mapping[str, Any] | None = None,
+    map_input: Callable[[Any], Any] | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    **unknown: Any,
+) -> ToolDefinition:
+    """Wrap an agent-like ``target`` as a tool (spec "Supervisor delegation").
+
+    Args:
+        name: the tool name (``^[a-zA-Z0-9_-]{1,64}$``).
+        target: an ``AgentSpec`` (a fresh session per call; calls may run
+            concurrently), a live ``Agent`` or ``Team`` (one session that keeps its
+            history), or a host AgentLike with ``prompt()`` / ``query()``.
+        description: what the supervisor model is told; the generated text adds
+            whether the target keeps history, and the output contract.
+        output_schema: the child's output contract. Inherited from the target
+            (``spec.options.output_schema`` / ``agent.output_schema``) when omitted;
+            an explicit one must be the same object or have the same JSON Schema.
+        input_schema / map_input: typed delegation, given together: the tool input
+            is ``input_schema`` (a pydantic model class or a JSON Schema dict) and
+            ``map_input(parsed)`` (sync or async) returns the child prompt (a str or
+            a list of content blocks). Ask-only; invalid input is rejected before
+            the child runs.
+        metadata: host annotations on the ``ToolDefinition`` (never shown to the model).
+
+    Standard input ``{mode, task, expected_output?, acceptance_criteria?}``:
+    ``ask`` runs the child and returns its final text -- or, with an output
+    schema, the validated structured output as JSON (a failed or missing
+    submission is an error result starting ``child_output_invalid:``; with
+    no schema on either side a child ``structured_result`` is passed through as
+    JSON); ``handoff`` returns an error result (it needs a mailbox team
+    runtime); ``observe`` returns an "unsupported" error result. Error results
+    read ``"Error: <message>"`` (the agent loop's format for tool errors).
+
+    Raises :class:`ConfigError` (prefixed ``agent_tool("<name>"):``) for an
+    unknown option, an invalid name or target, a mismatching explicit
+    ``output_schema``, or ``input_schema`` / ``map_input`` given alone.
+    """
+    where = f'agent_tool("{name}")'
+    for key in unknown:
+        raise ConfigError(f'{where}: unknown option "{key}". {_UNKNOWN_OPTION_HINT}')
+    if not isinstance(name, str) or not TOOL_NAME_PATTERN.match(name):
+        raise ConfigError(f"{where}: invalid name; a tool name must match ^[a-zA-Z0-9_-]{{1,64}}$")
+    kind = _target_kind(where, target)
+    if description is not None and (not isinstance(description, str) or not description.strip()):
+        raise ConfigError(f"{where}: description must be a non-empty string")
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise ConfigError(f"{where}: metadata must be a dict, got {type(metadata).__name__}")
+    if (input_schema is None) != (map_input is None):
+        given, missing = ("input_schema", "map_input") if map_input is None else ("map_input", "input_schema")
+        raise ConfigError(
+            f"{where}: {given} needs {missing}; typed delegation takes input_schema and map_input together"
+        )
+    if map_input is not None and not callable(map_input):
+        raise ConfigError(f"{where}: map_input must be callable")
+    if input_schema is not None and not (
+        isinstance(input_schema, Mapping)
+        or (isinstance(input_schema, type) and issubclass(input_schema, BaseModel))
+    ):
+        raise ConfigError(f"{where}: input_schema must be a pydantic model class or a JSON Schema dict")
+
+    declared = _target_schema(target, kind)
+    if output_schema is not None:
+        _check_schema_object(where, output_schema)
+        if declared is not None and output_schema is not declared:
+            mine, theirs = schema_json(output_schema), schema_json(declared)
+            if mine is None or theirs is None or _strip_titles(mine) != _strip_titles(theirs):
+                raise ConfigError(
+                    f"{where}: output_schema does not match the target's declared output_schema. Share one "
+                    "schema object between the agent (create_agent/define_agent) and agent_tool(), or omit "
+                    "output_schema here to inherit the target's."
+                )
+    schema = output_schema if output_schema is not None else declared
+    typed = input_schema is not None
+
+    async def run(prompt: Any, ctx: ToolContext) -> str:
+        child = target.spawn() if kind == "spec" else target
+        return _finish(await _run_child(child, kind, prompt, ctx), schema)
+
+    if typed:
+        assert map_input is not None
+
+        async def typed_handler(data: Any, ctx: ToolContext) -> str:
+            prompt = map_input(data)
+            if inspect.isawaitable(prompt):
+                prompt = await prompt
+            if isinstance(prompt, str):
+                if not prompt.strip():
+                    raise ToolExecutionError(f"{where}: map_input returned an empty prompt")
+            elif not (
+                isinstance(prompt, list)
+                and prompt
+                and all(isinstance(b, dict) and "type" in b for b in prompt)
+            ):
+                raise ToolExecutionError(
+                    f"{where}: map_input must return a str or a non-empty list of content blocks, "
+                    f"got {type(prompt).__name__}"
+                )
+            return await run(prompt, ctx)
+
+        handler: Callable[..., Any] = typed_handler
+        input_model: Any = input_schema
+    else:
+
+        async def standard_handler(data: AgentToolInput, ctx: ToolContext) -> str:
+            if data.mode == "handoff":
+                raise ToolExecutionError(
+                    f'{where}: mode "handoff" needs a team runtime, and agent_tool runs its child directly. '
+                    'Use mode "ask", or make the agent a member of a mailbox team (create_team) for handoffs.'
+                )
+            if data.mode == "observe":
+                raise ToolExecutionError(f'{where}: mode "observe" is unsupported here; use mode "ask"')
+            return await run(_task_text(data), ctx)
+
+        handler = standard_handler
+        input_model = AgentToolInput
+
+    return ToolDefinition(
+        name=name,
+        description=_description(name, target, kind, description, schema, typed),
+        input_model=input_model,
+        handler=handler,
+        kind="agent_tool",
+        is_concurrency_safe=kind == "spec",
+        metadata=metadata,
+    )
+
+
+__all__ = ["AgentToolInput", "CHILD_OUTPUT_INVALID", "agent_tool", "schema_json", "validate_output"]

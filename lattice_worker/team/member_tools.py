@@ -1,0 +1,496 @@
+"""The team mailbox tools: ``team_send``, ``team_inbox``, ``team_read``,
+``team_reply``, ``team_followup``, ``team_status``.
+
+Spec: AgentLattice "Mailbox tools for members" (and ``exposeLeadMailboxTools``
+for the lead); model-facing inputs exactly as DESIGN.md section 9.
+
+The tools are generic: one set is installed on an agent once, and every call
+finds *who* is calling and *which message* it works on through the query's
+runtime (``ToolContext.runtime.team_mailbox_state``, a :class:`MailboxToolState`).
+A member run gets its state from :func:`~lattice_worker.team.work.run_work_item`;
+the lead gets one from the team runner when ``expose_lead_mailbox_tools=True``.
+Called outside a team run, each tool answers with an error result and changes
+nothing.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import weakref
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from lattice_mailbox.base import ClaimError, InvalidTransitionError, TeamMailbox
+from lattice_mailbox.message import MessageStatus, TeamMessage
+
+from ..errors import ToolExecutionError
+from ..tools.tool import ToolContext, ToolDefinition, ToolResult
+from .events import TeamMessageEvent
+from .ids import LEAD, mailbox_id
+
+MAILBOX_TOOL_NAMES = ("team_send", "team_inbox", "team_read", "team_reply", "team_followup", "team_status")
+
+EmitFn = Callable[[Any], Awaitable[None] | None]
+
+
+TeamToolError = ToolExecutionError
+"""What team tools raise to refuse a call (bad recipient, foreign message...):
+the loop turns a plain ``ToolExecutionError`` into an error ``tool_result``
+reading ``"Error: <message>"``; nothing was changed."""
+
+
+async def emit_event(emit: EmitFn | None, event: Any) -> None:
+    """Call ``emit(event)`` (sync or async) when an emitter is set."""
+    if emit is None:
+        return
+    value = emit(event)
+    if inspect.isawaitable(value):
+        await value
+
+
+async def set_message_status(
+    mailbox: TeamMailbox, message_id: str, status: MessageStatus | str, token: str | None
+) -> None:
+    """Finish (or open) a message: fenced ``complete`` when ``token`` is given,
+    else ``update_status``. Raises :class:`~lattice_mailbox.base.ClaimError`
+    when the claim was lost, :class:`InvalidTransitionError` when the message
+    already left the state the caller expected, ``LookupError`` when it is gone."""
+    if token is not None:
+        await mailbox.complete(message_id, token, status)  # type: ignore[attr-defined]
+        return
+    if not await mailbox.update_status(message_id, status):
+        raise LookupError(f"message {message_id} not found in the mailbox")
+
+
+@dataclass
+class MailboxToolState:
+    """What the mailbox tools act on during one agent run.
+
+    Attributes:
+        team_name: the team's name (mailbox ids are ``"<team>::<name>"``).
+        self_name: the calling member's name, or ``"lead"``.
+        member_names: names a ``team_send`` may address (``"lead"`` is always allowed).
+        mailbox: the team's store.
+        current: the message this run was started for (claimed, ``processing``), or
+            ``None`` (the lead).
+        token: the claim token of ``current`` for fenced completion, or ``None``.
+        emit: receives :class:`TeamMessageEvent` for ``sent`` / ``reply`` /
+            ``followup`` / ``done``.
+        replies: message id -> the upstream reply that closed it (filled by ``team_reply``).
+        followups: upstream progress messages sent by ``team_followup``, in order.
+        opened: ids this run opened with ``team_read``.
+        claim_lost: set when a fenced completion of ``current`` was refused
+            (another worker owns the claim now); the run must write nothing more.
+    """
+
+    team_name: str
+    self_name: str
+    member_names: list[str]
+    mailbox: TeamMailbox
+    current: TeamMessage | None = None
+    token: str | None = None
+    emit: EmitFn | None = None
+    replies: dict[str, TeamMessage] = field(default_factory=dict)
+    followups: list[TeamMessage] = field(default_factory=list)
+    opened: set[str] = field(default_factory=set)
+    claim_lost: ClaimError | None = None
+
+    @property
+    def mailbox_id(self) -> str:
+        """The caller's own mailbox id."""
+        return mailbox_id(self.team_name, self.self_name)
+
+    @property
+    def current_replied(self) -> TeamMessage | None:
+        """The reply that closed ``current``, or ``None``."""
+        if self.current is None:
+            return None
+        return self.replies.get(self.current.id)
+
+    def resolve_recipient(self, to: str) -> str:
+        """A member name, ``"lead"``, or a full ``"<team>::<name>"`` id -> mailbox id.
+        Raises :class:`TeamToolError` listing the valid names otherwise."""
+        name = to
+        prefix = f"{self.team_name}::"
+        if to.startswith(prefix):
+            name = to[len(prefix) :]
+        if name == LEAD or name in self.member_names:
+            return mailbox_id(self.team_name, name)
+        valid = ", ".join([LEAD, *self.member_names])
+        raise TeamToolError(f'unknown recipient "{to}" in team "{self.team_name}"; valid recipients: {valid}')
+
+    async def _target(self, message_id: str | None, tool_name: str) -> tuple[TeamMessage, str | None]:
+        """The message a reply/follow-up addresses, and the token to close it with."""
+        if message_id is None or (self.current is not None and message_id == self.current.id):
+            if self.current is None:
+                raise TeamToolError(
+                    f"{tool_name}: message_id is required (this run was not started for a message)"
+                )
+            if self.claim_lost is not None:
+                raise TeamToolError(
+                    f"{tool_name}: the claim on message {self.current.id} was lost: {self.claim_lost}"
+                )
+            if self.current.id in self.replies:
+                raise TeamToolError(f"{tool_name}: message {self.current.id} is already closed by team_reply")
+            return self.current, self.token
+        message = await self.mailbox.get(message_id)
+        if message is None:
+            raise TeamToolError(f"{tool_name}: no message with id {message_id!r}; nothing changed")
+        if message.to != self.mailbox_id:
+            raise TeamToolError(
+                f'{tool_name}: message {message_id} is addressed to "{message.to}", not to your mailbox '
+                f'"{self.mailbox_id}"; you can only answer messages you claimed. Nothing changed.'
+            )
+        if message.status != MessageStatus.READ:
+            raise TeamToolError(
+                f"{tool_name}: message {message_id} is {message.status.value}; you can only answer the message "
+                "this run was started for or one you opened with team_read. Nothing changed."
+            )
+        return message, None
+
+    async def send(self, to: str, content: str) -> TeamMessage:
+        """``team_send``: a new message from the caller to ``to`` (same thread as ``current``)."""
+        target = self.resolve_recipient(to)
+        message = await self.mailbox.send(
+            self.mailbox_id,
+            target,
+            content,
+            thread_id=self.current.thread_id if self.current is not None else None,
+            metadata={"kind": "message", "from_member": self.self_name, "team": self.team_name},
+        )
+        await emit_event(
+            self.emit, TeamMessageEvent(subtype="sent", team=self.team_name, message=message.to_json_dict())
+        )
+        return message
+
+    async def reply(
+        self, content: str, message_id: str | None, *, structured_result: Any = None
+    ) -> TeamMessage:
+        """``team_reply``: close the target message ``done`` (fenced first, so a
+        run that lost its claim writes nothing), then send the reply upstream
+        (``reply_to`` = the target, same thread and work item)."""
+        target, token = await self._target(message_id, "team_reply")
+        try:
+            await set_message_status(self.mailbox, target.id, MessageStatus.DONE, token)
+        except ClaimError as exc:
+            if target is self.current:
+                self.claim_lost = exc
+            raise TeamToolError(f"team_reply: {exc}; nothing was sent") from None
+        except (InvalidTransitionError, LookupError) as exc:
+            raise TeamToolError(
+                f"team_reply: cannot close message {target.id}: {exc}; nothing was sent"
+            ) from None
+        metadata: dict[str, Any] = {
+            "kind": "reply",
+            "member": self.self_name,
+            "status": "done",
+            "team": self.team_name,
+        }
+        if structured_result is not None:
+            metadata["structured_result"] = structured_result
+        reply = await self.mailbox.send(
+            self.mailbox_id,
+            target.from_,
+            content,
+            thread_id=target.thread_id,
+            work_item_id=target.work_item_id,
+            reply_to=target.id,
+            metadata=metadata,
+        )
+        self.replies[target.id] = reply
+        done = target.model_copy(update={"status": MessageStatus.DONE, "claim_token": None})
+        await emit_event(
+            self.emit, TeamMessageEvent(subtype="reply", team=self.team_name, message=reply.to_json_dict())
+        )
+        await emit_event(
+            self.emit, TeamMessageEvent(subtype="done", team=self.team_name, message=done.to_json_dict())
+        )
+        return reply
+
+    async def followup(self, content: str, message_id: str | None) -> TeamMessage:
+        """``team_followup``: send progress upstream; the target stays open."""
+        target, _ = await self._target(message_id, "team_followup")
+        message = await self.mailbox.send(
+            self.mailbox_id,
+            target.from_,
+            content,
+            thread_id=target.thread_id,
+            work_item_id=target.work_item_id,
+            reply_to=target.id,
+            metadata={"kind": "followup", "member": self.self_name, "status": "open", "team": self.team_name},
+        )
+        self.followups.append(message)
+        await emit_event(
+            self.emit,
+            TeamMessageEvent(subtype="followup", team=self.team_name, message=message.to_json_dict()),
+        )
+        return message
+
+    async def read(self, message_id: str) -> TeamMessage:
+        """``team_read``: return a message of the caller's mailbox; a ``pending``
+        one is claimed for this run by moving it to ``read`` (open, answerable
+        with ``team_reply`` / ``team_followup``)."""
+        message = await self.mailbox.get(message_id)
+        if message is None:
+            raise TeamToolError(f"team_read: no message with id {message_id!r}")
+        if message.to != self.mailbox_id:
+            raise TeamToolError(
+                f'team_read: message {message_id} is addressed to "{message.to}", not to your mailbox "{self.mailbox_id}"'
+            )
+        if message.status == MessageStatus.PENDING:
+            try:
+                await self.mailbox.update_status(message_id, MessageStatus.READ)
+            except InvalidTransitionError:
+                message = await self.mailbox.get(message_id) or message  # someone claimed it first
+            else:
+                message = message.model_copy(update={"status": MessageStatus.READ})
+                self.opened.add(message_id)
+        return message
+
+    async def status_counts(self) -> dict[str, dict[str, int]]:
+        """``team_status``: per-status counts of every mailbox of the team."""
+        out: dict[str, dict[str, int]] = {}
+        for name in [LEAD, *self.member_names]:
+            box = mailbox_id(self.team_name, name)
+            counts_fn = getattr(self.mailbox, "counts", None)
+            if callable(counts_fn):
+                counts = dict(await counts_fn(box))
+            else:
+                counts = {s.value: 0 for s in MessageStatus}
+                for message in await self.mailbox.inbox(box, "all"):
+                    counts[message.status.value] += 1
+            out[box] = {k: v for k, v in counts.items() if v}
+        return out
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TeamSendInput(_Strict):
+    to: str = Field(min_length=1, description='Recipient: a member name of your team, or "lead".')
+    content: str = Field(min_length=1, description="The message text.")
+
+
+class TeamInboxInput(_Strict):
+    status: str | None = Field(
+        default=None,
+        description='Filter: "pending" (default), "processing", "read", "done", "failed", "cancelled", or "all".',
+    )
+
+
+class TeamReadInput(_Strict):
+    message_id: str = Field(min_length=1, description="Id of a message in your own mailbox.")
+
+
+class TeamReplyInput(_Strict):
+    content: str = Field(min_length=1, description="Your final result for the message.")
+    message_id: str | None = Field(
+        default=None, description="The message to answer; defaults to the message you were assigned."
+    )
+
+
+class TeamFollowupInput(_Strict):
+    content: str = Field(min_length=1, description="A progress note; the message stays open.")
+    message_id: str | None = Field(
+        default=None, description="The message to report on; defaults to the message you were assigned."
+    )
+
+
+class TeamStatusInput(_Strict):
+    pass
+
+
+# --------------------------------------------------------------------------- tools
+
+
+def _state(ctx: ToolContext) -> MailboxToolState:
+    state = getattr(ctx.runtime, "team_mailbox_state", None)
+    if not isinstance(state, MailboxToolState):
+        raise TeamToolError(
+            f"{ctx.tool_name} can only be used inside a team run (a member working on a mailbox message, "
+            "or a lead created with expose_lead_mailbox_tools=True); nothing changed"
+        )
+    return state
+
+
+def _brief(message: TeamMessage, *, with_content: bool = True, limit: int = 2000) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": message.id,
+        "from": message.from_,
+        "to": message.to,
+        "status": message.status.value,
+        "thread_id": message.thread_id,
+        "work_item_id": message.work_item_id,
+        "reply_to": message.reply_to,
+        "kind": message.metadata.get("kind"),
+        "created_at": message.created_at,
+    }
+    if with_content:
+        text = message.content
+        out["content"] = (
+            text if len(text) <= limit else text[:limit] + f"... [{len(text) - limit} more characters]"
+        )
+    return out
+
+
+async def _send(data: TeamSendInput, ctx: ToolContext) -> str:
+    message = await _state(ctx).send(data.to, data.content)
+    return json.dumps({"status": "sent", "message_id": message.id, "to": message.to})
+
+
+async def _inbox(data: TeamInboxInput, ctx: ToolContext) -> str:
+    state = _state(ctx)
+    status = data.status or "pending"
+    if status != "all":
+        try:
+            MessageStatus.parse(status)
+        except ValueError as exc:
+            raise TeamToolError(f"team_inbox: {exc}") from None
+    messages = await state.mailbox.inbox(state.mailbox_id, status)
+    return json.dumps(
+        {"mailbox": state.mailbox_id, "status": status, "messages": [_brief(m) for m in messages]}
+    )
+
+
+async def _read(data: TeamReadInput, ctx: ToolContext) -> str:
+    message = await _state(ctx).read(data.message_id)
+    return json.dumps(_brief(message, limit=100_000))
+
+
+async def _reply(data: TeamReplyInput, ctx: ToolContext) -> ToolResult:
+    state = _state(ctx)
+    reply = await state.reply(data.content, data.message_id)
+    text = json.dumps(
+        {
+            "status": "replied",
+            "reply_message_id": reply.id,
+            "closed_message_id": reply.reply_to,
+            "to": reply.to,
+        }
+    )
+    # Closing the assigned message finishes the member's work: end its turn here instead of
+    # spending one more model request -- unless the agent must still call submit_output.
+    closes_current = state.current is not None and reply.reply_to == state.current.id
+    has_schema = getattr(ctx.agent, "output_schema", None) is not None
+    return ToolResult(content=text, end_turn=closes_current and not has_schema)
+
+
+async def _followup(data: TeamFollowupInput, ctx: ToolContext) -> str:
+    message = await _state(ctx).followup(data.content, data.message_id)
+    return json.dumps(
+        {"status": "followup_sent", "message_id": message.id, "open_message_id": message.reply_to}
+    )
+
+
+async def _status(data: TeamStatusInput, ctx: ToolContext) -> str:
+    return json.dumps({"mailboxes": await _state(ctx).status_counts()})
+
+
+def make_mailbox_tools() -> list[ToolDefinition]:
+    """The six team mailbox tools (fresh :class:`ToolDefinition` objects).
+
+    Each finds its caller through ``ctx.runtime.team_mailbox_state``; see the
+    module docstring. Refusals (unknown recipient, a message the caller never
+    claimed, a lost claim) are error ``tool_result`` s that change nothing.
+    """
+    spec = [
+        (
+            "team_send",
+            "Send an asynchronous message to another member of your team (or to the lead).",
+            TeamSendInput,
+            _send,
+        ),
+        (
+            "team_inbox",
+            "List messages in your own mailbox (pending ones by default).",
+            TeamInboxInput,
+            _inbox,
+        ),
+        (
+            "team_read",
+            "Read a message from your own mailbox; a pending message is claimed for you (status read) so you can "
+            "answer it with team_reply or team_followup.",
+            TeamReadInput,
+            _read,
+        ),
+        (
+            "team_reply",
+            "Send your final reply upstream and close the message (by default the message you were assigned). "
+            "Call it exactly once when your work is finished; replying to your assigned message ends your turn.",
+            TeamReplyInput,
+            _reply,
+        ),
+        (
+            "team_followup",
+            "Send a progress note upstream without closing the message (by default the message you were assigned).",
+            TeamFollowupInput,
+            _followup,
+        ),
+        (
+            "team_status",
+            "Summarise message status counts for every mailbox of your team.",
+            TeamStatusInput,
+            _status,
+        ),
+    ]
+    return [
+        ToolDefinition(
+            name=name, description=desc, input_model=model, handler=handler, metadata={"team_tool": True}
+        )
+        for name, desc, model, handler in spec
+    ]
+
+
+_INSTALLED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def ensure_mailbox_tools(agent: Any) -> None:
+    """Install the mailbox tools on ``agent`` (an ``Agent``) once.
+
+    Raises :class:`~lattice_worker.errors.ConfigError` (from ``add_tools``) when
+    the agent already has a different tool with one of these names.
+    """
+    if agent in _INSTALLED:
+        return
+    if _has_tool(agent, "team_reply"):
+        _INSTALLED.add(agent)
+        return
+    agent.add_tools(make_mailbox_tools())
+    _INSTALLED.add(agent)
+
+
+def _has_tool(agent: Any, name: str) -> bool:
+    for attr in ("tool_names", "tools"):
+        value = getattr(agent, attr, None)
+        if value is None:
+            continue
+        if callable(value):
+            try:
+                value = value()
+            except TypeError:
+                continue
+        try:
+            names = {getattr(t, "name", t) for t in value}
+        except TypeError:
+            continue
+        return name in names
+    return False
+
+
+__all__ = [
+    "MAILBOX_TOOL_NAMES",
+    "MailboxToolState",
+    "TeamToolError",
+    "emit_event",
+    "ensure_mailbox_tools",
+    "make_mailbox_tools",
+    "set_message_status",
+]

@@ -1,0 +1,293 @@
+"""``create_team`` and the agent-like :class:`Team`.
+
+Spec: AgentLattice "Mailbox team" (create a team, modes, concurrency, failure
+isolation, member tools, nested teams, manual draining); DESIGN.md section 4.
+A team is not a new kind of agent: calling it means talking to its lead,
+whose member tools put work in member mailboxes that the runner (or
+``drain``) drives to completion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import weakref
+from collections.abc import AsyncIterator, Iterable
+from typing import TYPE_CHECKING, Any
+
+from lattice_mailbox.base import TeamMailbox
+
+from ..errors import ConfigError, LatticeError
+from .drain import DrainResult, drain_team
+from .ids import lead_mailbox_id, mailbox_id
+from .lead_tools import make_lead_member_tools
+from .member import TeamMember
+from .member_tools import ensure_mailbox_tools, make_mailbox_tools
+from .runner import RunnerOptions, TeamRunner, runner_options
+
+if TYPE_CHECKING:
+    from ..agent.abort import AbortSignal
+    from ..agent.events import ResultMessage
+
+_TEAM_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+_MAILBOX_METHODS = ("send", "inbox", "get", "claim_next", "update_status")
+
+
+class Team:
+    """A lead plus named members behind one mailbox store; agent-like.
+
+    Build it with :func:`create_team`. Attributes: ``name``, ``lead`` (the lead
+    ``Agent``), ``lead_spec`` (the ``AgentSpec`` it was spawned from, or
+    ``None``), ``members`` (list of :class:`TeamMember`), ``mailbox`` (the
+    ``TeamMailbox``), ``runner_options`` (:class:`RunnerOptions`),
+    ``expose_lead_mailbox_tools``.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        lead: Any,
+        lead_spec: Any,
+        members: list[TeamMember],
+        mailbox: TeamMailbox,
+        runner_options: RunnerOptions,
+        expose_lead_mailbox_tools: bool,
+    ) -> None:
+        self.name = name
+        self.lead = lead
+        self.lead_spec = lead_spec
+        self.members = members
+        self.mailbox = mailbox
+        self.runner_options = runner_options
+        self.expose_lead_mailbox_tools = expose_lead_mailbox_tools
+        self._locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Lock]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def __repr__(self) -> str:
+        return f"Team(name={self.name!r}, members={[m.name for m in self.members]!r})"
+
+    # -- lookups ------------------------------------------------------------------
+
+    def member(self, name: str) -> TeamMember:
+        """The member called ``name``. Raises :class:`ConfigError` naming the known members."""
+        for member in self.members:
+            if member.name == name:
+                return member
+        known = ", ".join(m.name for m in self.members) or "(none)"
+        raise ConfigError(f'team "{self.name}" has no member "{name}"; members: {known}')
+
+    def mailbox_id(self, member_name: str) -> str:
+        """``"<team>::<member>"`` (``"<team>::lead"`` for ``"lead"``)."""
+        return mailbox_id(self.name, member_name)
+
+    @property
+    def lead_mailbox_id(self) -> str:
+        """Where member reports arrive: ``"<team>::lead"``."""
+        return lead_mailbox_id(self.name)
+
+    @property
+    def session_id(self) -> str | None:
+        """The lead's session id."""
+        return getattr(self.lead, "session_id", None)
+
+    @property
+    def output_schema(self) -> Any:
+        """The lead's ``output_schema`` (what ``agent_tool`` inherits from a team)."""
+        return getattr(self.lead, "output_schema", None)
+
+    def mailbox_lock(self, box: str) -> asyncio.Lock:
+        """The lock that keeps one mailbox serial inside this process (one per
+        event loop, so a team can be used from several ``prompt_sync`` calls)."""
+        loop = asyncio.get_running_loop()
+        locks = self._locks.get(loop)
+        if locks is None:
+            locks = {}
+            self._locks[loop] = locks
+        lock = locks.get(box)
+        if lock is None:
+            lock = locks[box] = asyncio.Lock()
+        return lock
+
+    # -- agent-like -------------------------------------------------------------------
+
+    def query(self, prompt: Any, /, **query_options: Any) -> AsyncIterator[Any]:
+        """Talk to the lead (spec "Create a team").
+
+        Yields the lead's SDK events (``system``, ``assistant``, ``user``, ...,
+        one ``result``) merged with team events as they happen:
+        ``team_message`` / ``team_agent`` (:mod:`lattice_worker.team.events`) and
+        ``agent_message`` (each member SDK event, wrapped). Handoffs of a tool
+        batch run before the lead's next model request.
+
+        ``query_options``: the lead's query options (``signal``, ``stream``,
+        ``tracer``...). ``signal`` and ``stream`` also apply to member runs; a
+        ``tracer`` traces the whole team under one root run (spec "Team tracing").
+        Raises :class:`ConfigError` for bad options (on first iteration).
+        """
+        return TeamRunner(self, self.runner_options).query(prompt, **query_options)
+
+    async def prompt(self, prompt: Any, /, **query_options: Any) -> ResultMessage:
+        """Run :meth:`query` and return the lead's final ``ResultMessage``.
+
+        A failed member work item does not make this raise: the lead gets a
+        failure report and decides. Error subtypes of the lead are returned, not
+        raised (``result.raise_for_error()``).
+        """
+        result = None
+        stream = self.query(prompt, **query_options)
+        try:
+            async for event in stream:
+                if getattr(event, "type", None) == "result":
+                    result = event
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
+        if result is None:  # pragma: no cover - the lead always ends with a result
+            raise LatticeError(f'team "{self.name}": the lead ended without a result')
+        return result
+
+    def prompt_sync(self, prompt: Any, /, **query_options: Any) -> ResultMessage:
+        """Blocking :meth:`prompt` (runs its own event loop). Raises ``RuntimeError``
+        inside a running event loop."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self.prompt(prompt, **query_options))
+        raise RuntimeError(
+            "prompt_sync() cannot run inside a running event loop; use `await team.prompt(...)`"
+        )
+
+    def interrupt(self) -> bool:
+        """Interrupt the lead's running query (see ``Agent.interrupt``): accepted
+        handoffs of the current batch still finish and are recorded. Returns
+        ``False`` when the team is idle."""
+        return bool(self.lead.interrupt())
+
+    async def drain(
+        self,
+        *,
+        max_rounds: int = 10,
+        max_messages: int = 100,
+        signal: AbortSignal | None = None,
+        members: Iterable[str] | None = None,
+        **options: Any,
+    ) -> DrainResult:
+        """Process member mailboxes by hand (spec "Manual draining").
+
+        See :func:`~lattice_worker.team.drain.drain_team`: each round claims at
+        most one message from each member's own mailbox and prompts that member;
+        nothing is rerouted. Stops after ``max_rounds`` rounds, ``max_messages``
+        messages, an empty round, or an abort. Raises :class:`ConfigError` on a
+        limit that is not a positive int or an unknown member name.
+        """
+        return await drain_team(
+            self, max_rounds=max_rounds, max_messages=max_messages, signal=signal, members=members, **options
+        )
+
+
+def _check_mailbox(mailbox: Any) -> TeamMailbox:
+    missing = [m for m in _MAILBOX_METHODS if not callable(getattr(mailbox, m, None))]
+    if missing:
+        raise ConfigError(
+            f"create_team: mailbox must implement the TeamMailbox protocol; {type(mailbox).__name__} lacks "
+            + ", ".join(missing)
+        )
+    return mailbox
+
+
+def create_team(
+    *,
+    name: str,
+    lead: Any,
+    members: Iterable[TeamMember] = (),
+    mailbox: TeamMailbox | None = None,
+    runner: RunnerOptions | dict[str, Any] | None = None,
+    expose_lead_mailbox_tools: bool = False,
+    **unknown: Any,
+) -> Team:
+    """Create a mailbox team (spec "Create a team"; DESIGN.md section 4).
+
+    Args:
+        name: the team name, ``^[A-Za-z0-9_.-]{1,64}$``; mailbox ids are ``"<name>::<member>"``.
+        lead: an ``Agent`` (or an ``AgentSpec``, spawned once). It gets one tool per
+            member (named as the member) and, with ``expose_lead_mailbox_tools``,
+            the six ``team_*`` mailbox tools.
+        members: :class:`TeamMember` items (:func:`~lattice_worker.team.member.team_member`).
+            Names must be unique.
+        mailbox: any ``TeamMailbox`` store; default a new ``MemoryMailbox``.
+        runner: :class:`RunnerOptions` or a dict (``max_concurrent_work_items``).
+        expose_lead_mailbox_tools: give the lead the raw mailbox tools.
+
+    Raises :class:`ConfigError` on an unknown keyword, an invalid name, a lead
+    that is not an Agent/AgentSpec, duplicate member names, a member that is the
+    lead itself, a mailbox missing protocol methods, bad runner options, or a
+    tool name clash on the lead. Live ``Agent`` members get the mailbox tools now
+    (clashes surface here).
+    """
+    from ..agent.agent import Agent, is_agent_spec
+
+    for key in unknown:
+        raise ConfigError(
+            f'create_team: unknown option "{key}"; expected name, lead, members, mailbox, runner, '
+            "expose_lead_mailbox_tools"
+        )
+    if not isinstance(name, str) or not _TEAM_NAME.match(name):
+        raise ConfigError(
+            f"create_team: invalid name {name!r}; a team name must match ^[A-Za-z0-9_.-]{{1,64}}$"
+        )
+    where = f'create_team("{name}")'
+    lead_spec = None
+    if is_agent_spec(lead):
+        lead_spec = lead
+        lead = lead.spawn()
+    elif not isinstance(lead, Agent):
+        raise ConfigError(f"{where}: lead must be an Agent or an AgentSpec, got {type(lead).__name__}")
+    if isinstance(members, TeamMember) or not isinstance(members, Iterable):
+        raise ConfigError(f"{where}: members must be a list of team_member(...)")
+    member_list = list(members)
+    seen: set[str] = set()
+    for i, member in enumerate(member_list):
+        if not isinstance(member, TeamMember):
+            raise ConfigError(
+                f"{where}: member {i} is {type(member).__name__}, not a TeamMember (use team_member())"
+            )
+        if member.name in seen:
+            raise ConfigError(f'{where}: duplicate member name "{member.name}"; member names must be unique')
+        seen.add(member.name)
+        if member.agent is lead:
+            raise ConfigError(
+                f'{where}: member "{member.name}" is the lead agent itself; use a separate agent'
+            )
+    if not isinstance(expose_lead_mailbox_tools, bool):
+        raise ConfigError(f"{where}: expose_lead_mailbox_tools must be a bool")
+    options = runner_options(runner)
+    if mailbox is None:
+        from lattice_mailbox.memory import MemoryMailbox
+
+        mailbox = MemoryMailbox()
+    _check_mailbox(mailbox)
+
+    team = Team(
+        name=name,
+        lead=lead,
+        lead_spec=lead_spec,
+        members=member_list,
+        mailbox=mailbox,
+        runner_options=options,
+        expose_lead_mailbox_tools=expose_lead_mailbox_tools,
+    )
+    lead_tools = make_lead_member_tools(team)
+    if expose_lead_mailbox_tools:
+        lead_tools += make_mailbox_tools()
+    try:
+        lead.add_tools(lead_tools)
+        for member in member_list:
+            if member.kind == "agent":
+                ensure_mailbox_tools(member.agent)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    return team
+
+
+__all__ = ["DrainResult", "Team", "create_team"]

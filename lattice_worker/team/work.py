@@ -1,0 +1,513 @@
+"""One unit of member work: run a member on one claimed message.
+
+Spec: AgentLattice "Mailbox team" (the member claims, works and replies
+upstream), "Handoff failure isolation" (steps 1-3 for one item), "Mailbox tools
+for members", "Manual draining" (no reply -> ``failed`` + a diagnostic
+upstream) and "Team tracing" (member runs share the root trace session, with
+``source.kind == "team_member"``).
+
+:func:`run_work_item` is shared by the in-process runner, ``Team.drain`` and
+the distributed runtime's ``deliver`` task, so a message ends the same way
+whichever of them ran it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from lattice_mailbox.base import ClaimError, InvalidTransitionError, TeamMailbox
+from lattice_mailbox.message import MessageStatus, TeamMessage
+
+from ..errors import AbortError
+from ..tracing.base import TraceContext, TraceEmitter
+from .events import (
+    AgentMessageEvent,
+    TeamAgentEvent,
+    TeamMessageEvent,
+    failure_from_exception,
+    failure_from_result,
+    no_reply_failure,
+)
+from .ids import LEAD, mailbox_id
+from .member import TeamMember
+from .member_tools import EmitFn, MailboxToolState, emit_event, ensure_mailbox_tools, set_message_status
+
+if TYPE_CHECKING:
+    from ..agent.abort import AbortSignal
+    from ..tracing.base import ContextTracer
+
+logger = logging.getLogger("lattice_worker.team")
+
+#: ``metadata["kind"]`` values of messages that *report* on earlier work
+#: (replies, progress, failure reports, diagnostics). A member that receives
+#: one is informed; it is not required to answer, so reports never ping-pong.
+REPORT_KINDS = frozenset({"reply", "followup", "failure", "diagnostic"})
+
+
+@dataclass
+class WorkItemOutcome:
+    """How one message ended.
+
+    Attributes:
+        message: the original message, with its final status.
+        status: ``"done"`` (replied), ``"failed"``, ``"cancelled"`` (abort), or
+            ``"open"`` (the member sent only ``team_followup``: the message stays
+            open in status ``read`` and can be closed later with ``team_reply``).
+        content: the reply text, the last progress text, or the failure text.
+        structured_result: the member's structured result (``submit_output`` /
+            ``end_turn``), JSON-ready, or ``None``.
+        error: the normalised failure (:class:`~lattice_worker.team.events.AgentRuntimeFailure`
+            as a dict) for ``failed`` / ``cancelled``, else ``None``.
+        report: the upstream message sent (reply, failure report or diagnostic), or ``None``.
+    """
+
+    message: TeamMessage
+    status: str
+    content: str
+    structured_result: Any = None
+    error: dict[str, Any] | None = None
+    report: TeamMessage | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (the distributed runtime stores outcomes as JSON)."""
+        return {
+            "message": self.message.to_json_dict(),
+            "status": self.status,
+            "content": self.content,
+            "structured_result": self.structured_result,
+            "error": self.error,
+            "report": self.report.to_json_dict() if self.report is not None else None,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> WorkItemOutcome:
+        """Inverse of :meth:`to_dict`."""
+        report = data.get("report")
+        return cls(
+            message=TeamMessage.model_validate(data["message"]),
+            status=data["status"],
+            content=data.get("content") or "",
+            structured_result=data.get("structured_result"),
+            error=data.get("error"),
+            report=TeamMessage.model_validate(report) if report else None,
+        )
+
+
+class MemberRuntime:
+    """The ``runtime`` query option of a member run: it exposes the member's
+    :class:`MailboxToolState` to the mailbox tools and injects nothing after
+    tool batches."""
+
+    def __init__(self, state: MailboxToolState) -> None:
+        self.team_mailbox_state = state
+
+    async def after_tool_batch(self, outcome: Any) -> list[dict[str, Any]] | None:
+        return None
+
+
+class _Sink:
+    """Sends team events to ``emit`` and (``team_message`` / ``team_agent``
+    only) to the tracer, under the team's root run context."""
+
+    def __init__(
+        self, emit: EmitFn | None, tracer: ContextTracer | None, trace_context: TraceContext | None, team: str
+    ):
+        self.emit = emit
+        self.tracer: TraceEmitter | None = None
+        if tracer is not None:
+            ctx = trace_context or TraceContext(
+                session_id=f"team-{team}", source={"kind": "team", "name": team}
+            )
+            self.tracer = TraceEmitter(tracer, ctx)
+
+    async def __call__(self, event: Any) -> None:
+        if self.tracer is not None and getattr(event, "type", None) in ("team_message", "team_agent"):
+            await self.tracer.emit(event.type, event.model_dump())
+        await emit_event(self.emit, event)
+
+
+def member_trace_context(
+    parent: TraceContext | None, team: str, member: str, agent_session_id: str | None
+) -> TraceContext | None:
+    """The trace context of a member run under ``parent`` (the team's root
+    run): same trace ``session_id``, the member's own session kept as
+    ``agent_session_id``, ``source = {"kind": "team_member", "name", "member",
+    "mailbox"}``, ``parent_run_id`` = the root run. ``None`` without a parent."""
+    if parent is None:
+        return None
+    return TraceContext(
+        session_id=parent.session_id,
+        source={"kind": "team_member", "name": member, "member": member, "mailbox": mailbox_id(team, member)},
+        agent_session_id=agent_session_id,
+        parent_run_id=parent.run_id,
+    )
+
+
+def member_prompt(team_name: str, member: TeamMember, message: TeamMessage) -> str:
+    """The prompt a tool-capable member gets for ``message``."""
+    who = f'You are "{member.name}", a member of team "{team_name}"'
+    if member.role:
+        who += f" (role: {member.role})"
+    who += "."
+    if member.focus:
+        who += f" Your focus: {member.focus}."
+    kind = message.metadata.get("kind")
+    if kind in REPORT_KINDS:
+        return (
+            f"{who}\n\nA {kind} arrived in your mailbox from {message.from_} (message {message.id}, "
+            f"about your message {message.reply_to}):\n\n{message.content}\n\n"
+            "This is information for you; no reply is required."
+        )
+    return (
+        f"{who}\n\nYou have been assigned message {message.id} (work item {message.work_item_id}, "
+        f"thread {message.thread_id}) from {message.from_}:\n\n{message.content}\n\n"
+        "When your work is finished, call team_reply with your final result: it goes back upstream and closes "
+        "the message. Use team_followup only for progress that leaves the message open. If you end without "
+        "either, the work item fails."
+    )
+
+
+def _result_text(result: Any) -> str:
+    if result is None:
+        return ""
+    if isinstance(result, str):
+        return result
+    if isinstance(result, dict):
+        return str(result.get("result") or "")
+    return str(getattr(result, "result", "") or "")
+
+
+def _result_field(result: Any, name: str, default: Any = None) -> Any:
+    if isinstance(result, dict):
+        return result.get(name, default)
+    return getattr(result, name, default)
+
+
+def _event_dict(event: Any) -> dict[str, Any]:
+    if isinstance(event, dict):
+        return event
+    dump = getattr(event, "model_dump", None)
+    if callable(dump):
+        return dump()
+    return {"type": "unknown", "value": repr(event)}
+
+
+async def _iterate_query(target: Any, prompt: str, options: dict[str, Any]) -> AsyncIterator[Any]:
+    stream = target.query(prompt, **options)
+    if inspect.isawaitable(stream):
+        stream = await stream
+    async for event in stream:
+        yield event
+
+
+async def run_work_item(
+    team: Any,
+    member: TeamMember,
+    message: TeamMessage,
+    *,
+    mailbox: TeamMailbox,
+    token: str | None = None,
+    signal: AbortSignal | None = None,
+    tracer: ContextTracer | None = None,
+    trace_context: TraceContext | None = None,
+    emit: EmitFn | None = None,
+    agent: Any = None,
+    query_options: dict[str, Any] | None = None,
+) -> WorkItemOutcome:
+    """Run ``member`` on ``message`` (already claimed, ``processing``) and end the message.
+
+    Args:
+        team: the :class:`~lattice_worker.team.team.Team` (``name`` and ``members`` are read).
+        member: the member the message is addressed to.
+        message: the claimed message.
+        mailbox: the team's store.
+        token: the claim token; when given every status change of ``message`` is a
+            fenced ``mailbox.complete(id, token, status)``, else ``update_status``.
+        signal: abort signal passed to the member's query.
+        tracer / trace_context: the team's tracer and its root run context; the
+            member run is traced as a child (see :func:`member_trace_context`).
+        emit: async (or sync) callable receiving team events: ``team_agent``
+            start/end, one ``agent_message`` per member SDK event, ``team_message``
+            for replies, follow-ups, ``done`` / ``failed`` / ``cancelled``.
+        agent: run this agent instead of the member's own (the distributed runtime
+            passes a session rebuilt over a persisted history).
+        query_options: extra query options for the member (``stream``...).
+
+    Returns a :class:`WorkItemOutcome`; member failures never raise (spec "Handoff
+    failure isolation"): an agent error (``MaxTurnsError``, ``APIError``...) marks
+    the message ``failed`` and sends an upstream failure report carrying the
+    normalised error in ``metadata["error"]``; a run that ends without
+    ``team_reply`` / ``team_followup`` is ``failed`` with a ``no_reply``
+    diagnostic upstream; an abort marks it ``cancelled``. A fenced-out
+    completion (the claim was taken) writes nothing and returns ``failed`` with
+    code ``claim_lost``. Raises only ``asyncio.CancelledError`` and mailbox
+    errors of the upstream ``send``.
+    """
+    team_name: str = team.name
+    member_names = [m.name for m in team.members]
+    own_mailbox = mailbox_id(team_name, member.name)
+    sink = _Sink(emit, tracer, trace_context, team_name)
+    state = MailboxToolState(
+        team_name=team_name,
+        self_name=member.name,
+        member_names=member_names,
+        mailbox=mailbox,
+        current=message,
+        token=token,
+        emit=sink,
+    )
+    kind = member.kind
+    target = agent
+    if target is None:
+        target = member.agent.spawn() if kind == "spec" else member.agent
+    takes_tools = agent is not None or kind in ("spec", "agent")
+    is_report = message.metadata.get("kind") in REPORT_KINDS
+
+    await sink(
+        TeamAgentEvent(
+            subtype="start",
+            team=team_name,
+            member=member.name,
+            mailbox=own_mailbox,
+            message_id=message.id,
+            work_item_id=message.work_item_id,
+        )
+    )
+
+    options: dict[str, Any] = dict(query_options or {})
+    if signal is not None:
+        options["signal"] = signal
+    session_id = getattr(target, "session_id", None)
+    child_ctx = member_trace_context(trace_context, team_name, member.name, session_id)
+    if tracer is not None:
+        options["tracer"] = tracer
+    if child_ctx is not None:
+        options["trace_context"] = child_ctx
+
+    result: Any = None
+    exc_failure: dict[str, Any] | None = None
+    try:
+        if takes_tools:
+            ensure_mailbox_tools(target)
+            options["runtime"] = MemberRuntime(state)
+            prompt = member_prompt(team_name, member, message)
+        else:
+            prompt = message.content
+        if takes_tools or kind == "team":
+            async for event in _iterate_query(target, prompt, options):
+                if _result_field(event, "type") == "result":
+                    result = event
+                await sink(
+                    AgentMessageEvent(
+                        team=team_name, member=member.name, mailbox=own_mailbox, message=_event_dict(event)
+                    )
+                )
+        elif callable(getattr(target, "prompt", None)):
+            value = target.prompt(prompt)  # a host AgentLike: only the prompt is passed
+            result = await value if inspect.isawaitable(value) else value
+        else:
+            async for event in _iterate_query(target, prompt, {}):
+                if _result_field(event, "type") == "result":
+                    result = event
+                await sink(
+                    AgentMessageEvent(
+                        team=team_name, member=member.name, mailbox=own_mailbox, message=_event_dict(event)
+                    )
+                )
+    except AbortError as exc:
+        exc_failure = failure_from_exception(exc)
+    except Exception as exc:  # isolate: a member that raises is one failed work item
+        logger.warning("member %s raised on message %s", member.name, message.id, exc_info=True)
+        exc_failure = failure_from_exception(exc)
+
+    subtype = _result_field(result, "subtype") if result is not None else None
+    await sink(
+        TeamAgentEvent(
+            subtype="end",
+            team=team_name,
+            member=member.name,
+            mailbox=own_mailbox,
+            message_id=message.id,
+            work_item_id=message.work_item_id,
+            result=subtype if subtype is not None else ("error" if exc_failure else None),
+        )
+    )
+
+    structured = _result_field(result, "structured_result") if result is not None else None
+    replied = state.current_replied
+    if replied is not None:
+        return WorkItemOutcome(
+            message=message.model_copy(update={"status": MessageStatus.DONE, "claim_token": None}),
+            status="done",
+            content=replied.content,
+            structured_result=structured
+            if structured is not None
+            else replied.metadata.get("structured_result"),
+            report=replied,
+        )
+    if state.claim_lost is not None:
+        return _claim_lost(message, state.claim_lost)
+
+    aborted = (
+        (signal is not None and signal.aborted)
+        or subtype == "error_abort"
+        or (exc_failure is not None and exc_failure["code"] == "aborted")
+    )
+    is_error = exc_failure is not None or bool(_result_field(result, "is_error", False))
+    if aborted:
+        failure = exc_failure or (failure_from_result(result) if result is not None else None)
+        if failure is None or failure["code"] != "aborted":
+            failure = {"code": "aborted", "message": "the run was aborted", "error_type": "AbortError"}
+        return await _cancel(mailbox, sink, team_name, message, token, failure)
+    if is_error:
+        failure = exc_failure or failure_from_result(result)
+        return await _fail(mailbox, sink, team_name, member.name, message, token, failure, kind="failure")
+
+    text = _result_text(result)
+    if not takes_tools:
+        # A nested team or a host AgentLike cannot call team_reply: its final answer is the reply.
+        try:
+            reply = await state.reply(text or "(empty result)", None, structured_result=structured)
+        except Exception as exc:  # claim lost or message gone: nothing was sent
+            if state.claim_lost is not None:
+                return _claim_lost(message, state.claim_lost)
+            return _unfinished(message, exc)
+        return WorkItemOutcome(
+            message=message.model_copy(update={"status": MessageStatus.DONE, "claim_token": None}),
+            status="done",
+            content=reply.content,
+            structured_result=structured,
+            report=reply,
+        )
+    if state.followups:
+        try:
+            await set_message_status(mailbox, message.id, MessageStatus.READ, token)
+        except ClaimError as exc:
+            return _claim_lost(message, exc)
+        except (InvalidTransitionError, LookupError) as exc:
+            return _unfinished(message, exc)
+        last = state.followups[-1]
+        return WorkItemOutcome(
+            message=message.model_copy(update={"status": MessageStatus.READ, "claim_token": None}),
+            status="open",
+            content=last.content,
+            structured_result=structured,
+            report=last,
+        )
+    if is_report:
+        # Information for the member (a reply to its own message...): no answer required.
+        try:
+            await set_message_status(mailbox, message.id, MessageStatus.DONE, token)
+        except ClaimError as exc:
+            return _claim_lost(message, exc)
+        except (InvalidTransitionError, LookupError) as exc:
+            return _unfinished(message, exc)
+        done = message.model_copy(update={"status": MessageStatus.DONE, "claim_token": None})
+        await sink(TeamMessageEvent(subtype="done", team=team_name, message=done.to_json_dict()))
+        return WorkItemOutcome(message=done, status="done", content=text, structured_result=structured)
+    failure = no_reply_failure(member.name)
+    if text:
+        failure["message"] += f". The member's last text was: {text[:2000]}"
+    return await _fail(mailbox, sink, team_name, member.name, message, token, failure, kind="diagnostic")
+
+
+def _claim_lost(message: TeamMessage, exc: BaseException) -> WorkItemOutcome:
+    failure = failure_from_exception(exc)
+    failure["code"] = "claim_lost"
+    return WorkItemOutcome(
+        message=message.model_copy(update={"claim_token": None}),
+        status="failed",
+        content=f"this attempt lost its claim and wrote nothing: {exc}",
+        error=failure,
+    )
+
+
+def _unfinished(message: TeamMessage, exc: BaseException) -> WorkItemOutcome:
+    failure = failure_from_exception(exc)
+    failure["code"] = "claim_lost"
+    return WorkItemOutcome(
+        message=message.model_copy(update={"claim_token": None}),
+        status="failed",
+        content=f"message {message.id} was changed by someone else while the member worked; nothing written: {exc}",
+        error=failure,
+    )
+
+
+async def _cancel(
+    mailbox: TeamMailbox,
+    sink: _Sink,
+    team: str,
+    message: TeamMessage,
+    token: str | None,
+    failure: dict[str, Any],
+) -> WorkItemOutcome:
+    try:
+        await set_message_status(mailbox, message.id, MessageStatus.CANCELLED, token)
+    except ClaimError as exc:
+        return _claim_lost(message, exc)
+    except (InvalidTransitionError, LookupError) as exc:
+        return _unfinished(message, exc)
+    cancelled = message.model_copy(update={"status": MessageStatus.CANCELLED, "claim_token": None})
+    await sink(
+        TeamMessageEvent(subtype="cancelled", team=team, message=cancelled.to_json_dict(), error=failure)
+    )
+    return WorkItemOutcome(message=cancelled, status="cancelled", content=failure["message"], error=failure)
+
+
+async def _fail(
+    mailbox: TeamMailbox,
+    sink: _Sink,
+    team: str,
+    member: str,
+    message: TeamMessage,
+    token: str | None,
+    failure: dict[str, Any],
+    *,
+    kind: str,
+) -> WorkItemOutcome:
+    """Mark ``message`` failed (fenced first), send the upstream failure report
+    (``kind`` = ``"failure"`` or ``"diagnostic"``) and emit ``failed``."""
+    try:
+        await set_message_status(mailbox, message.id, MessageStatus.FAILED, token)
+    except ClaimError as exc:
+        return _claim_lost(message, exc)
+    except (InvalidTransitionError, LookupError) as exc:
+        return _unfinished(message, exc)
+    failed = message.model_copy(update={"status": MessageStatus.FAILED, "claim_token": None})
+    text = f'Work item {message.work_item_id} for member "{member}" failed ({failure["code"]}): {failure["message"]}'
+    report = await mailbox.send(
+        mailbox_id(team, member),
+        message.from_,
+        text,
+        thread_id=message.thread_id,
+        work_item_id=message.work_item_id,
+        reply_to=message.id,
+        metadata={"kind": kind, "member": member, "status": "failed", "error": failure, "team": team},
+    )
+    await sink(TeamMessageEvent(subtype="failed", team=team, message=failed.to_json_dict(), error=failure))
+    return WorkItemOutcome(message=failed, status="failed", content=text, error=failure, report=report)
+
+
+def outcome_tool_text(outcome: WorkItemOutcome) -> str:
+    """The ``ask`` tool-result text of an outcome: the structured result as JSON
+    when there is one, else the reply / failure text."""
+    if outcome.status == "done" and outcome.structured_result is not None:
+        return json.dumps(outcome.structured_result, ensure_ascii=False, default=str)
+    return outcome.content
+
+
+__all__ = [
+    "LEAD",
+    "MemberRuntime",
+    "REPORT_KINDS",
+    "WorkItemOutcome",
+    "member_prompt",
+    "member_trace_context",
+    "outcome_tool_text",
+    "run_work_item",
+]

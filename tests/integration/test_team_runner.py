@@ -1,0 +1,645 @@
+"""Mailbox teams in one process: handoffs, receipts, reports, concurrency,
+failure isolation, abort, events and tracing.
+
+Spec: AgentLattice "Mailbox team" (modes, receipts, controlled handoff
+concurrency, handoff failure isolation) and "Team tracing"; DESIGN.md section 4.
+Every test runs against MemoryMailbox and RedisMailbox (real Redis on
+127.0.0.1:6379, a unique key prefix per test, keys deleted after).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from lattice_mailbox import MemoryMailbox, MessageStatus
+from lattice_worker import (
+    AbortController,
+    AssistantModelMessage,
+    ModelRequest,
+    ScriptedModelClient,
+    ToolContext,
+    create_agent,
+    define_agent,
+    text_turn,
+    tool,
+    tool_turn,
+)
+from lattice_worker.team import create_team, parse_report_message, team_member
+from lattice_worker.tracing.base import define_context_tracer
+
+REDIS_URL = os.environ.get("LATTICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+STORES = [pytest.param("memory", id="memory"), pytest.param("redis", id="redis", marks=pytest.mark.redis)]
+
+
+@pytest.fixture(params=STORES)
+async def mailbox(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    if request.param == "memory":
+        yield MemoryMailbox()
+        return
+    from lattice_mailbox.redis import RedisMailbox
+
+    prefix = f"test-{uuid.uuid4().hex}"
+    store = RedisMailbox(REDIS_URL, prefix=prefix)
+    try:
+        yield store
+    finally:
+        client = store.client()
+        keys = [k async for k in client.scan_iter(match=f"{prefix}:*", count=1000)]
+        if keys:
+            await client.delete(*keys)
+        await store.aclose()
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
+
+
+def first_prompt(request: ModelRequest) -> str:
+    return _text(request.messages[0]["content"])
+
+
+def task_of(prompt: str) -> str:
+    """The task text inside a member prompt (between the assignment line and the closing rules)."""
+    body = prompt.split(":\n\n", 1)[1]
+    return body.split("\n\nWhen your work is finished", 1)[0]
+
+
+def has_tool_results(request: ModelRequest) -> bool:
+    last = request.messages[-1]
+    return isinstance(last["content"], list) and any(b.get("type") == "tool_result" for b in last["content"])
+
+
+def replying_client(answer: Any) -> ScriptedModelClient:
+    """A stateless member model: replies ``answer(prompt)`` with team_reply on its first turn."""
+
+    def play(request: ModelRequest) -> AssistantModelMessage:
+        if not has_tool_results(request):
+            return tool_turn(("team_reply", {"content": answer(first_prompt(request))}))
+        return text_turn("done")
+
+    return ScriptedModelClient(play)
+
+
+def reports_of(request: ModelRequest) -> list[dict[str, Any]]:
+    for message in reversed(request.messages):
+        entries = parse_report_message(message)
+        if entries:
+            return entries
+    return []
+
+
+def summarising_lead(*first_calls: tuple[str, dict[str, Any]]) -> ScriptedModelClient:
+    """A lead that makes ``first_calls`` in one batch, then answers with the reports it got."""
+    return ScriptedModelClient(
+        [
+            tool_turn(*first_calls),
+            lambda req: text_turn(
+                "summary: " + json.dumps([(r["member"], r["status"], r["content"]) for r in reports_of(req)])
+            ),
+        ]
+    )
+
+
+async def collect(team: Any, prompt: str, **options: Any) -> list[Any]:
+    return [event async for event in team.query(prompt, **options)]
+
+
+# --------------------------------------------------------------------------- tests
+
+
+async def test_handoff_receipt_and_report_reach_the_lead(mailbox: Any) -> None:
+    worker = create_agent(
+        name="worker", model_client=replying_client(lambda p: "worked on: " + task_of(p).split("\n\n")[0])
+    )
+    lead_client = summarising_lead(
+        ("worker", {"mode": "handoff", "task": "count the files", "expected_output": "a number"})
+    )
+    team = create_team(
+        name="t1",
+        lead=create_agent(name="boss", model_client=lead_client),
+        members=[team_member(name="worker", agent=worker)],
+        mailbox=mailbox,
+    )
+    events = await collect(team, "please count", stream=False)
+
+    user = next(e for e in events if e.type == "user")
+    receipt = json.loads(user.message["content"][0]["content"])
+    assert receipt["status"] == "accepted"
+    assert receipt["phase"] == "queued"
+    assert receipt["completion_pending"] is True
+    assert receipt["thread_id"] == receipt["message_id"]
+    assert receipt["work_item_id"].startswith("wi_")
+    assert receipt["member"] == "worker"
+
+    task = await mailbox.get(receipt["message_id"])
+    assert task.status == MessageStatus.DONE
+    assert task.from_ == "t1::lead" and task.to == "t1::worker"
+    assert task.metadata["mode"] == "handoff"
+    assert task.metadata["tool_use_id"] == user.message["content"][0]["tool_use_id"]
+    assert "Expected output: a number" in task.content
+
+    reply = [m for m in await mailbox.inbox("t1::lead", "all") if m.reply_to == task.id]
+    assert len(reply) == 1
+    assert reply[0].work_item_id == task.work_item_id and reply[0].thread_id == task.thread_id
+    assert reply[0].content.startswith("worked on: ")
+
+    second = lead_client.requests[1]
+    entries = reports_of(second)
+    assert entries == [
+        {
+            "member": "worker",
+            "message_id": task.id,
+            "work_item_id": task.work_item_id,
+            "thread_id": task.thread_id,
+            "status": "done",
+            "content": reply[0].content,
+            "report_message_id": reply[0].id,
+        }
+    ]
+    final = events[-1]
+    assert final.type == "result" and final.subtype == "success"
+    assert '"worker", "done", "worked on: count the files"' in final.result
+
+
+async def test_two_handoffs_overlap_with_concurrency_two_but_one_mailbox_stays_serial(mailbox: Any) -> None:
+    log: list[tuple[str, str, str]] = []
+    started = {"a": asyncio.Event(), "b": asyncio.Event()}
+    active: dict[str, int] = {"a": 0, "b": 0}
+    peak = {"a": 0, "b": 0, "total": 0}
+
+    def work_tool(member: str) -> Any:
+        other = "b" if member == "a" else "a"
+
+        @tool(name="work", description="Do the work.")
+        async def work(label: str) -> str:
+            active[member] += 1
+            peak[member] = max(peak[member], active[member])
+            peak["total"] = max(peak["total"], active["a"] + active["b"])
+            log.append(("start", member, label))
+            started[member].set()
+            # An ordering barrier, not a timer: with two slots the other member starts meanwhile.
+            await asyncio.wait_for(started[other].wait(), timeout=10)
+            log.append(("end", member, label))
+            active[member] -= 1
+            return f"{label} ok"
+
+        return work
+
+    def member_client() -> ScriptedModelClient:
+        def play(request: ModelRequest) -> AssistantModelMessage:
+            prompt = first_prompt(request)
+            label = task_of(prompt)
+            if len(request.messages) == 1:
+                return tool_turn(("work", {"label": label}))
+            return tool_turn(("team_reply", {"content": f"{label} finished"}))
+
+        return ScriptedModelClient(play)
+
+    a = define_agent(name="a", model_client=member_client(), tools=[work_tool("a")])
+    b = define_agent(name="b", model_client=member_client(), tools=[work_tool("b")])
+    lead_client = summarising_lead(
+        ("a", {"mode": "handoff", "task": "a-1"}),
+        ("b", {"mode": "handoff", "task": "b-1"}),
+        ("a", {"mode": "handoff", "task": "a-2"}),
+    )
+    team = create_team(
+        name="t2",
+        lead=create_agent(name="lead", model_client=lead_client),
+        members=[team_member(name="a", agent=a), team_member(name="b", agent=b)],
+        mailbox=mailbox,
+        runner={"max_concurrent_work_items": 2},
+    )
+    result = await team.prompt("go", stream=False)
+    assert result.subtype == "success"
+
+    def index(kind: str, member: str, label: str) -> int:
+        return log.index((kind, member, label))
+
+    # a-1 and b-1 overlap in time: each started before the other ended.
+    assert index("start", "b", "b-1") < index("end", "a", "a-1")
+    assert index("start", "a", "a-1") < index("end", "b", "b-1")
+    # the two items of mailbox a never overlap: a-2 starts after a-1 ended.
+    assert index("end", "a", "a-1") < index("start", "a", "a-2")
+    assert peak["a"] == 1 and peak["b"] == 1 and peak["total"] == 2
+    # reports in handoff order
+    assert [(r["member"], r["content"]) for r in reports_of(lead_client.requests[1])] == [
+        ("a", "a-1 finished"),
+        ("b", "b-1 finished"),
+        ("a", "a-2 finished"),
+    ]
+
+
+async def test_default_runner_is_serial_and_reports_keep_handoff_order(mailbox: Any) -> None:
+    log: list[str] = []
+    a_done = asyncio.Event()
+
+    @tool(name="step", description="A step.")
+    async def step_a() -> str:
+        log.append("a-start")
+        log.append("a-end")
+        a_done.set()
+        return "ok"
+
+    @tool(name="step", description="A step.")
+    async def step_b() -> str:
+        log.append("b-start")
+        log.append("b-end")
+        return "ok"
+
+    def client(tag: str) -> ScriptedModelClient:
+        return ScriptedModelClient(
+            lambda r: (
+                tool_turn(("step", {}))
+                if len(r.messages) == 1
+                else tool_turn(("team_reply", {"content": f"{tag} report"}))
+            )
+        )
+
+    lead_client = summarising_lead(
+        ("b", {"mode": "handoff", "task": "first"}), ("a", {"mode": "handoff", "task": "second"})
+    )
+    team = create_team(
+        name="t3",
+        lead=create_agent(name="lead", model_client=lead_client),
+        members=[
+            team_member(name="a", agent=create_agent(name="a", model_client=client("A"), tools=[step_a])),
+            team_member(name="b", agent=create_agent(name="b", model_client=client("B"), tools=[step_b])),
+        ],
+        mailbox=mailbox,
+    )
+    events = await collect(team, "go", stream=False)
+    assert log == ["b-start", "b-end", "a-start", "a-end"]  # serial, in handoff order
+    assert [r["content"] for r in reports_of(lead_client.requests[1])] == ["B report", "A report"]
+    starts = [e.member for e in events if e.type == "team_agent" and e.subtype == "start"]
+    assert starts == ["b", "a"]
+
+
+async def test_report_order_is_handoff_order_even_when_completion_order_differs(mailbox: Any) -> None:
+    a_finished = asyncio.Event()
+
+    @tool(name="wait_for_a", description="Wait until member a finished.")
+    async def wait_for_a() -> str:
+        await asyncio.wait_for(a_finished.wait(), timeout=10)
+        return "a finished first"
+
+    def a_play(request: ModelRequest) -> AssistantModelMessage:
+        return tool_turn(("team_reply", {"content": "A report"}))
+
+    def b_play(request: ModelRequest) -> AssistantModelMessage:
+        if len(request.messages) == 1:
+            return tool_turn(("wait_for_a", {}))
+        return tool_turn(("team_reply", {"content": "B report"}))
+
+    async def on_event(event: Any) -> None:
+        if event.type == "team_message" and event.subtype == "done" and event.message["to"].endswith("::a"):
+            a_finished.set()
+
+    lead_client = summarising_lead(
+        ("b", {"mode": "handoff", "task": "first"}), ("a", {"mode": "handoff", "task": "second"})
+    )
+    team = create_team(
+        name="t4",
+        lead=create_agent(name="lead", model_client=lead_client),
+        members=[
+            team_member(name="a", agent=create_agent(name="a", model_client=ScriptedModelClient(a_play))),
+            team_member(
+                name="b",
+                agent=create_agent(name="b", model_client=ScriptedModelClient(b_play), tools=[wait_for_a]),
+            ),
+        ],
+        mailbox=mailbox,
+        runner={"max_concurrent_work_items": 2},
+    )
+    events = []
+    async for event in team.query("go", stream=False):
+        events.append(event)
+        await on_event(event)
+    done_order = [e.message["to"] for e in events if e.type == "team_message" and e.subtype == "done"]
+    assert done_order == ["t4::a", "t4::b"]  # events follow completion order
+    entries = reports_of(lead_client.requests[1])
+    assert [e["member"] for e in entries] == ["b", "a"]  # reports follow handoff order
+    sent = [e.message["id"] for e in events if e.type == "team_message" and e.subtype == "sent"]
+    assert [e["message_id"] for e in entries] == sent
+
+
+async def test_lead_model_is_not_called_again_until_every_item_finished(mailbox: Any) -> None:
+    seen: dict[str, Any] = {}
+
+    async def second_turn(request: ModelRequest) -> AssistantModelMessage:
+        statuses = {}
+        for box in ("t5::a", "t5::b"):
+            for message in await mailbox.inbox(box, "all"):
+                statuses[message.content.split("\n\n")[0]] = message.status.value
+        seen["statuses"] = statuses
+        seen["member_calls"] = len(a_client.requests) + len(b_client.requests)
+        return text_turn("all done")
+
+    a_client = replying_client(lambda p: "A")
+    b_client = ScriptedModelClient(
+        [tool_turn(("noop", {})), tool_turn(("noop", {})), tool_turn(("team_reply", {"content": "B"}))]
+    )
+
+    @tool(name="noop", description="Nothing.")
+    def noop() -> str:
+        return "ok"
+
+    lead_client = ScriptedModelClient(
+        [
+            tool_turn(
+                ("a", {"mode": "handoff", "task": "task-a"}), ("b", {"mode": "handoff", "task": "task-b"})
+            ),
+            second_turn,
+        ]
+    )
+    team = create_team(
+        name="t5",
+        lead=create_agent(name="lead", model_client=lead_client),
+        members=[
+            team_member(name="a", agent=create_agent(name="a", model_client=a_client)),
+            team_member(name="b", agent=create_agent(name="b", model_client=b_client, tools=[noop])),
+        ],
+        mailbox=mailbox,
+    )
+    result = await team.prompt("go", stream=False)
+    assert result.result == "all done"
+    assert len(lead_client.requests) == 2
+    assert seen["statuses"] == {"task-a": "done", "task-b": "done"}
+    assert seen["member_calls"] == 4  # a: 1 turn; b: 3 turns -- all before the lead's second request
+
+
+async def test_member_max_turns_failure_is_isolated_and_lead_gets_both_reports(mailbox: Any) -> None:
+    @tool(name="dig", description="Dig.")
+    def dig() -> str:
+        return "deeper"
+
+    failing = create_agent(
+        name="failing",
+        model_client=ScriptedModelClient(lambda r: tool_turn(("dig", {}))),
+        tools=[dig],
+        max_turns=2,
+    )
+    healthy = create_agent(name="healthy", model_client=replying_client(lambda p: "healthy result"))
+    lead_client = summarising_lead(
+        ("failing", {"mode": "handoff", "task": "never ends"}),
+        ("healthy", {"mode": "handoff", "task": "easy"}),
+    )
+    team = create_team(
+        name="t6",
+        lead=create_agent(name="lead", model_client=lead_client),
+        members=[team_member(name="failing", agent=failing), team_member(name="healthy", agent=healthy)],
+        mailbox=mailbox,
+        runner={"max_concurrent_work_items": 2},
+    )
+    events = await collect(team, "go", stream=False)
+    final = events[-1]
+    assert final.type == "result" and final.subtype == "success"  # the team does not reject
+
+    failed = [e for e in events if e.type == "team_message" and e.subtype == "failed"]
+    assert len(failed) == 1
+    assert failed[0].error == {
+        "code": "error_max_turns",
+        "message": failed[0].error["message"],
+        "error_type": "MaxTurnsError",
+    }
+    assert "max_turns=2" in failed[0].error["message"]
+    assert failed[0].message["status"] == "failed"
+
+    entries = reports_of(lead_client.requests[1])
+    assert [(e["member"], e["status"]) for e in entries] == [("failing", "failed"), ("healthy", "done")]
+    assert entries[0]["error"]["code"] == "error_max_turns"
+    assert entries[1]["content"] == "healthy result"
+
+    task = await mailbox.get(entries[0]["message_id"])
+    assert task.status == MessageStatus.FAILED
+    report = [m for m in await mailbox.inbox("t6::lead", "all") if m.reply_to == task.id][0]
+    assert report.metadata["kind"] == "failure"
+    assert report.metadata["error"]["error_type"] == "MaxTurnsError"
+    assert (await mailbox.get(entries[1]["message_id"])).status == MessageStatus.DONE
+
+
+async def test_member_api_error_is_a_normalised_failure(mailbox: Any) -> None:
+    from lattice_worker import APIError
+
+    broken = create_agent(
+        name="broken", model_client=ScriptedModelClient([APIError("upstream 500", status_code=500)])
+    )
+    lead_client = summarising_lead(("broken", {"mode": "handoff", "task": "x"}))
+    team = create_team(
+        name="t7",
+        lead=create_agent(name="lead", model_client=lead_client),
+        members=[team_member(name="broken", agent=broken)],
+        mailbox=mailbox,
+    )
+    await team.prompt("go", stream=False)
+    entry = reports_of(lead_client.requests[1])[0]
+    assert entry["status"] == "failed"
+    assert entry["error"] == {"code": "api_error", "message": "upstream 500", "error_type": "APIError"}
+
+
+async def test_abort_during_handoffs_cancels_current_and_remaining_work(mailbox: Any) -> None:
+    controller = AbortController()
+
+    @tool(name="slow", description="Work that gets aborted.")
+    async def slow(ctx: ToolContext) -> str:
+        controller.abort("operator stop")
+        return "partial"
+
+    first = create_agent(
+        name="first", model_client=ScriptedModelClient(lambda r: tool_turn(("slow", {}))), tools=[slow]
+    )
+    second_client = replying_client(lambda p: "never")
+    second = create_agent(name="second", model_client=second_client)
+    lead_client = ScriptedModelClient(
+        [
+            tool_turn(
+                ("first", {"mode": "handoff", "task": "one"}), ("second", {"mode": "handoff", "task": "two"})
+            )
+        ]
+    )
+    team = create_team(
+        name="t8",
+        lead=create_agent(name="lead", model_client=lead_client),
+        members=[team_member(name="first", agent=first), team_member(name="second", agent=second)],
+        mailbox=mailbox,
+    )
+    events = await collect(team, "go", stream=False, signal=controller.signal)
+    final = events[-1]
+    assert final.type == "result" and final.subtype == "error_abort"
+    assert len(lead_client.requests) == 1
+    assert second_client.requests == []  # never started
+    for box in ("t8::first", "t8::second"):
+        assert await mailbox.inbox(box, "pending") == []
+        statuses = [m.status for m in await mailbox.inbox(box, "all")]
+        assert statuses == [MessageStatus.CANCELLED]
+    cancelled = [e for e in events if e.type == "team_message" and e.subtype == "cancelled"]
+    assert sorted(e.message["to"] for e in cancelled) == ["t8::first", "t8::second"]
+    assert all(e.error["code"] == "aborted" for e in cancelled)
+
+
+async def test_abort_inside_the_lead_batch_leaves_no_accepted_handoff_pending(mailbox: Any) -> None:
+    controller = AbortController()
+
+    @tool(name="stop", description="Abort the run.")
+    def stop() -> str:
+        controller.abort()
+        return "stopped"
+
+    member_client = replying_client(lambda p: "x")
+    lead = create_agent(
+        name="lead",
+        tools=[stop],
+        model_client=ScriptedModelClient([tool_turn(("m", {"mode": "handoff", "task": "t"}), ("stop", {}))]),
+    )
+    team = create_team(
+        name="t9",
+        lead=lead,
+        members=[team_member(name="m", agent=create_agent(name="m", model_client=member_client))],
+        mailbox=mailbox,
+    )
+    result = await team.prompt("go", stream=False, signal=controller.signal)
+    assert result.subtype == "error_abort"
+    assert member_client.requests == []
+    assert [m.status for m in await mailbox.inbox("t9::m", "all")] == [MessageStatus.CANCELLED]
+
+
+async def test_ask_mode_returns_the_member_answer_in_the_same_batch(mailbox: Any) -> None:
+    member = create_agent(name="m", model_client=replying_client(lambda p: "the answer is 7"))
+    lead_client = ScriptedModelClient(
+        [
+            tool_turn(("m", {"mode": "ask", "task": "what is 3+4?"})),
+            lambda r: text_turn("lead says: " + _text(r.messages[-1]["content"][0]["content"])),
+        ]
+    )
+    team = create_team(
+        name="t10",
+        lead=create_agent(name="lead", model_client=lead_client),
+        members=[team_member(name="m", agent=member)],
+        mailbox=mailbox,
+    )
+    events = await collect(team, "go", stream=False)
+    user = next(e for e in events if e.type == "user")
+    block = user.message["content"][0]
+    assert block["content"] == "the answer is 7" and not block.get("is_error")
+    assert len(lead_client.requests[1].messages) == 3  # no report message after an ask
+    assert events[-1].result == "lead says: the answer is 7"
+    task = (await mailbox.inbox("t10::m", "all"))[0]
+    assert task.status == MessageStatus.DONE and task.metadata["mode"] == "ask"
+
+
+async def test_observe_mode_is_unsupported_and_sends_nothing(mailbox: Any) -> None:
+    lead_client = ScriptedModelClient(
+        [tool_turn(("m", {"mode": "observe", "task": "watch"})), text_turn("ok")]
+    )
+    team = create_team(
+        name="t11",
+        lead=create_agent(name="lead", model_client=lead_client),
+        members=[
+            team_member(name="m", agent=create_agent(name="m", model_client=replying_client(lambda p: "x")))
+        ],
+        mailbox=mailbox,
+    )
+    events = await collect(team, "go", stream=False)
+    block = next(e for e in events if e.type == "user").message["content"][0]
+    assert block["is_error"] is True and "unsupported" in block["content"]
+    assert await mailbox.inbox("t11::m", "all") == []
+
+
+async def test_events_stream_member_activity_and_tracing_shares_one_session(mailbox: Any) -> None:
+    traced: list[dict[str, Any]] = []
+    tracer = define_context_tracer(on_event=traced.append)
+    worker = create_agent(name="worker", model_client=replying_client(lambda p: "W"))
+    lead = create_agent(
+        name="boss", model_client=summarising_lead(("worker", {"mode": "handoff", "task": "x"}))
+    )
+    team = create_team(
+        name="t12", lead=lead, members=[team_member(name="worker", agent=worker)], mailbox=mailbox
+    )
+    events = await collect(team, "go", stream=False, tracer=tracer)
+
+    kinds = [
+        (e.type, getattr(e, "subtype", None)) for e in events if e.type in ("team_message", "team_agent")
+    ]
+    assert kinds == [
+        ("team_message", "sent"),
+        ("team_message", "claimed"),
+        ("team_agent", "start"),
+        ("team_message", "reply"),
+        ("team_message", "done"),
+        ("team_agent", "end"),
+    ]
+    nested = [e.message["type"] for e in events if e.type == "agent_message"]
+    assert nested[0] == "system" and nested[-1] == "result"
+    assert all(
+        e.member == "worker" and e.mailbox == "t12::worker" for e in events if e.type == "agent_message"
+    )
+    # the member events arrive while the lead waits: between the lead's user event and its next assistant turn
+    types = [e.type for e in events]
+    assert types.index("user") < types.index("agent_message") < len(types) - 2
+
+    sessions = {e["session_id"] for e in traced}
+    assert len(sessions) == 1
+    root = [e for e in traced if e["source"]["kind"] == "team"]
+    assert root[0]["type"] == "run_start" and root[-1]["type"] == "result"
+    root_run = root[0]["run_id"]
+    assert {e["run_id"] for e in root} == {root_run}
+    lead_events = [e for e in traced if e["source"]["kind"] == "team_lead"]
+    assert lead_events and all(e["parent_run_id"] == root_run for e in lead_events)
+    assert lead_events[0]["agent_session_id"] == lead.session_id
+    member_events = [e for e in traced if e["source"]["kind"] == "team_member"]
+    assert {e["type"] for e in member_events} >= {"run_start", "model_request", "tool_use", "result"}
+    assert all(
+        e["source"] == {"kind": "team_member", "name": "worker", "member": "worker", "mailbox": "t12::worker"}
+        and e["agent_session_id"] == worker.session_id
+        and e["parent_run_id"] == root_run
+        for e in member_events
+    )
+    team_events = [e["type"] for e in root]
+    assert "team_message" in team_events and "team_agent" in team_events
+    seqs = [e["seq"] for e in traced]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+
+
+async def test_spec_member_gets_a_fresh_session_per_work_item(mailbox: Any) -> None:
+    client = replying_client(lambda p: "ok")
+    spec = define_agent(name="fresh", model_client=client)
+    lead_client = summarising_lead(
+        ("fresh", {"mode": "handoff", "task": "one"}), ("fresh", {"mode": "handoff", "task": "two"})
+    )
+    team = create_team(
+        name="t13",
+        lead=create_agent(name="lead", model_client=lead_client),
+        members=[team_member(name="fresh", agent=spec)],
+        mailbox=mailbox,
+    )
+    await team.prompt("go", stream=False)
+    assert [len(r.messages) for r in client.requests] == [1, 1]  # no history carried over
+    assert [e["status"] for e in reports_of(lead_client.requests[1])] == ["done", "done"]
+
+
+async def test_live_member_keeps_its_history_across_work_items(mailbox: Any) -> None:
+    client = replying_client(lambda p: "ok")
+    live = create_agent(name="live", model_client=client)
+    lead_client = summarising_lead(
+        ("live", {"mode": "handoff", "task": "one"}), ("live", {"mode": "handoff", "task": "two"})
+    )
+    team = create_team(
+        name="t14",
+        lead=create_agent(name="lead", model_client=lead_client),
+        members=[team_member(name="live", agent=live)],
+        mailbox=mailbox,
+    )
+    await team.prompt("go", stream=False)
+    assert [len(r.messages) for r in client.requests] == [1, 4]  # prompt, reply call, result, new prompt
