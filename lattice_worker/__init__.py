@@ -120,3 +120,36 @@ __all__ += [
     "define_context_tracer",
     "define_history_store",
 ]
+
+# --- teams in one process (lattice_worker.team)
+from .team import (  # noqa: E402
+    AgentMessageEvent,
+    DrainResult,
+    RunnerOptions,
+    Team,
+    TeamAgentEvent,
+    TeamMember,
+    TeamMessageEvent,
+    TeamRunner,
+    WorkItemOutcome,
+    agent_tool,
+    create_team,
+    create_team_runner,
+    team_member,
+)
+
+__all__ += [
+    "AgentMessageEvent",
+    "DrainResult",
+    "RunnerOptions",
+    "Team",
+    "TeamAgentEvent",
+    "TeamMember",
+    "TeamMessageEvent",
+    "TeamRunner",
+    "WorkItemOutcome",
+    "agent_tool",
+    "create_team",
+    "create_team_runner",
+    "team_member",
+]
