@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import inspect
 import json
 import os
@@ -454,10 +455,11 @@ def serialize_output_format(output_format: Any) -> dict[str, Any] | None:
 
 
 def _clean_block(block: Any) -> dict[str, Any]:
-    """A content block as a wire dict: a shallow copy without ``None``-valued keys."""
+    """A content block as a wire dict: a deep copy without ``None``-valued top-level keys
+    (the copy keeps the assembled message independent of the events handed to callers)."""
     if hasattr(block, "to_dict"):
         block = block.to_dict(mode="json")
-    return {k: v for k, v in dict(block).items() if v is not None}
+    return {k: copy.deepcopy(v) for k, v in dict(block).items() if v is not None}
 
 
 class StreamAssembler:

@@ -15,7 +15,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
+from lattice_worker import create_agent, tool
 from lattice_worker.agent.abort import AbortController
 from lattice_worker.agent.anthropic_client import DEEPSEEK_ANTHROPIC_BASE_URL, AnthropicModelClient
 from lattice_worker.agent.model import AssistantModelMessage, ModelRequest, TokenUsage
@@ -377,6 +379,70 @@ async def test_bad_request_fields_raise_config_error_before_sending(
     assert server.requests == []
 
 
+async def test_long_non_streaming_request_without_timeout_is_refused(server: FakeAnthropicServer) -> None:
+    # The SDK refuses a non-streaming request that may run past 10 minutes; it surfaces as ConfigError.
+    with pytest.raises(ConfigError, match="[Ss]treaming"):
+        await make_client(server).create_message(request(stream=False, max_tokens=64_000))
+    assert server.requests == []
+    server.enqueue("ok")  # with an explicit deadline the SDK lets it through
+    await make_client(server).create_message(request(stream=False, max_tokens=64_000, timeout_ms=30_000))
+    assert server.requests[0].body["max_tokens"] == 64_000
+
+
+async def test_stream_events_handed_out_are_not_mutated_by_assembly(server: FakeAnthropicServer) -> None:
+    citation = {
+        "type": "char_location",
+        "cited_text": "sky",
+        "document_index": 0,
+        "start_char_index": 0,
+        "end_char_index": 3,
+    }
+    server.enqueue(
+        StreamReply(
+            [
+                {
+                    "type": "message_start",
+                    "message": {
+                        "id": "msg_c",
+                        "type": "message",
+                        "role": "assistant",
+                        "model": "m",
+                        "content": [],
+                        "usage": {"input_tokens": 1, "output_tokens": 1},
+                    },
+                },
+                {
+                    "type": "content_block_start",
+                    "index": 0,
+                    "content_block": {"type": "text", "text": "", "citations": []},
+                },
+                {
+                    "type": "content_block_delta",
+                    "index": 0,
+                    "delta": {"type": "citations_delta", "citation": citation},
+                },
+                {
+                    "type": "content_block_delta",
+                    "index": 0,
+                    "delta": {"type": "text_delta", "text": "The sky"},
+                },
+                {"type": "content_block_stop", "index": 0},
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": "end_turn"},
+                    "usage": {"output_tokens": 2},
+                },
+                {"type": "message_stop"},
+            ]
+        )
+    )
+    events: list[dict[str, Any]] = []
+    reply = await make_client(server).create_message(request(on_stream_event=events.append))
+    assert reply.content == [{"type": "text", "text": "The sky", "citations": [citation]}]
+    start = next(e for e in events if e["type"] == "content_block_start")
+    assert start["content_block"] == {"type": "text", "text": "", "citations": []}
+
+
 # -- retries and errors -----------------------------------------------------------------------------
 
 
@@ -649,3 +715,115 @@ async def test_unscripted_request_is_reported_by_the_fake_server(server: FakeAnt
     assert info.value.status_code == 500
     assert len(server.unexpected) == 1
     assert len(server.requests) == 1  # x-should-retry: false stops SDK retries
+
+
+# -- through the Agent loop ---------------------------------------------------------------------------
+
+
+class AddInput(BaseModel):
+    a: int
+    b: int
+
+
+def make_agent(server: FakeAnthropicServer, seen: list[dict[str, Any]] | None = None, **options: Any) -> Any:
+    async def add(args: AddInput) -> str:
+        if seen is not None:
+            seen.append(args.model_dump())
+        return str(args.a + args.b)
+
+    return create_agent(
+        model_client=AnthropicModelClient(api_key="test-key", base_url=server.url, max_retries=2),
+        tools=[tool("add", "Add two integers.", AddInput, add)],
+        model="claude-test-model",
+        **options,
+    )
+
+
+async def test_agent_echoes_thinking_with_signature_and_runs_the_fragmented_tool_call(
+    server: FakeAnthropicServer,
+) -> None:
+    thinking = thinking_block("I should add 2 and 3 with the tool.", "EqQBCkYIARgCKkBsig+/==")
+    redacted = redacted_thinking_block("EmwKAhgBEgy3va3pzix")
+    call = tool_use_block("toolu_01", "add", {"a": 2, "b": 3})
+    server.enqueue(
+        MessageReply(
+            [thinking, redacted, call],
+            stop_reason="tool_use",
+            tool_input_chunks=4,
+            usage={"input_tokens": 50, "output_tokens": 20, "cache_read_input_tokens": 8},
+            model="claude-served-1",
+            id="msg_turn1",
+        ),
+        MessageReply(
+            [text_block("2 + 3 = 5")], usage={"input_tokens": 80, "output_tokens": 6}, id="msg_turn2"
+        ),
+    )
+    seen: list[dict[str, Any]] = []
+    agent = make_agent(server, seen, thinking_config={"type": "enabled", "budget_tokens": 2048})
+    events = [event async for event in agent.query("What is 2 + 3?")]
+
+    assert seen == [{"a": 2, "b": 3}]  # the tool got the input joined from 4 fragments
+    result = events[-1]
+    assert (result.type, result.subtype, result.is_error, result.result) == (
+        "result",
+        "success",
+        False,
+        "2 + 3 = 5",
+    )
+    assert result.usage == {
+        "input_tokens": 130,
+        "output_tokens": 26,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 8,
+    }
+
+    assistants = [e for e in events if e.type == "assistant"]
+    assert assistants[0].message["content"] == [thinking, redacted, call]
+    assert assistants[0].message["provider_response_id"] == "msg_turn1"
+    assert assistants[0].message["model"] == "claude-served-1"
+    assert assistants[0].message["stop_reason"] == "tool_use"
+    fragments = [
+        e.event["delta"]["partial_json"]
+        for e in events
+        if e.type == "stream_event" and e.event.get("delta", {}).get("type") == "input_json_delta"
+    ]
+    assert len(fragments) == 4
+
+    second = server.requests[1].body
+    assert second["messages"][0] == {"role": "user", "content": "What is 2 + 3?"}
+    assert second["messages"][1] == {"role": "assistant", "content": [thinking, redacted, call]}
+    tool_result = second["messages"][2]["content"][0]
+    assert (tool_result["type"], tool_result["tool_use_id"]) == ("tool_result", "toolu_01")
+    assert second["thinking"] == {"type": "enabled", "budget_tokens": 2048}
+
+
+async def test_agent_request_error_400_is_a_result_with_subtype_error(server: FakeAnthropicServer) -> None:
+    server.enqueue(ErrorReply(400, "invalid_request_error", "max_tokens: must be at most 64000"))
+    result = await make_agent(server).prompt("hello")
+    assert (result.subtype, result.is_error) == ("error", True)
+    assert result.error_type == "APIError"
+    assert "must be at most 64000" in (result.error or "")
+    assert len(server.requests) == 1  # a 400 is not retried
+
+
+async def test_agent_529_is_retried_and_the_run_succeeds(server: FakeAnthropicServer) -> None:
+    server.enqueue(ErrorReply(529), MessageReply([text_block("fine now")]))
+    result = await make_agent(server).prompt("hello", stream=False)
+    assert (result.subtype, result.result) == ("success", "fine now")
+    assert [r.headers["x-stainless-retry-count"] for r in server.requests] == ["0", "1"]
+
+
+async def test_agent_options_reach_the_wire(server: FakeAnthropicServer) -> None:
+    server.enqueue("{}", "{}")
+    agent = make_agent(server, thinking_config={"type": "disabled"}, reasoning_effort="low")
+    await agent.prompt("one")
+    schema = {"type": "object", "properties": {}, "additionalProperties": False}
+    await agent.prompt(
+        "two", thinking_config={"type": "adaptive"}, output_format={"type": "json_schema", "schema": schema}
+    )
+    first, second = (r.body for r in server.requests)
+    assert first["thinking"] == {"type": "disabled"}
+    assert first["reasoning_effort"] == "low"
+    assert "output_config" not in first
+    assert second["thinking"] == {"type": "adaptive"}
+    assert second["output_config"] == {"format": {"type": "json_schema", "schema": schema}}

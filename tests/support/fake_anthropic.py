@@ -43,6 +43,7 @@ import itertools
 import json
 import socket
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -409,27 +410,24 @@ class FakeAnthropicServer:
             access_log=False,
             timeout_graceful_shutdown=2,
         )
-        self._server = uvicorn.Server(config)
+        server = self._server = uvicorn.Server(config)
 
         def run() -> None:
             try:
-                assert self._server is not None
-                self._server.run(sockets=[sock])
+                server.run(sockets=[sock])
             except BaseException as exc:  # noqa: BLE001 - reported by start()
                 self._errors.append(exc)
 
         self._thread = threading.Thread(target=run, name=f"fake-anthropic-{self.port}", daemon=True)
         self._thread.start()
-        deadline = threading.Event()
-        waited = 0.0
-        while not self._server.started:
+        deadline = time.monotonic() + self.start_timeout
+        while not server.started:
             if not self._thread.is_alive():
                 raise RuntimeError(f"FakeAnthropicServer failed to start: {self._errors!r}")
-            if waited >= self.start_timeout:
+            if time.monotonic() >= deadline:
                 self.stop()
                 raise RuntimeError(f"FakeAnthropicServer did not start within {self.start_timeout}s")
-            deadline.wait(0.01)
-            waited += 0.01
+            time.sleep(0.01)
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
