@@ -343,11 +343,19 @@ class AsyncLatticeClient:
         """
         items = await self.runs.cancel(run_id)
         report = CancelReport(run_id=run_id, status=RunStatus.CANCELLED)
+        mailbox = self.mailbox
         for item in items:
             message_id = str(item.get("message_id"))
+            message = await mailbox.get(message_id)
+            if message is None:
+                report.skipped_messages[message_id] = "unknown message"
+                continue
+            if message.status.terminal:
+                report.skipped_messages[message_id] = f"already {message.status.value}"
+                continue
             try:
-                changed = await self.mailbox.update_status(message_id, MessageStatus.CANCELLED)
-            except ValueError as exc:  # InvalidTransitionError: already done/failed/cancelled
+                changed = await mailbox.update_status(message_id, MessageStatus.CANCELLED)
+            except ValueError as exc:  # InvalidTransitionError: it finished meanwhile
                 report.skipped_messages[message_id] = str(exc)
                 continue
             if changed:
@@ -426,10 +434,16 @@ class _LoopThread:
         self.loop.run_forever()
 
     def run(self, coro: Awaitable[T]) -> T:
+        problem = None
         if threading.current_thread() is self.thread:
-            raise RuntimeError("LatticeClient: blocking call from its own event loop thread")
-        if self.loop.is_closed():
-            raise RuntimeError("LatticeClient is closed")
+            problem = "LatticeClient: blocking call from its own event loop thread"
+        elif self.loop.is_closed():
+            problem = "LatticeClient is closed"
+        if problem is not None:
+            close = getattr(coro, "close", None)
+            if close is not None:
+                close()  # never awaited: close it quietly
+            raise RuntimeError(problem)
         future: Future[T] = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
         try:
             return future.result()
