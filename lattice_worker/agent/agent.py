@@ -26,7 +26,7 @@ from typing import Any
 
 from ..errors import ConcurrentQueryError, ConfigError
 from ..tools.tool import ToolDefinition
-from .events import ResultMessage
+from .events import ResultMessage, SDKMessage
 from .loop import RunControl, run_query
 from .options import AgentOptions, check_tool_set, validate_agent_options, validate_query_options
 from .output import build_submit_output_tool
@@ -237,7 +237,7 @@ class Agent:
 
     # ---------------------------------------------------------------- queries
 
-    def query(self, prompt: Any, /, **query_options: Any) -> AsyncIterator[Any]:
+    def query(self, prompt: Any, /, **query_options: Any) -> AsyncIterator[SDKMessage]:
         """Run the agent loop on ``prompt``; an async iterator of SDK events
         (``system``, ``stream_event``, ``assistant``, ``user``, then one ``result``).
 
@@ -298,7 +298,9 @@ class Agent:
 
         The in-flight model turn is dropped; a running tool batch finishes and its
         results are recorded first. Returns True when a query was running, False
-        when idle (a no-op). Safe to call from another thread.
+        when idle (a no-op). A query counts as running from its first iteration
+        (``async for`` / ``await prompt(...)`` started), not from the ``query()``
+        call. Safe to call from another thread.
         """
         control = self._control
         if control is None:

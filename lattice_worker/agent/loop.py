@@ -35,7 +35,7 @@ from ..errors import (
 )
 from ..tracing.base import TraceContext, TraceEmitter
 from .abort import AbortSignal
-from .events import AssistantMessage, ResultMessage, StreamEvent, SystemMessage, UserMessage
+from .events import AssistantMessage, ResultMessage, SDKMessage, StreamEvent, SystemMessage, UserMessage
 from .hooks import ModelRequestHookContext, ToolResultHookContext
 from .model import AssistantModelMessage, ModelRequest, TokenUsage
 from .options import DEFAULT_MAX_TOKENS, QueryOptions
@@ -424,7 +424,7 @@ def _first_error(outcomes: list[CallOutcome], blocks: list[dict[str, Any]]) -> s
     return None
 
 
-async def run_query(agent: Agent, prompt: Any, q: QueryOptions) -> AsyncIterator[Any]:
+async def run_query(agent: Agent, prompt: Any, q: QueryOptions) -> AsyncIterator[SDKMessage]:
     """The query generator behind ``Agent.query`` (validated prompt and options).
 
     Raises :class:`ConcurrentQueryError` (on first iteration) while another query

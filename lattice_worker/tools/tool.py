@@ -376,6 +376,13 @@ def _first_paragraph(doc: str | None) -> str | None:
     return " ".join(para.split()) or None
 
 
+def _is_context_annotation(annotation: Any) -> bool:
+    """``ToolContext`` itself, or an optional/union type containing it."""
+    if annotation is ToolContext:
+        return True
+    return ToolContext in typing.get_args(annotation)
+
+
 def _from_function(
     fn: Callable[..., Any],
     *,
@@ -403,7 +410,7 @@ def _from_function(
         if param.kind is inspect.Parameter.POSITIONAL_ONLY:
             raise ConfigError(f"{where}: positional-only parameters are not supported")
         annotation = hints.get(param.name, Any)
-        if annotation is ToolContext:
+        if _is_context_annotation(annotation):
             context_param = param.name
             continue
         default = ... if param.default is inspect.Parameter.empty else param.default

@@ -325,6 +325,10 @@ async def test_unknown_and_mistyped_options_raise_config_error():
         create_bare_agent(workspace="/tmp/x")
     with pytest.raises(ConfigError, match='define_agent: option "max_turns" expects a positive integer'):
         define_agent(max_turns=0)
+    with pytest.raises(
+        ConfigError, match='option "request_timeout_ms" expects a positive integer number of milliseconds'
+    ):
+        create_agent(request_timeout_ms=-5)
     with pytest.raises(ConfigError, match='option "model" expects a string'):
         create_agent(model=3)
     with pytest.raises(ConfigError, match='option "tool_concurrency"'):

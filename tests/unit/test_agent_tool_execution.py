@@ -453,7 +453,12 @@ async def test_aborted_batch_does_not_start_waiting_calls_and_settles_started_on
     client = ScriptedModelClient(
         [tool_turn(("slow", {"n": 0}, "a"), ("slow", {"n": 1}, "b")), text_turn("never")]
     )
-    events = await run(create_bare_agent(model_client=client, tools=[slow]), signal=controller.signal)
+    hooked = []
+    hooks = {"on_tool_result": lambda ctx: hooked.append((ctx.tool_use_id, type(ctx.error).__name__))}
+    events = await run(
+        create_bare_agent(model_client=client, tools=[slow], hooks=hooks), signal=controller.signal
+    )
+    assert hooked == [("a", "NoneType"), ("b", "AbortError")]  # hooks see cancelled calls too
     assert [e.type for e in events] == ["system", "assistant", "user", "result"]
     user = users(events)[0]
     first, second = blocks_of(user)

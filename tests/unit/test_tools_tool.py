@@ -77,7 +77,9 @@ def test_input_model_must_be_a_pydantic_model_or_schema_dict():
 
 def test_decorator_derives_the_model_from_the_signature_and_docstring():
     @tool
-    async def search(query: str, limit: Annotated[int, Field(ge=1)] = 5, ctx: ToolContext = None) -> str:
+    async def search(
+        query: str, limit: Annotated[int, Field(ge=1)] = 5, ctx: ToolContext | None = None
+    ) -> str:
         """Search the documents.
 
         Longer text that is not part of the description.
