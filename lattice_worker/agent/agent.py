@@ -21,7 +21,7 @@ import copy
 import inspect
 import logging
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from ..errors import ConcurrentQueryError, ConfigError
@@ -367,11 +367,6 @@ def define_agent(**options: Any) -> AgentSpec:
 def is_agent_spec(value: Any) -> bool:
     """True when ``value`` is an :class:`AgentSpec` (a template), not a live session."""
     return isinstance(value, AgentSpec)
-
-
-def agent_options_dict(options: AgentOptions) -> Mapping[str, Any]:
-    """The options that were explicitly given, as a dict."""
-    return {k: getattr(options, k) for k in options.model_fields_set}
 
 
 __all__ = [

@@ -6,7 +6,9 @@ then repeat -- model request (racing the abort signal, ``interrupt()`` and
 ``request_timeout_ms``), ``assistant`` event, tool batch, ``user`` event, the
 runtime's ``after_tool_batch`` -- until the model stops calling tools, a tool
 ends the turn, ``submit_output`` succeeds, or a limit ends it; then exactly one
-``result`` event.
+``result`` event. Events are produced lazily (the loop advances when the
+consumer asks for the next one); raw stream events of the model call in flight
+are buffered meanwhile, never dropped or reordered.
 
 Seams for the team and distributed runtimes (docs/contracts.md): the query
 option ``runtime`` (``async after_tool_batch(outcome) -> list[message] | None``,
@@ -27,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import (
     AbortError,
+    APIError,
     ConcurrentQueryError,
     ConfigError,
     MaxTurnsError,
@@ -524,6 +527,13 @@ async def run_query(agent: Agent, prompt: Any, q: QueryOptions) -> AsyncIterator
                 return
             exc = task.exception()
             if exc is not None:
+                if not isinstance(exc, APIError):
+                    # not a provider failure: likely a bug in a custom client -- keep the traceback
+                    logger.warning(
+                        "model client raised %s; the query ends with subtype 'error'",
+                        type(exc).__name__,
+                        exc_info=exc,
+                    )
                 yield await run.finish(_Finish("error", error=exc))
                 return
             message = task.result()
