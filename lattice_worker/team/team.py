@@ -281,10 +281,10 @@ def create_team(
     if expose_lead_mailbox_tools:
         lead_tools += make_mailbox_tools()
     try:
-        lead.add_tools(lead_tools)
         for member in member_list:
             if member.kind == "agent":
                 ensure_mailbox_tools(member.agent)
+        lead.add_tools(lead_tools)  # last: a failed assembly leaves the lead untouched
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     return team

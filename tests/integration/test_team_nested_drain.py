@@ -1,0 +1,254 @@
+"""Nested teams, manual draining, and agent_tool over a team.
+
+Spec: AgentLattice "Nested teams", "Manual draining", "Supervisor delegation"
+(any AgentLike target), "Team tracing" (nested teams keep one trace session).
+Every test runs against MemoryMailbox and RedisMailbox (real Redis, unique
+prefix, keys deleted after).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from lattice_mailbox import MemoryMailbox, MessageStatus
+from lattice_worker import (
+    AssistantModelMessage,
+    ConfigError,
+    ModelRequest,
+    ScriptedModelClient,
+    agent_tool,
+    create_agent,
+    define_agent,
+    text_turn,
+    tool_turn,
+)
+from lattice_worker.team import create_team, parse_report_message, team_member
+from lattice_worker.tracing.base import define_context_tracer
+
+REDIS_URL = os.environ.get("LATTICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+STORES = [pytest.param("memory", id="memory"), pytest.param("redis", id="redis", marks=pytest.mark.redis)]
+
+
+@pytest.fixture(params=STORES)
+async def mailbox(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    if request.param == "memory":
+        yield MemoryMailbox()
+        return
+    from lattice_mailbox.redis import RedisMailbox
+
+    prefix = f"test-{uuid.uuid4().hex}"
+    store = RedisMailbox(REDIS_URL, prefix=prefix)
+    try:
+        yield store
+    finally:
+        client = store.client()
+        keys = [k async for k in client.scan_iter(match=f"{prefix}:*", count=1000)]
+        if keys:
+            await client.delete(*keys)
+        await store.aclose()
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
+
+
+def reports_of(request: ModelRequest) -> list[dict[str, Any]]:
+    for message in reversed(request.messages):
+        entries = parse_report_message(message)
+        if entries:
+            return entries
+    return []
+
+
+def relaying_lead(member: str, task: str, prefix: str) -> ScriptedModelClient:
+    """Hands ``task`` off to ``member``, then answers ``prefix`` + the member's report."""
+
+    def play(request: ModelRequest) -> AssistantModelMessage:
+        entries = reports_of(request)
+        if not entries:
+            return tool_turn((member, {"mode": "handoff", "task": task}))
+        return text_turn(prefix + entries[0]["content"])
+
+    return ScriptedModelClient(play)
+
+
+def echo_member(tag: str) -> ScriptedModelClient:
+    """Replies ``<tag>:<first line of the task>`` -- so a test can see which member ran which message."""
+
+    def play(request: ModelRequest) -> AssistantModelMessage:
+        prompt = _text(request.messages[0]["content"])
+        task = prompt.split(":\n\n", 1)[1].split("\n\n")[0]
+        return tool_turn(("team_reply", {"content": f"{tag}:{task}"}))
+
+    return ScriptedModelClient(play)
+
+
+async def test_three_level_nested_team_returns_the_backend_answer_to_the_root(mailbox: Any) -> None:
+    traced: list[dict[str, Any]] = []
+    backend = create_agent(
+        name="backend",
+        model_client=ScriptedModelClient(
+            lambda r: tool_turn(("team_reply", {"content": "the API listens on 8080"}))
+        ),
+    )
+    engineering = create_team(
+        name="engineering",
+        lead=create_agent(
+            name="eng-head", model_client=relaying_lead("backend", "find the API port", "engineering: ")
+        ),
+        members=[team_member(name="backend", role="executor", agent=backend)],
+        mailbox=mailbox,
+    )
+    company = create_team(
+        name="company",
+        lead=create_agent(
+            name="ceo", model_client=relaying_lead("engineering", "which port does the API use?", "CEO: ")
+        ),
+        members=[
+            team_member(name="engineering", role="head", focus="Own engineering delivery", agent=engineering)
+        ],
+        mailbox=mailbox,
+    )
+    events = [
+        e
+        async for e in company.query(
+            "status report", stream=False, tracer=define_context_tracer(on_event=traced.append)
+        )
+    ]
+    final = events[-1]
+    assert final.type == "result" and final.subtype == "success"
+    assert final.result == "CEO: engineering: the API listens on 8080"
+
+    company_task = (await mailbox.inbox("company::engineering", "all"))[0]
+    backend_task = (await mailbox.inbox("engineering::backend", "all"))[0]
+    assert company_task.status == backend_task.status == MessageStatus.DONE
+    assert backend_task.content == "find the API port"
+    assert company_task.content == "which port does the API use?"
+
+    # the engineering team's own events arrive nested inside agent_message events
+    nested = [e.message for e in events if e.type == "agent_message" and e.member == "engineering"]
+    inner_team = [m for m in nested if m["type"] == "team_message"]
+    assert [m["subtype"] for m in inner_team] == ["sent", "claimed", "reply", "done"]
+    assert inner_team[0]["team"] == "engineering"
+    deepest = [m["message"]["type"] for m in nested if m["type"] == "agent_message"]
+    assert deepest[0] == "system" and deepest[-1] == "result"
+
+    assert len({e["session_id"] for e in traced}) == 1
+    backend_events = [e for e in traced if e["source"].get("mailbox") == "engineering::backend"]
+    assert backend_events and all(e["agent_session_id"] == backend.session_id for e in backend_events)
+    eng_root = [
+        e for e in traced if e["source"].get("mailbox") == "company::engineering" and e["type"] == "run_start"
+    ]
+    assert len(eng_root) == 1
+
+
+async def test_drain_honours_max_rounds_and_max_messages_and_never_reroutes(mailbox: Any) -> None:
+    a_client, b_client = echo_member("A"), echo_member("B")
+    team = create_team(
+        name="dr1",
+        lead=create_agent(name="lead", model_client=ScriptedModelClient([])),
+        members=[
+            team_member(name="a", agent=define_agent(name="a", model_client=a_client)),
+            team_member(name="b", agent=define_agent(name="b", model_client=b_client)),
+        ],
+        mailbox=mailbox,
+    )
+    for i in range(3):
+        await mailbox.send("dr1::lead", "dr1::a", f"a{i}", work_item_id=f"wi_a{i}")
+    for i in range(2):
+        await mailbox.send("dr1::lead", "dr1::b", f"b{i}", work_item_id=f"wi_b{i}")
+
+    first = await team.drain(max_rounds=2, max_messages=10)
+    assert (first.processed, first.failed, first.rounds) == (4, 0, 2)
+    assert [m.content for m in await mailbox.inbox("dr1::a", "pending")] == ["a2"]
+    assert await mailbox.inbox("dr1::b", "pending") == []
+
+    await mailbox.send("dr1::lead", "dr1::b", "b2")
+    await mailbox.send("dr1::lead", "dr1::b", "b3")
+    second = await team.drain(max_rounds=10, max_messages=2)
+    assert (second.processed, second.failed, second.rounds) == (2, 0, 1)
+    assert [m.content for m in await mailbox.inbox("dr1::b", "pending")] == ["b3"]
+
+    third = await team.drain()
+    assert (third.processed, third.failed, third.rounds) == (1, 0, 1)
+    empty = await team.drain()
+    assert (empty.processed, empty.failed, empty.rounds) == (0, 0, 0)
+
+    replies = await mailbox.inbox("dr1::lead", "all")
+    by_member = sorted((m.from_, m.content) for m in replies)
+    assert by_member == [
+        ("dr1::a", "A:a0"), ("dr1::a", "A:a1"), ("dr1::a", "A:a2"),
+        ("dr1::b", "B:b0"), ("dr1::b", "B:b1"), ("dr1::b", "B:b2"), ("dr1::b", "B:b3"),
+    ]  # fmt: skip
+    assert all(m.metadata["kind"] == "reply" and m.status == MessageStatus.PENDING for m in replies)
+    assert len(a_client.requests) == 3 and len(b_client.requests) == 4
+
+
+async def test_drain_of_selected_members_counts_failures_and_rejects_bad_limits(mailbox: Any) -> None:
+    silent = define_agent(name="silent", model_client=ScriptedModelClient(lambda r: text_turn("hmm")))
+    team = create_team(
+        name="dr2",
+        lead=create_agent(name="lead", model_client=ScriptedModelClient([])),
+        members=[
+            team_member(name="ok", agent=define_agent(name="ok", model_client=echo_member("OK"))),
+            team_member(name="silent", agent=silent),
+        ],
+        mailbox=mailbox,
+    )
+    await mailbox.send("dr2::lead", "dr2::ok", "x")
+    await mailbox.send("dr2::lead", "dr2::silent", "y")
+
+    for kwargs, word in (({"max_rounds": 0}, "max_rounds"), ({"max_messages": True}, "max_messages")):
+        with pytest.raises(ConfigError, match=word):
+            await team.drain(**kwargs)
+    with pytest.raises(ConfigError, match='no member "nobody"'):
+        await team.drain(members=["nobody"])
+    assert len(await mailbox.inbox("dr2::ok", "pending")) == 1  # bad input claimed nothing
+
+    only_silent = await team.drain(members=["silent"])
+    assert (only_silent.processed, only_silent.failed, only_silent.rounds) == (1, 1, 1)
+    assert len(await mailbox.inbox("dr2::ok", "pending")) == 1
+    failed = (await mailbox.inbox("dr2::silent", "all"))[0]
+    assert failed.status == MessageStatus.FAILED
+    diagnostic = [m for m in await mailbox.inbox("dr2::lead", "all") if m.reply_to == failed.id][0]
+    assert diagnostic.metadata["kind"] == "diagnostic" and diagnostic.metadata["error"]["code"] == "no_reply"
+
+    rest = await team.drain()
+    assert (rest.processed, rest.failed) == (1, 0)
+
+
+async def test_agent_tool_over_a_team_asks_the_whole_team(mailbox: Any) -> None:
+    backend = create_agent(
+        name="backend",
+        model_client=ScriptedModelClient(lambda r: tool_turn(("team_reply", {"content": "42"}))),
+    )
+    team = create_team(
+        name="eng",
+        lead=create_agent(name="head", model_client=relaying_lead("backend", "compute", "team says ")),
+        members=[team_member(name="backend", agent=backend)],
+        mailbox=mailbox,
+    )
+    tool_def = agent_tool("engineering", team, description="Ask the engineering team.")
+    assert tool_def.kind == "agent_tool"
+    assert "keeps its conversation across calls" in tool_def.description
+    supervisor_client = ScriptedModelClient(
+        [
+            tool_turn(("engineering", {"mode": "ask", "task": "what is the answer?"})),
+            lambda r: text_turn("supervisor heard: " + r.messages[-1]["content"][0]["content"]),
+        ]
+    )
+    supervisor = create_agent(name="sup", model_client=supervisor_client, tools=[tool_def])
+    result = await supervisor.prompt("go", stream=False)
+    assert result.result == "supervisor heard: team says 42"
+    assert (await mailbox.inbox("eng::backend", "all"))[0].status == MessageStatus.DONE
+    assert (
+        json.dumps(supervisor_client.requests[0].tools[0]["input_schema"]["required"]) == '["mode", "task"]'
+    )
