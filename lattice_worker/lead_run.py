@@ -1,0 +1,363 @@
+"""The lead side of a distributed run: ``run_lead`` and ``resume_lead`` bodies.
+
+DESIGN.md section 5, steps 2 and 4; issue 6 item 3. A lead turn runs in
+whichever worker took the task. Its conversation is persisted per run in Redis
+(:class:`~lattice_worker.agent.history_stores.RedisHistoryStore`). A member
+tool call sends the task message (the team's lead tools do that) and
+registers a work item with :class:`DistributedLeadRuntime`, the lead query's
+``runtime``. After the tool batch, ``after_tool_batch`` puts the batch's items
+in the run's wait set (``RunStore.add_items``, bounded by the team's
+``max_concurrent_work_items``), rings the doorbells of those allowed to start,
+and raises ``SuspendQuery``: the query ends with subtype ``"suspended"``, the
+run is suspended (``RunStore.suspend``) and the task ends -- no worker waits
+on another. The worker completing the last item enqueues ``resume_lead``.
+
+On resume the lead gets exactly what it gets in-process: the result of each
+``ask`` call fills that call's ``tool_result`` (the lead tool returned a
+placeholder, replaced in the persisted history), and the ``handoff`` reports
+arrive as the next user message (``format_report_message``, handoff order).
+Then the loop continues with ``Agent.query(None)``.
+
+Guarantees: ``run_lead`` starts only from ``queued`` (a redelivered or
+duplicated task is a no-op), ``resume_lead`` only once per suspension
+(``RunStore.begin_resume``), a cancelled run is never resumed. Every SDK and
+team event goes to the run's event stream; the final result goes to the run
+record and the stream (``RunStore.finish``). A run of a nested team (a child
+run with ``parent``) replies upstream when it ends (:mod:`lattice_worker.member_run`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from lattice_client.errors import RunStateError
+from lattice_client.models import RunRecord, RunResult, RunStatus
+from lattice_mailbox.message import MessageStatus, TeamMessage
+
+from .agent.agent import Agent
+from .agent.history_stores import RedisHistoryStore
+from .agent.loop import SuspendQuery
+from .errors import ConfigError
+from .team.events import TeamMessageEvent
+from .team.lead_tools import make_lead_member_tools
+from .team.member import TeamMember
+from .team.member_tools import MailboxToolState, make_mailbox_tools
+from .team.reports import format_report_message
+from .team.team import Team
+from .team.work import WorkItemOutcome, outcome_tool_text
+from .tools.tool import ToolContext
+from .worker_context import RUN_KEY_TTL_SECONDS, WorkerContext
+
+logger = logging.getLogger("lattice_worker.runtime")
+
+ASK_PLACEHOLDER = (
+    "(lattice: member {member} is working on this ask as work item {work_item_id}; "
+    "its answer replaces this text before your next turn)"
+)
+"""The ``ask`` tool result persisted while the member works; replaced on resume."""
+
+
+def _public(message: TeamMessage) -> dict[str, Any]:
+    return message.model_copy(update={"claim_token": None}).to_json_dict()
+
+
+class DistributedLeadRuntime:
+    """The lead query's ``runtime`` in a worker: the member tools' dispatcher
+    (``ask`` / ``handoff`` register work items) and ``after_tool_batch``
+    (register, ring doorbells, suspend)."""
+
+    def __init__(self, ctx: WorkerContext, team: Team, run_id: str) -> None:
+        self.ctx = ctx
+        self.team = team
+        self.run_id = run_id
+        self.pending: list[dict[str, Any]] = []
+        self.team_mailbox_state: MailboxToolState | None = None
+        if team.expose_lead_mailbox_tools:
+            self.team_mailbox_state = MailboxToolState(
+                team_name=team.name,
+                self_name="lead",
+                member_names=[m.name for m in team.members],
+                mailbox=team.mailbox,
+                emit=self._emit,
+            )
+
+    async def _emit(self, event: Any) -> None:
+        await self.ctx.emit(self.run_id, event)
+
+    def _register(self, member: TeamMember, message: TeamMessage, mode: str, tool_use_id: str) -> None:
+        self.pending.append(
+            {
+                "work_item_id": message.work_item_id,
+                "message_id": message.id,
+                "mailbox_id": message.to,
+                "member": member.name,
+                "mode": mode,
+                "tool_use_id": tool_use_id,
+            }
+        )
+
+    async def handoff(self, member: TeamMember, message: TeamMessage, ctx: ToolContext) -> None:
+        """Register an accepted handoff (it is dispatched after the tool batch)."""
+        self._register(member, message, "handoff", ctx.tool_use_id)
+        await self._emit(TeamMessageEvent(subtype="sent", team=self.team.name, message=_public(message)))
+
+    async def ask(self, member: TeamMember, message: TeamMessage, ctx: ToolContext) -> str:
+        """Register an ``ask``; returns the placeholder its answer replaces on resume."""
+        self._register(member, message, "ask", ctx.tool_use_id)
+        await self._emit(TeamMessageEvent(subtype="sent", team=self.team.name, message=_public(message)))
+        return ASK_PLACEHOLDER.format(member=member.name, work_item_id=message.work_item_id)
+
+    async def after_tool_batch(self, outcome: Any) -> list[dict[str, Any]] | None:
+        """Register this batch's work items (in tool-call order), ring the
+        doorbells of those allowed to start, and suspend the query."""
+        items, self.pending = self.pending, []
+        if not items:
+            return None
+        order = {str(call.get("id")): i for i, call in enumerate(getattr(outcome, "calls", []) or [])}
+        items.sort(key=lambda it: order.get(it["tool_use_id"], len(order)))
+        await dispatch_items(self.ctx, self.run_id, self.team, items)
+        raise SuspendQuery(f"waiting for {len(items)} member work item(s)")
+
+
+async def dispatch_items(ctx: WorkerContext, run_id: str, team: Team, items: list[dict[str, Any]]) -> None:
+    """Link the items to the run, add them to its wait set and ring the
+    doorbells of the ones ``RunStore.add_items`` lets start now."""
+    await ctx.link_work_items(run_id, team.name, [it["work_item_id"] for it in items])
+    rung = await ctx.runs.add_items(run_id, items, max_active=team.runner_options.max_concurrent_work_items)
+    for item in rung:
+        ctx.ring(item["mailbox_id"])
+
+
+def spawn_lead(ctx: WorkerContext, team: Team, run_id: str) -> Agent:
+    """A fresh lead session for run ``run_id`` over its persisted history, with
+    the member tools (and the mailbox tools when the team exposes them).
+    Raises :class:`ConfigError` when the team's lead is not an ``AgentSpec``."""
+    spec = team.lead_spec
+    if spec is None:
+        raise ConfigError(
+            f'team "{team.name}": the lead must be an AgentSpec (define_agent) to run distributed'
+        )
+    store = RedisHistoryStore(
+        ctx.settings.broker_url, ctx.history_key(run_id), fail_on_error=True, ttl_seconds=RUN_KEY_TTL_SECONDS
+    )
+    options = spec.options.model_copy(update={"history_store": store})
+    agent = Agent(options, bare=options.workspace is False)
+    tools = make_lead_member_tools(team)
+    if team.expose_lead_mailbox_tools:
+        tools += make_mailbox_tools()
+    agent.add_tools(tools)
+    return agent
+
+
+def team_for_run(ctx: WorkerContext, record: RunRecord) -> Team:
+    """The rebound team of a run record: by name, else by its reference
+    (loaded on demand). Raises :class:`ConfigError` when this worker cannot serve it."""
+    team = ctx.registry.get(record.team)
+    if team is not None:
+        return team
+    if record.team_ref:
+        loaded = ctx.registry.load(record.team_ref)
+        if loaded.name == record.team:
+            return loaded
+    return ctx.registry.require(record.team)
+
+
+async def run_lead(ctx: WorkerContext, run_id: str) -> str:
+    """Body of ``lattice.run_lead``: start a ``queued`` run's lead.
+
+    Returns what happened: ``"missing"`` (no such run), ``"skipped"`` (not
+    ``queued``: a duplicate or redelivered task, or a cancelled run),
+    ``"suspended"``, ``"completed"``, ``"failed"``, ``"cancelled"``."""
+    record = await ctx.runs.get(run_id)
+    if record is None:
+        logger.warning("run_lead: no run %s (prefix %s)", run_id, ctx.prefix)
+        return "missing"
+    if not await ctx.runs.set_status(run_id, RunStatus.RUNNING, expect=RunStatus.QUEUED):
+        logger.info("run_lead: run %s is %s, not queued; nothing to do", run_id, record.status.value)
+        return "skipped"
+    return await _guarded(ctx, record, resume=False)
+
+
+async def resume_lead(ctx: WorkerContext, run_id: str) -> str:
+    """Body of ``lattice.resume_lead``: continue a run whose wait set emptied.
+
+    ``"skipped"`` unless the run is ``resuming`` (exactly one resume per
+    suspension; a cancelled run is never resumed); else like :func:`run_lead`."""
+    if not await ctx.runs.begin_resume(run_id):
+        logger.info("resume_lead: run %s is not resuming; nothing to do", run_id)
+        return "skipped"
+    record = await ctx.runs.get(run_id)
+    if record is None:  # deleted meanwhile
+        return "missing"
+    return await _guarded(ctx, record, resume=True)
+
+
+async def _guarded(ctx: WorkerContext, record: RunRecord, *, resume: bool) -> str:
+    try:
+        team = team_for_run(ctx, record)
+        agent = spawn_lead(ctx, team, record.run_id)
+        if resume:
+            await prepare_resume(ctx, team, record.run_id, agent)
+        return await drive(ctx, team, record, agent, None if resume else record.prompt)
+    except Exception as exc:
+        logger.exception("run %s failed in the runtime", record.run_id)
+        result = RunResult(
+            run_id=record.run_id,
+            status="failed",
+            error=f"the runtime failed: {type(exc).__name__}: {exc}",
+        )
+        await finish_run(ctx, record, result)
+        return "failed"
+
+
+async def drive(ctx: WorkerContext, team: Team, record: RunRecord, agent: Agent, prompt: Any) -> str:
+    """Run the lead's query until it suspends with work pending or ends.
+
+    When the wait set is already empty at suspension (every item finished
+    before the run could suspend), the run continues at once in this task."""
+    run_id = record.run_id
+    while True:
+        if await _parent_gone(ctx, record):
+            await ctx.runs.cancel(run_id, reason="the parent run ended")
+            return "cancelled"
+        runtime = DistributedLeadRuntime(ctx, team, run_id)
+        final: Any = None
+        async for event in agent.query(prompt, runtime=runtime):
+            if getattr(event, "type", None) == "result":
+                final = event
+                if event.subtype != "suspended":
+                    await ctx.emit(run_id, event)
+                continue
+            await ctx.emit(run_id, event)
+        usage = await ctx.add_usage(run_id, getattr(final, "usage", None))
+        if final is None:  # pragma: no cover - the loop always ends with a result
+            raise RuntimeError("the lead's query ended without a result")
+        if final.subtype == "suspended":
+            try:
+                suspended = await ctx.runs.suspend(run_id)
+            except RunStateError as exc:
+                logger.info("run %s not suspended (%s); stopping", run_id, exc)
+                return exc.status if exc.status in ("cancelled", "completed", "failed") else "skipped"
+            if suspended:
+                await ctx.emit(run_id, {"type": "run_status", "status": "suspended", "run_id": run_id})
+                return "suspended"
+            await prepare_resume(ctx, team, run_id, agent)
+            prompt = None
+            continue
+        status = "failed" if final.is_error else "completed"
+        result = RunResult(
+            run_id=run_id,
+            status=status,
+            result=final.result if status == "completed" else (final.result or None),
+            structured_result=final.structured_result,
+            error=final.error if final.is_error else None,
+            usage=usage,
+        )
+        await finish_run(ctx, record, result)
+        return status
+
+
+async def _parent_gone(ctx: WorkerContext, record: RunRecord) -> bool:
+    parent = record.parent
+    if parent is None or not parent.run_id:
+        return False
+    parent_record = await ctx.runs.get(parent.run_id)
+    return parent_record is None or parent_record.status.finished
+
+
+async def prepare_resume(ctx: WorkerContext, team: Team, run_id: str, agent: Agent) -> None:
+    """Give the lead its finished work items: ``ask`` answers replace their
+    placeholders in the persisted history, ``handoff`` reports are appended as
+    the next user message (handoff order); then the items are cleared and the
+    upstream report messages marked ``done`` (the lead has read them)."""
+    items = [it for it in await ctx.runs.items(run_id) if it.get("outcome") is not None]
+    history = await agent.get_history()
+    asks: dict[str, WorkItemOutcome] = {}
+    reports: list[WorkItemOutcome] = []
+    for item in items:
+        outcome = WorkItemOutcome.from_dict(item["outcome"])
+        if item.get("mode") == "ask" and item.get("tool_use_id"):
+            asks[str(item["tool_use_id"])] = outcome
+        else:
+            reports.append(outcome)
+    if asks:
+        _fill_asks(history, asks)
+    if reports:
+        history.append(format_report_message(reports))
+    if asks or reports:
+        await agent.replace_history(history)
+    await ctx.runs.clear_items(run_id)
+    for outcome in [*asks.values(), *reports]:
+        if outcome.report is not None:
+            try:
+                await team.mailbox.update_status(outcome.report.id, MessageStatus.DONE)
+            except Exception:  # consumed or moved by someone else already
+                pass
+
+
+def ask_tool_result(tool_use_id: str, outcome: WorkItemOutcome) -> dict[str, Any]:
+    """The ``tool_result`` block an ``ask`` gets in-process for ``outcome``:
+    the answer text (structured result as JSON), a progress note for an open
+    item, or an ``"Error: ..."`` result for a failed / cancelled one."""
+    if outcome.status in ("failed", "cancelled"):
+        return {
+            "type": "tool_result",
+            "tool_use_id": tool_use_id,
+            "content": f"Error: {outcome.content}",
+            "is_error": True,
+        }
+    if outcome.status == "open":
+        text = f"(progress only; the work item stays open) {outcome.content}"
+    else:
+        text = outcome_tool_text(outcome)
+    return {"type": "tool_result", "tool_use_id": tool_use_id, "content": text}
+
+
+def _fill_asks(history: list[dict[str, Any]], asks: dict[str, WorkItemOutcome]) -> None:
+    remaining = dict(asks)
+    for message in reversed(history):
+        if not remaining:
+            return
+        if message.get("role") != "user" or not isinstance(message.get("content"), list):
+            continue
+        blocks = message["content"]
+        for i, block in enumerate(blocks):
+            if isinstance(block, dict) and block.get("type") == "tool_result":
+                tool_use_id = str(block.get("tool_use_id"))
+                outcome = remaining.pop(tool_use_id, None)
+                if outcome is not None:
+                    blocks[i] = ask_tool_result(tool_use_id, outcome)
+    if remaining:
+        logger.warning("ask results without a tool_result in history: %s", ", ".join(remaining))
+
+
+async def finish_run(ctx: WorkerContext, record: RunRecord, result: RunResult) -> bool:
+    """Write the final result (record + ``run_result`` event); a child run then
+    replies upstream. Returns False when the run had already finished or was
+    cancelled (nothing written, no reply)."""
+    try:
+        written = await ctx.runs.finish(record.run_id, result)
+    except Exception:
+        logger.exception("could not finish run %s", record.run_id)
+        return False
+    if written and record.parent is not None:
+        from .member_run import reply_from_child
+
+        await reply_from_child(ctx, record, result)
+    return written
+
+
+__all__ = [
+    "ASK_PLACEHOLDER",
+    "DistributedLeadRuntime",
+    "ask_tool_result",
+    "dispatch_items",
+    "drive",
+    "finish_run",
+    "prepare_resume",
+    "resume_lead",
+    "run_lead",
+    "spawn_lead",
+    "team_for_run",
+]

@@ -1,0 +1,250 @@
+"""The reaper: crash recovery for claimed messages and lost doorbells.
+
+DESIGN.md section 5, "Crash"; issue 6 item 4. Every worker process runs one
+reaper in a daemon thread with its own event loop (:meth:`Reaper.start`).
+Only one reaper sweeps at a time across all workers of a deployment: a sweep
+first takes ``<prefix>:reaper:lock`` with ``SET NX PX``; when it ends the lock
+is kept for the rest of one interval, so the deployment sweeps about once per
+``reaper_interval_seconds`` however many workers run.
+
+A sweep:
+
+1. ``requeue_expired(max_attempts=settings.max_attempts)`` moves every claim
+   whose lease expired back to ``pending`` and rings that mailbox's doorbell;
+   a message that used up its attempts moves to ``failed`` instead: a
+   diagnostic goes upstream (``metadata["error"]["code"] == "max_attempts"``)
+   and its work item completes as failed, so the waiting lead resumes.
+2. Lost doorbells: for every member mailbox of the published teams whose oldest
+   ``pending`` message has waited longer than one lease, the doorbell is rung
+   again (at most once per lease per mailbox, marker ``<prefix>:reaper:rung:<mailbox>``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from lattice_mailbox.message import MessageStatus, TeamMessage
+
+from .registry import teams_key
+from .team.events import TeamMessageEvent
+from .team.ids import LEAD, split_mailbox_id
+from .team.work import WorkItemOutcome
+from .worker_context import WorkerContext
+
+logger = logging.getLogger("lattice_worker.reaper")
+
+LOCK_HOLD_MS = 60_000
+"""Upper bound (ms) a sweep may hold the lock before another reaper may start one."""
+
+_RELEASE_TO_INTERVAL = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+
+@dataclass
+class SweepReport:
+    """What one sweep did: ``requeued`` / ``failed`` message ids (expired
+    leases), ``rerung`` mailbox ids (lost doorbells)."""
+
+    requeued: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    rerung: list[str] = field(default_factory=list)
+
+
+def lock_key(prefix: str) -> str:
+    """The reaper guard key: ``<prefix>:reaper:lock``."""
+    return f"{prefix}:reaper:lock"
+
+
+def rung_key(prefix: str, mailbox_id: str) -> str:
+    """The marker of a recent lost-doorbell ring of ``mailbox_id``."""
+    return f"{prefix}:reaper:rung:{mailbox_id}"
+
+
+async def sweep(
+    ctx: WorkerContext, *, interval_s: float | None = None, force: bool = False
+) -> SweepReport | None:
+    """One reaper sweep (see the module doc). Returns ``None`` when another
+    reaper holds the lock (``force=True`` skips the lock: tests, ``lattice drain``).
+    ``interval_s`` (seconds): how long the lock stays after the sweep (default
+    the settings' reaper interval)."""
+    interval_ms = int(1000 * (interval_s if interval_s is not None else ctx.settings.reaper_interval_seconds))
+    client = await ctx.redis()
+    key = lock_key(ctx.prefix)
+    if not force:
+        if not await client.set(key, ctx.worker_id, nx=True, px=LOCK_HOLD_MS):
+            return None
+    try:
+        report = SweepReport()
+        await _requeue(ctx, report)
+        await _lost_doorbells(ctx, report)
+        return report
+    finally:
+        if not force:
+            try:
+                await client.eval(_RELEASE_TO_INTERVAL, 1, key, ctx.worker_id, max(1, interval_ms))
+            except Exception:
+                logger.warning("could not release the reaper lock", exc_info=True)
+
+
+async def _requeue(ctx: WorkerContext, report: SweepReport) -> None:
+    moved = await ctx.mailbox.requeue_expired(max_attempts=ctx.settings.max_attempts)
+    for message in moved:
+        if message.status == MessageStatus.PENDING:
+            report.requeued.append(message.id)
+            logger.warning(
+                "lease of message %s in %s expired (attempt %d); requeued",
+                message.id,
+                message.to,
+                message.attempts,
+            )
+            try:
+                ctx.ring(message.to)
+            except ValueError:
+                logger.warning("requeued message %s is in %r, not a team mailbox", message.id, message.to)
+        elif message.status == MessageStatus.FAILED:
+            report.failed.append(message.id)
+            try:
+                await fail_exhausted(ctx, message)
+            except Exception:
+                logger.exception("could not report the failure of message %s", message.id)
+
+
+async def fail_exhausted(ctx: WorkerContext, message: TeamMessage) -> WorkItemOutcome:
+    """``message`` failed after ``max_attempts`` expired claims: send the
+    diagnostic upstream, emit ``team_message`` ``failed`` and complete its work
+    item as failed (the lead resumes with the report)."""
+    from .member_run import complete_work_item
+
+    try:
+        team_name, member = split_mailbox_id(message.to)
+    except ValueError:
+        team_name, member = "", message.to
+    failure = {
+        "code": "max_attempts",
+        "message": (
+            f"message {message.id} was claimed {message.attempts} time(s) and each claim's lease expired "
+            f"(the worker died or stalled); max_attempts is {ctx.settings.max_attempts}"
+        ),
+        "error_type": None,
+    }
+    text = f'Work item {message.work_item_id} for member "{member}" failed ({failure["code"]}): {failure["message"]}'
+    report = await ctx.mailbox.send(
+        message.to,
+        message.from_,
+        text,
+        thread_id=message.thread_id,
+        work_item_id=message.work_item_id,
+        reply_to=message.id,
+        metadata={
+            "kind": "failure",
+            "member": member,
+            "status": "failed",
+            "error": failure,
+            "team": team_name,
+        },
+    )
+    failed = message.model_copy(update={"status": MessageStatus.FAILED, "claim_token": None})
+    outcome = WorkItemOutcome(message=failed, status="failed", content=text, error=failure, report=report)
+    link = await ctx.run_of(message.work_item_id)
+    if link is not None:
+        run_id, run_team = link
+        await ctx.emit(
+            run_id,
+            TeamMessageEvent(subtype="failed", team=team_name, message=failed.to_json_dict(), error=failure),
+        )
+        await complete_work_item(ctx, run_id, run_team, message.work_item_id or "", outcome)
+    return outcome
+
+
+async def _published_teams(ctx: WorkerContext) -> set[str]:
+    client = await ctx.redis()
+    names = {str(v) for v in (await client.hvals(teams_key(ctx.prefix))) or []}
+    names.update(ctx.registry.names())
+    return names
+
+
+async def _lost_doorbells(ctx: WorkerContext, report: SweepReport) -> None:
+    teams = await _published_teams(ctx)
+    if not teams:
+        return
+    lease_ms = int(ctx.settings.lease_seconds * 1000)
+    now_ms = int(time.time() * 1000)
+    client = await ctx.redis()
+    for mailbox_id in await ctx.mailbox.mailbox_ids():
+        try:
+            team, member = split_mailbox_id(mailbox_id)
+        except ValueError:
+            continue
+        if member == LEAD or team not in teams:
+            continue
+        oldest = await ctx.mailbox.inbox(mailbox_id, MessageStatus.PENDING, limit=1)
+        if not oldest or oldest[0].created_at > now_ms - lease_ms:
+            continue
+        if await client.set(rung_key(ctx.prefix, mailbox_id), "1", nx=True, px=lease_ms):
+            logger.info(
+                "mailbox %s has waited over a lease with nobody claiming; ringing its doorbell", mailbox_id
+            )
+            ctx.ring(mailbox_id)
+            report.rerung.append(mailbox_id)
+
+
+class Reaper:
+    """A reaper thread: sweeps every ``interval_s`` seconds on its own event
+    loop with its own :class:`WorkerContext` (from ``make_context``, called in
+    the thread)."""
+
+    def __init__(self, make_context: Callable[[], WorkerContext], *, interval_s: float) -> None:
+        if not interval_s or interval_s <= 0:
+            raise ValueError(f"Reaper: interval_s must be a positive number of seconds, got {interval_s!r}")
+        self.make_context = make_context
+        self.interval_s = float(interval_s)
+        self.sweeps = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> threading.Thread:
+        """Start the daemon thread (once)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._main, name="lattice-reaper", daemon=True)
+            self._thread.start()
+        return self._thread
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Ask the thread to stop and wait up to ``timeout`` seconds."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _main(self) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        ctx: Any = None
+        try:
+            ctx = self.make_context()
+            while not self._stop.is_set():
+                try:
+                    if loop.run_until_complete(sweep(ctx, interval_s=self.interval_s)) is not None:
+                        self.sweeps += 1
+                except Exception:
+                    logger.warning("reaper sweep failed", exc_info=True)
+                self._stop.wait(self.interval_s)
+        finally:
+            if ctx is not None:
+                try:
+                    loop.run_until_complete(ctx.runs.aclose())
+                except Exception:
+                    pass
+            loop.close()
+
+
+__all__ = ["LOCK_HOLD_MS", "Reaper", "SweepReport", "fail_exhausted", "lock_key", "rung_key", "sweep"]

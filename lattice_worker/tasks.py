@@ -1,0 +1,73 @@
+"""The Celery tasks: ``lattice.run_lead``, ``lattice.deliver``, ``lattice.resume_lead``.
+
+DESIGN.md section 5 steps 1-6; issue 6 item 3. Each task is a thin
+synchronous wrapper that runs its async body on the worker process's event
+loop (:func:`lattice_worker.loops.run`) with this thread's
+:class:`~lattice_worker.worker_context.WorkerContext`:
+
+* ``lattice.run_lead(run_id)`` -> :func:`lattice_worker.lead_run.run_lead`
+  (only from ``queued``; a duplicate is a no-op);
+* ``lattice.deliver(mailbox_id)`` -> :func:`lattice_worker.member_run.deliver`
+  (the doorbell; nothing to claim is a no-op);
+* ``lattice.resume_lead(run_id)`` -> :func:`lattice_worker.lead_run.resume_lead`
+  (once per suspension).
+
+No task waits for another: each ends after its own step and enqueues the next.
+A Redis connection failure is retried by Celery (every body is idempotent up
+to its first state change). Each task returns a short word saying what
+happened (``"idle"``, ``"skipped"``, ``"suspended"``, ``"done"``...), visible
+in Flower and the worker log.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from lattice_client.celery_config import DELIVER_TASK, RESUME_LEAD_TASK, RUN_LEAD_TASK
+
+from . import lead_run, loops, member_run, process
+from .celery_app import app
+
+logger = logging.getLogger("lattice_worker.tasks")
+
+_RETRY = {
+    "autoretry_for": (RedisConnectionError, RedisTimeoutError),
+    "retry_backoff": True,
+    "retry_backoff_max": 10,
+    "max_retries": 5,
+}
+
+
+def _bad_arg(task: str, name: str, value: object) -> str:
+    logger.error("%s: %s must be a non-empty string, got %r; ignored", task, name, value)
+    return "invalid"
+
+
+@app.task(name=RUN_LEAD_TASK, **_RETRY)
+def run_lead(run_id: str) -> str:
+    """Start the lead of run ``run_id`` (see :func:`lattice_worker.lead_run.run_lead`)."""
+    if not isinstance(run_id, str) or not run_id:
+        return _bad_arg(RUN_LEAD_TASK, "run_id", run_id)
+    return loops.run(lead_run.run_lead(process.context(), run_id))
+
+
+@app.task(name=DELIVER_TASK, **_RETRY)
+def deliver(mailbox_id: str) -> str:
+    """The doorbell of ``mailbox_id`` (see :func:`lattice_worker.member_run.deliver`)."""
+    if not isinstance(mailbox_id, str) or not mailbox_id:
+        return _bad_arg(DELIVER_TASK, "mailbox_id", mailbox_id)
+    return loops.run(member_run.deliver(process.context(), mailbox_id))
+
+
+@app.task(name=RESUME_LEAD_TASK, **_RETRY)
+def resume_lead(run_id: str) -> str:
+    """Resume run ``run_id`` (see :func:`lattice_worker.lead_run.resume_lead`)."""
+    if not isinstance(run_id, str) or not run_id:
+        return _bad_arg(RESUME_LEAD_TASK, "run_id", run_id)
+    return loops.run(lead_run.resume_lead(process.context(), run_id))
+
+
+__all__ = ["deliver", "resume_lead", "run_lead"]

@@ -1,0 +1,221 @@
+"""What the worker-side task bodies share: settings, stores, the team registry,
+and the way to enqueue follow-up tasks.
+
+DESIGN.md section 5. One :class:`WorkerContext` is used per event loop (the
+worker process's loop, or the reaper thread's own loop): the stores it holds
+create their asyncio Redis clients lazily *per loop*, so nothing asyncio is
+shared between loops.
+
+Follow-up tasks go through ``send_task(name, args, queue)`` -- Celery's
+``app.send_task`` in a worker; tests pass a collector and run the bodies
+themselves. Doorbells are ``lattice.deliver(mailbox_id)`` on queue
+``<prefix>.<team>.<member>``; resumes are ``lattice.resume_lead(run_id)`` and
+new (child) runs ``lattice.run_lead(run_id)`` on ``<prefix>.<team>.lead``.
+
+Redis keys owned by the worker side (``P`` = key prefix; run keys share the
+run store's hash tag ``{run:<run_id>}``):
+
+==================================  ======  =====================================
+key                                 type    content
+==================================  ======  =====================================
+``P:run:{run:<id>}:history``        list    the lead's conversation (one JSON message per element)
+``P:run:{run:<id>}:usage``          hash    token usage summed over the run's lead segments
+``P:workitem:<work_item_id>``       string  JSON ``{"run_id", "team"}``: the run waiting for the item
+``P:session:<mailbox_id>``          list    a session member's conversation
+``P:reaper:lock``                   string  the reaper guard (``SET NX PX``)
+``P:reaper:rung:<mailbox_id>``      string  "re-rung recently" marker of the lost-doorbell check
+==================================  ======  =====================================
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from lattice_client.celery_config import DELIVER_TASK, RESUME_LEAD_TASK, RUN_LEAD_TASK, queue_name
+from lattice_client.runs import RunStore
+from lattice_client.settings import LatticeSettings
+
+from .team.ids import split_mailbox_id
+
+logger = logging.getLogger("lattice_worker.runtime")
+
+TaskSender = Callable[[str, list[Any], str], None]
+"""``send_task(task_name, args, queue)``: enqueue one Celery task (sync)."""
+
+RUN_KEY_TTL_SECONDS = 7 * 24 * 3600
+"""How long (seconds) a run's history, usage and work-item links are kept after their last write."""
+
+
+def default_worker_id() -> str:
+    """``"<host>:<pid>:<short random>"`` -- recorded as ``claimed_by`` on claims."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+@dataclass
+class WorkerContext:
+    """Everything a task body needs.
+
+    Attributes:
+        settings: the :class:`~lattice_client.settings.LatticeSettings`.
+        registry: the :class:`~lattice_worker.registry.TeamRegistry` of this process.
+        mailbox: the leased mailbox store (``registry.mailbox``).
+        runs: the :class:`~lattice_client.runs.RunStore`.
+        send_task: how follow-up tasks are enqueued (see :data:`TaskSender`).
+        worker_id: this process's id, recorded on claims.
+    """
+
+    settings: LatticeSettings
+    registry: Any
+    mailbox: Any
+    runs: RunStore
+    send_task: TaskSender
+    worker_id: str = field(default_factory=default_worker_id)
+    _parents: dict[str, tuple[str, str, str] | None] = field(default_factory=dict, repr=False)
+
+    @property
+    def prefix(self) -> str:
+        return self.settings.key_prefix
+
+    # -- keys ---------------------------------------------------------------------------
+
+    def history_key(self, run_id: str) -> str:
+        """The Redis list holding run ``run_id``'s lead conversation."""
+        return f"{self.prefix}:run:{{run:{run_id}}}:history"
+
+    def usage_key(self, run_id: str) -> str:
+        """The Redis hash summing run ``run_id``'s token usage."""
+        return f"{self.prefix}:run:{{run:{run_id}}}:usage"
+
+    def work_item_key(self, work_item_id: str) -> str:
+        """The Redis string linking a work item to its run."""
+        return f"{self.prefix}:workitem:{work_item_id}"
+
+    def session_key(self, mailbox_id: str) -> str:
+        """The Redis list holding a session member's conversation."""
+        return f"{self.prefix}:session:{mailbox_id}"
+
+    async def redis(self) -> Any:
+        """The broker's ``redis.asyncio`` client for the running loop (``decode_responses=True``)."""
+        return await self.runs.redis()
+
+    # -- enqueueing ---------------------------------------------------------------------
+
+    def ring(self, mailbox_id: str) -> None:
+        """Ring the doorbell of ``mailbox_id``: ``lattice.deliver`` on its member queue."""
+        team, member = split_mailbox_id(mailbox_id)
+        self.send_task(DELIVER_TASK, [mailbox_id], queue_name(self.prefix, team, member))
+
+    def enqueue_resume(self, run_id: str, team: str) -> None:
+        """``lattice.resume_lead(run_id)`` on ``team``'s lead queue."""
+        self.send_task(RESUME_LEAD_TASK, [run_id], queue_name(self.prefix, team, "lead"))
+
+    def enqueue_run_lead(self, run_id: str, team: str) -> None:
+        """``lattice.run_lead(run_id)`` on ``team``'s lead queue (child runs)."""
+        self.send_task(RUN_LEAD_TASK, [run_id], queue_name(self.prefix, team, "lead"))
+
+    # -- work item links ----------------------------------------------------------------
+
+    async def link_work_items(self, run_id: str, team: str, work_item_ids: list[str]) -> None:
+        """Remember which run waits for each work item (read by ``deliver`` and the reaper)."""
+        if not work_item_ids:
+            return
+        client = await self.redis()
+        value = json.dumps({"run_id": run_id, "team": team})
+        async with client.pipeline(transaction=False) as pipe:
+            for wid in work_item_ids:
+                pipe.set(self.work_item_key(wid), value, ex=RUN_KEY_TTL_SECONDS)
+            await pipe.execute()
+
+    async def run_of(self, work_item_id: str | None) -> tuple[str, str] | None:
+        """``(run_id, team)`` waiting for ``work_item_id``, or ``None`` (a message
+        that is no run's work item, e.g. a ``team_send`` between members)."""
+        if not work_item_id:
+            return None
+        client = await self.redis()
+        raw = await client.get(self.work_item_key(work_item_id))
+        if not raw:
+            return None
+        try:
+            data = json.loads(raw)
+            return str(data["run_id"]), str(data["team"])
+        except (ValueError, KeyError, TypeError):
+            logger.warning("malformed work item link %s: %r", work_item_id, raw)
+            return None
+
+    # -- events and usage ---------------------------------------------------------------
+
+    async def emit(self, run_id: str, event: Any) -> None:
+        """Append ``event`` (an SDK/team event model or dict) to the run's event
+        stream; for a child run (a nested team) also to every ancestor's stream,
+        wrapped as ``agent_message`` of the member the child run serves.
+        Stream failures are logged, never raised (events are observational)."""
+        data = _event_dict(event)
+        current = run_id
+        depth = 0
+        while current and depth < 16:
+            try:
+                await self.runs.append_event(current, data)
+            except Exception:
+                logger.warning(
+                    "could not append a %s event to run %s", data.get("type"), current, exc_info=True
+                )
+                return
+            parent = await self._parent_of(current)
+            if parent is None:
+                return
+            parent_run, parent_team, member = parent
+            data = {
+                "type": "agent_message",
+                "team": parent_team,
+                "member": member,
+                "mailbox": f"{parent_team}::{member}",
+                "message": data,
+            }
+            current = parent_run
+            depth += 1
+
+    async def _parent_of(self, run_id: str) -> tuple[str, str, str] | None:
+        if run_id in self._parents:
+            return self._parents[run_id]
+        record = await self.runs.get(run_id)
+        link = None
+        if record is not None and record.parent is not None and record.parent.run_id:
+            team, _, member = record.parent.mailbox_id.rpartition("::")
+            link = (record.parent.run_id, team, member)
+        if len(self._parents) > 10_000:
+            self._parents.clear()
+        self._parents[run_id] = link
+        return link
+
+    async def add_usage(self, run_id: str, usage: dict[str, Any] | None) -> dict[str, int]:
+        """Add one lead segment's usage to the run's total; returns the total."""
+        client = await self.redis()
+        key = self.usage_key(run_id)
+        async with client.pipeline(transaction=True) as pipe:
+            for name, value in (usage or {}).items():
+                if isinstance(value, int) and not isinstance(value, bool) and value:
+                    pipe.hincrby(key, name, value)
+            pipe.expire(key, RUN_KEY_TTL_SECONDS)
+            pipe.hgetall(key)
+            out = await pipe.execute()
+        total = out[-1] or {}
+        return {str(k): int(v) for k, v in total.items()}
+
+
+def _event_dict(event: Any) -> dict[str, Any]:
+    if isinstance(event, dict):
+        return event
+    dump = getattr(event, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json")
+    return {"type": "unknown", "value": repr(event)}
+
+
+__all__ = ["RUN_KEY_TTL_SECONDS", "TaskSender", "WorkerContext", "default_worker_id"]

@@ -1,0 +1,232 @@
+"""Teams for the distributed-runtime tests (in-process protocol tests and real workers).
+
+Every model is a *stateless* callable of the request (DESIGN §9), so a run
+can suspend in one process and resume in another. The plan of a run is in its
+prompt, as JSON::
+
+    {"calls": [{"member": "worker", "mode": "handoff", "task": "a"}, ...]}
+
+The lead calls those members in one tool batch; once the results are back it
+answers ``"final: "`` + the answers joined with ``" | "`` (ask results in call
+order, then the handoff reports in handoff order). A plain-text prompt gets a
+direct answer ``"direct: <prompt>"`` with no member call.
+
+Template members (``worker``, ``other``) call the ``work`` tool once with the
+task and then ``team_reply`` with the tool's output. ``work`` records what
+happens in Redis under the test's key prefix (``LATTICE_KEY_PREFIX``):
+
+* ``<prefix>:test:exec:<task>`` -- INCR per execution;
+* ``<prefix>:test:log`` -- RPUSH ``start:<task>`` / ``end:<task>``.
+
+Task words change its behaviour: ``sleep=<s>`` sleeps ``s`` seconds;
+``hang-first`` sleeps 60 s on its first execution only (to be killed);
+``barrier=<n>`` waits (up to 30 s) until ``n`` executions have started;
+``fail`` makes the member end without replying (a no-reply failure).
+
+Teams: ``team`` ("e2e": lead + ``worker`` + ``other``, max 4 concurrent work
+items), ``session_team`` ("e2e_session": member ``clerk`` is a live Agent,
+serial), ``nested_team`` ("e2e_company" whose member ``eng`` is the team
+"e2e_eng" with member ``backend``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import time
+from typing import Any
+
+import redis as redis_sync
+
+from lattice_worker import AssistantModelMessage, ScriptedModelClient, create_agent, define_agent, tool
+from lattice_worker.team import create_team, team_member
+from lattice_worker.team.reports import parse_report_message
+
+
+def _prefix() -> str:
+    return os.environ.get("LATTICE_KEY_PREFIX", "lattice")
+
+
+def _redis() -> redis_sync.Redis:
+    return redis_sync.Redis.from_url(os.environ.get("LATTICE_BROKER_URL", "redis://127.0.0.1:6379/0"))
+
+
+def _tool_use(name: str, inp: dict[str, Any], tid: str) -> dict[str, Any]:
+    return {"type": "tool_use", "id": tid, "name": name, "input": inp}
+
+
+def _text(text: str) -> AssistantModelMessage:
+    return AssistantModelMessage(content=[{"type": "text", "text": text}], stop_reason="end_turn")
+
+
+def _first_text(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    for block in content or []:
+        if block.get("type") == "text":
+            return str(block.get("text", ""))
+    return ""
+
+
+# -- the lead -------------------------------------------------------------------------------
+
+
+def lead_model(request: Any) -> AssistantModelMessage:
+    """Stateless lead: plan from the prompt, then answer from the results."""
+    messages = request.messages
+    prompt = _first_text(messages[0])
+    try:
+        plan = json.loads(prompt)
+    except ValueError:
+        plan = None
+    if not isinstance(plan, dict):
+        return _text(f"direct: {prompt}")
+    if len(messages) == 1:
+        calls = plan.get("calls", [])
+        return AssistantModelMessage(
+            content=[
+                _tool_use(
+                    c["member"],
+                    {"mode": c.get("mode", "handoff"), "task": c["task"]},
+                    f"toolu_{i}_{c['member']}",
+                )
+                for i, c in enumerate(calls)
+            ],
+            stop_reason="tool_use",
+        )
+    answers: list[str] = []
+    for message in messages[1:]:
+        if message.get("role") != "user" or not isinstance(message.get("content"), list):
+            continue
+        entries = parse_report_message(message)
+        if entries:
+            answers += [f"{e['status']}:{e['content']}" for e in entries]
+            continue
+        for block in message["content"]:
+            if block.get("type") == "tool_result":
+                content = block.get("content")
+                text = content if isinstance(content, str) else json.dumps(content)
+                if not text.startswith("{"):  # handoff receipts are JSON; ask answers are text
+                    answers.append(("error:" if block.get("is_error") else "ask:") + text)
+    return _text("final: " + " | ".join(answers))
+
+
+# -- members ----------------------------------------------------------------------------------
+
+
+def _task_of(prompt: str) -> str:
+    # member_prompt() wraps the task: "... from <lead>:\n\n<task>\n\nWhen your work ..."
+    match = re.search(r"from [^\n]+:\n\n(.*?)\n\nWhen your work", prompt, re.S)
+    return match.group(1).strip() if match else prompt.strip()
+
+
+def member_model(request: Any) -> AssistantModelMessage:
+    """Stateless member: ``work`` once, ``team_reply`` with its output, then stop."""
+    messages = request.messages
+    # the conversation of this work item starts at its last plain-text prompt
+    start = max(i for i, m in enumerate(messages) if m.get("role") == "user" and _first_text(m))
+    item = messages[start:]
+    task = _task_of(_first_text(item[0]))
+    if len(item) == 1:
+        return AssistantModelMessage(
+            content=[_tool_use("work", {"task": task}, "toolu_work")], stop_reason="tool_use"
+        )
+    if len(item) == 3:
+        output = item[2]["content"][0].get("content")
+        if "fail" in task.split():
+            return _text(f"I give up on {task}")
+        return AssistantModelMessage(
+            content=[_tool_use("team_reply", {"content": f"{output}"}, "toolu_reply")], stop_reason="tool_use"
+        )
+    return _text("replied")
+
+
+@tool
+async def work(task: str) -> str:
+    """Do the task (records executions in Redis for the tests)."""
+    client = _redis()
+    prefix = _prefix()
+    try:
+        count = client.incr(f"{prefix}:test:exec:{task}")
+        client.rpush(f"{prefix}:test:log", f"start:{task}")
+        words = task.split()
+        for word in words:
+            if word.startswith("sleep="):
+                await asyncio.sleep(float(word.split("=", 1)[1]))
+            if word == "hang-first" and count == 1:
+                await asyncio.sleep(60)
+            if word.startswith("barrier="):
+                want = int(word.split("=", 1)[1])
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:
+                    started = [
+                        x for x in client.lrange(f"{prefix}:test:log", 0, -1) if x.startswith(b"start:")
+                    ]
+                    if len(started) >= want:
+                        break
+                    await asyncio.sleep(0.05)
+        client.rpush(f"{prefix}:test:log", f"end:{task}")
+        return f"worked[{task}]"
+    finally:
+        client.close()
+
+
+def _member_spec(name: str) -> Any:
+    return define_agent(name=name, model_client=ScriptedModelClient(member_model), tools=[work], max_turns=8)
+
+
+def build_team() -> Any:
+    """The "e2e" team: lead + template members ``worker`` and ``other``."""
+    lead = define_agent(name="lead", model_client=ScriptedModelClient(lead_model), max_turns=8)
+    return create_team(
+        name="e2e",
+        lead=lead,
+        members=[
+            team_member(name="worker", agent=_member_spec("worker"), role="executor"),
+            team_member(name="other", agent=_member_spec("other"), role="executor"),
+        ],
+        runner={"max_concurrent_work_items": 4},
+    )
+
+
+def build_session_team() -> Any:
+    """The "e2e_session" team: member ``clerk`` is a live Agent (a session member)."""
+    lead = define_agent(name="lead", model_client=ScriptedModelClient(lead_model), max_turns=8)
+    clerk = create_agent(
+        name="clerk", model_client=ScriptedModelClient(member_model), tools=[work], max_turns=8
+    )
+    return create_team(
+        name="e2e_session",
+        lead=lead,
+        members=[team_member(name="clerk", agent=clerk)],
+        runner={"max_concurrent_work_items": 4},
+    )
+
+
+def build_nested_team() -> Any:
+    """ "e2e_company" (lead + member ``eng``) where ``eng`` is the team "e2e_eng"
+    (lead + template member ``backend``). The company lead's task for ``eng``
+    is itself a plan the engineering lead follows."""
+    eng = create_team(
+        name="e2e_eng",
+        lead=define_agent(name="eng-lead", model_client=ScriptedModelClient(lead_model), max_turns=8),
+        members=[team_member(name="backend", agent=_member_spec("backend"))],
+    )
+    return create_team(
+        name="e2e_company",
+        lead=define_agent(name="ceo", model_client=ScriptedModelClient(lead_model), max_turns=8),
+        members=[team_member(name="eng", agent=eng, role="head")],
+    )
+
+
+team = build_team()
+session_team = build_session_team()
+nested_team = build_nested_team()
+
+
+def plan(*calls: tuple[str, str, str]) -> str:
+    """A run prompt: ``plan(("worker", "handoff", "task a"), ...)``."""
+    return json.dumps({"calls": [{"member": m, "mode": mode, "task": t} for m, mode, t in calls]})

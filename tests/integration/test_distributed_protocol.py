@@ -1,0 +1,383 @@
+"""The distributed runtime's suspend/resume protocol, in-process, against the real Redis.
+
+The task *bodies* (``lead_run.run_lead``, ``member_run.deliver``,
+``lead_run.resume_lead``) run in the test's event loop; the tasks they would
+enqueue are collected by a fake sender and run by the test ("the broker"), in
+order or concurrently. Every test has its own key prefix; its keys are deleted
+afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from typing import Any
+
+import pytest
+import redis
+
+from lattice_client.celery_config import DELIVER_TASK, RESUME_LEAD_TASK, RUN_LEAD_TASK
+from lattice_client.runs import RunStore
+from lattice_client.settings import get_settings
+from lattice_mailbox.redis import RedisMailbox
+from lattice_worker import lead_run, member_run, reaper
+from lattice_worker.errors import ConfigError
+from lattice_worker.registry import TeamRegistry
+from lattice_worker.team.reports import parse_report_message
+from lattice_worker.worker_context import WorkerContext
+from tests.e2e import teams
+from tests.e2e.teams import plan
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+@pytest.fixture
+def prefix(monkeypatch):
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    monkeypatch.setenv("LATTICE_KEY_PREFIX", name)
+    yield name
+    sync = redis.Redis.from_url(REDIS_URL)
+    try:
+        keys = list(sync.scan_iter(match=f"{name}:*", count=1000))
+        if keys:
+            sync.delete(*keys)
+    finally:
+        sync.close()
+
+
+@pytest.fixture
+def raw():
+    sync = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    yield sync
+    sync.close()
+
+
+class Broker:
+    """Collects the tasks the bodies enqueue and runs them."""
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        self.ctx = ctx
+        self.queue: list[tuple[str, list[Any], str]] = []
+        self.log: list[tuple[str, Any, str]] = []
+
+    def send(self, name: str, args: list[Any], queue: str) -> None:
+        self.queue.append((name, args, queue))
+
+    async def run_one(self, name: str, args: list[Any]) -> str:
+        if name == RUN_LEAD_TASK:
+            out = await lead_run.run_lead(self.ctx, args[0])
+        elif name == DELIVER_TASK:
+            out = await member_run.deliver(self.ctx, args[0])
+        elif name == RESUME_LEAD_TASK:
+            out = await lead_run.resume_lead(self.ctx, args[0])
+        else:  # pragma: no cover
+            raise AssertionError(name)
+        self.log.append((name, args[0], out))
+        return out
+
+    async def drain(self, *, concurrent: bool = False, limit: int = 200) -> None:
+        """Run queued tasks until none is left (all of a wave at once when ``concurrent``)."""
+        for _ in range(limit):
+            if not self.queue:
+                return
+            if concurrent:
+                wave, self.queue = self.queue, []
+                await asyncio.gather(*(self.run_one(n, a) for n, a, _ in wave))
+            else:
+                name, args, _ = self.queue.pop(0)
+                await self.run_one(name, args)
+        raise AssertionError("tasks kept coming")
+
+
+@pytest.fixture
+async def env(prefix):
+    settings = get_settings(key_prefix=prefix, lease_seconds=5, max_attempts=2, reaper_interval_seconds=0.2)
+    mailbox = RedisMailbox(REDIS_URL, prefix=prefix)
+    registry = TeamRegistry(mailbox)
+    for ref in ("tests.e2e.teams:team", "tests.e2e.teams:session_team", "tests.e2e.teams:nested_team"):
+        registry.load(ref)
+    runs = RunStore(REDIS_URL, prefix)
+    ctx = WorkerContext(
+        settings=settings, registry=registry, mailbox=mailbox, runs=runs, send_task=lambda *a: None
+    )
+    broker = Broker(ctx)
+    ctx.send_task = broker.send
+    yield ctx, broker
+    await runs.aclose()
+    await mailbox.aclose()
+
+
+async def submit(ctx: WorkerContext, broker: Broker, team: str, prompt: str) -> str:
+    run_id = f"run_{uuid.uuid4().hex[:10]}"
+    await ctx.runs.create(run_id, team, prompt)
+    broker.send(RUN_LEAD_TASK, [run_id], f"{ctx.prefix}.{team}.lead")
+    return run_id
+
+
+def executions(raw: redis.Redis, prefix: str, task: str) -> int:
+    return int(raw.get(f"{prefix}:test:exec:{task}") or 0)
+
+
+async def all_messages(ctx: WorkerContext, team: str) -> list[Any]:
+    out = []
+    for box in await ctx.mailbox.mailbox_ids(f"{team}::"):
+        out += await ctx.mailbox.inbox(box, "all")
+    return out
+
+
+async def test_handoffs_suspend_then_resume_with_reports_in_handoff_order(env, raw, prefix):
+    ctx, broker = env
+    run_id = await submit(ctx, broker, "e2e", plan(("worker", "handoff", "a"), ("other", "handoff", "b")))
+    name, args, _ = broker.queue.pop(0)
+    assert await broker.run_one(name, args) == "suspended"
+    record = await ctx.runs.get(run_id)
+    assert record.status.value == "suspended"
+    # both doorbells rung, on the members' own queues; no resume yet
+    assert sorted((n, q) for n, _, q in broker.queue) == [
+        (DELIVER_TASK, f"{prefix}.e2e.other"),
+        (DELIVER_TASK, f"{prefix}.e2e.worker"),
+    ]
+    await broker.drain()
+    record = await ctx.runs.get(run_id)
+    assert record.status.value == "completed"
+    assert record.result.result == "final: done:worked[a] | done:worked[b]"
+    # the lead saw one report message with both reports, in handoff order
+    history = [json.loads(x) for x in raw.lrange(ctx.history_key(run_id), 0, -1)]
+    reports = [parse_report_message(m) for m in history if parse_report_message(m)]
+    assert [[e["member"] for e in r] for r in reports] == [["worker", "other"]]
+    # every message of the run is done (tasks, replies consumed by the lead)
+    assert {m.status.value for m in await all_messages(ctx, "e2e")} == {"done"}
+    assert [n for n, _, _ in broker.log].count(RESUME_LEAD_TASK) == 1
+    # the event stream carries team events and ends with the run_result
+    events = [e for _, e in await ctx.runs.events(run_id, count=1000)]
+    types = [e["type"] for e in events]
+    assert types[-1] == "run_result" and types[-2] == "result"
+    assert {"team_message", "team_agent", "agent_message", "assistant", "run_status"} <= set(types)
+
+
+async def test_ask_result_fills_the_tool_result(env, raw, prefix):
+    ctx, broker = env
+    run_id = await submit(ctx, broker, "e2e", plan(("worker", "ask", "q1"), ("other", "handoff", "h1")))
+    await broker.drain()
+    record = await ctx.runs.get(run_id)
+    assert record.result.result == "final: ask:worked[q1] | done:worked[h1]"
+    history = [json.loads(x) for x in raw.lrange(ctx.history_key(run_id), 0, -1)]
+    ask_blocks = [
+        b
+        for m in history
+        if m["role"] == "user" and isinstance(m["content"], list)
+        for b in m["content"]
+        if b.get("type") == "tool_result" and b["tool_use_id"] == "toolu_0_worker"
+    ]
+    assert [b["content"] for b in ask_blocks] == ["worked[q1]"]
+    assert "lattice: member" not in json.dumps(history)  # no placeholder left
+
+
+async def test_failed_member_is_isolated_and_reported(env, raw, prefix):
+    ctx, broker = env
+    run_id = await submit(
+        ctx, broker, "e2e", plan(("worker", "handoff", "x fail"), ("other", "handoff", "ok"))
+    )
+    await broker.drain()
+    record = await ctx.runs.get(run_id)
+    assert record.status.value == "completed"
+    assert record.result.result.startswith("final: failed:")
+    assert record.result.result.endswith("| done:worked[ok]")
+    statuses = {m.content.split()[0]: m.status.value for m in await ctx.mailbox.inbox("e2e::worker", "all")}
+    assert statuses == {"x": "failed"}
+
+
+async def test_members_run_concurrently_and_the_last_completion_resumes_once(env, raw, prefix):
+    ctx, broker = env
+    run_id = await submit(
+        ctx, broker, "e2e", plan(*[("worker", "handoff", f"t{i} sleep=0.05") for i in range(4)])
+    )
+    await broker.drain(concurrent=True)
+    record = await ctx.runs.get(run_id)
+    assert record.status.value == "completed"
+    assert record.result.result.count("done:") == 4
+    assert [n for n, _, _ in broker.log].count(RESUME_LEAD_TASK) == 1
+    log = raw.lrange(f"{prefix}:test:log", 0, -1)
+    # all four started before the first ended: they overlapped
+    assert [x.split(":")[0] for x in log[:4]] == ["start"] * 4
+
+
+async def test_max_concurrent_work_items_bounds_dispatch(env, raw, prefix):
+    ctx, broker = env
+    team = ctx.registry.get("e2e")
+    object.__setattr__(team.runner_options, "max_concurrent_work_items", 1)
+    try:
+        run_id = await submit(ctx, broker, "e2e", plan(("worker", "handoff", "a"), ("other", "handoff", "b")))
+        name, args, _ = broker.queue.pop(0)
+        await broker.run_one(name, args)
+        assert [q for _, _, q in broker.queue] == [f"{prefix}.e2e.worker"]  # only the first may start
+        await broker.drain(concurrent=True)
+    finally:
+        object.__setattr__(team.runner_options, "max_concurrent_work_items", 4)
+    record = await ctx.runs.get(run_id)
+    assert record.result.result == "final: done:worked[a] | done:worked[b]"
+    assert raw.lrange(f"{prefix}:test:log", 0, -1) == ["start:a", "end:a", "start:b", "end:b"]
+
+
+async def test_duplicate_doorbells_and_tasks_never_execute_twice(env, raw, prefix):
+    ctx, broker = env
+    run_id = await submit(ctx, broker, "e2e", plan(("worker", "handoff", "once")))
+    # duplicate run_lead
+    broker.queue.append(broker.queue[0])
+    await broker.drain()
+    record = await ctx.runs.get(run_id)
+    assert record.status.value == "completed"
+    # more doorbells and a duplicated resume afterwards: all no-ops
+    assert await member_run.deliver(ctx, "e2e::worker") == "idle"
+    assert await lead_run.resume_lead(ctx, run_id) == "skipped"
+    assert await lead_run.run_lead(ctx, run_id) == "skipped"
+    assert executions(raw, prefix, "once") == 1
+    outcomes = [out for n, _, out in broker.log if n == RUN_LEAD_TASK]
+    assert sorted(outcomes) == ["skipped", "suspended"]
+
+
+async def test_cancelled_run_messages_are_cancelled_not_run(env, raw, prefix):
+    ctx, broker = env
+    run_id = await submit(ctx, broker, "e2e", plan(("worker", "handoff", "never")))
+    name, args, _ = broker.queue.pop(0)
+    await broker.run_one(name, args)
+    await ctx.runs.cancel(run_id)  # the client also cancels the messages; here the worker must
+    await broker.drain()
+    assert executions(raw, prefix, "never") == 0
+    [message] = await ctx.mailbox.inbox("e2e::worker", "all")
+    assert message.status.value == "cancelled"
+    assert (await ctx.runs.get(run_id)).status.value == "cancelled"
+    assert await lead_run.resume_lead(ctx, run_id) == "skipped"
+
+
+async def test_session_member_is_serial_and_keeps_its_history(env, raw, prefix):
+    ctx, broker = env
+    run_id = await submit(
+        ctx, broker, "e2e_session", plan(("clerk", "handoff", "one sleep=0.05"), ("clerk", "handoff", "two"))
+    )
+    await broker.drain(concurrent=True)
+    record = await ctx.runs.get(run_id)
+    assert record.result.result == "final: done:worked[one sleep=0.05] | done:worked[two]"
+    assert raw.lrange(f"{prefix}:test:log", 0, -1) == [
+        "start:one sleep=0.05",
+        "end:one sleep=0.05",
+        "start:two",
+        "end:two",
+    ]
+    # the session's conversation holds both work items, persisted per mailbox
+    session = [json.loads(x) for x in raw.lrange(ctx.session_key("e2e_session::clerk"), 0, -1)]
+    prompts = [m for m in session if m["role"] == "user" and isinstance(m["content"], str)]
+    assert len(prompts) == 2
+
+
+async def test_nested_team_runs_as_a_child_run_and_replies_upstream(env, raw, prefix):
+    ctx, broker = env
+    inner = plan(("backend", "handoff", "build api"))
+    run_id = await submit(ctx, broker, "e2e_company", plan(("eng", "handoff", inner)))
+    await broker.drain()
+    record = await ctx.runs.get(run_id)
+    assert record.status.value == "completed"
+    assert record.result.result == "final: done:final: done:worked[build api]"
+    children = [r for r in await ctx.runs.list_runs("e2e_eng")]
+    assert len(children) == 1 and children[0].parent.run_id == run_id
+    assert children[0].status.value == "completed"
+    # the child's events also reach the root run's stream, wrapped
+    events = [e for _, e in await ctx.runs.events(run_id, count=1000)]
+    wrapped = [e for e in events if e["type"] == "agent_message" and e["member"] == "eng"]
+    assert any(
+        e["message"]["type"] == "result" and e["message"]["result"].startswith("final:") for e in wrapped
+    )
+    assert {m.status.value for m in await all_messages(ctx, "e2e_company")} == {"done"}
+
+
+async def test_expired_lease_is_requeued_and_past_max_attempts_fails_upstream(env, raw, prefix):
+    ctx, broker = env
+    run_id = await submit(ctx, broker, "e2e", plan(("worker", "handoff", "lost")))
+    name, args, _ = broker.queue.pop(0)
+    await broker.run_one(name, args)
+    broker.queue.clear()
+    # two workers "die" right after claiming (max_attempts=2)
+    for attempt in (1, 2):
+        claimed = await ctx.mailbox.claim_next("e2e::worker", lease_s=0.05, worker_id=f"dead-{attempt}")
+        assert claimed.attempts == attempt
+        await asyncio.sleep(0.1)
+        report = await reaper.sweep(ctx, force=True)
+        if attempt == 1:
+            assert report.requeued == [claimed.id]
+            assert [q for _, _, q in broker.queue] == [f"{prefix}.e2e.worker"]  # doorbell rung
+            broker.queue.clear()
+        else:
+            assert report.failed == [claimed.id]
+    # the work item failed with a diagnostic upstream and the lead resumed
+    assert [n for n, _, _ in broker.queue] == [RESUME_LEAD_TASK]
+    await broker.drain()
+    record = await ctx.runs.get(run_id)
+    assert record.status.value == "completed"
+    assert record.result.result.startswith("final: failed:")
+    assert "max_attempts" in record.result.result
+    [message] = await ctx.mailbox.inbox("e2e::worker", "all")
+    assert message.status.value == "failed" and message.attempts == 2
+    assert executions(raw, prefix, "lost") == 0
+
+
+async def test_reaper_rerings_a_lost_doorbell_once_per_lease(env, raw, prefix):
+    ctx, broker = env
+    ctx.settings = ctx.settings.with_overrides(lease_seconds=0.1)
+    await ctx.mailbox.send("e2e::lead", "e2e::worker", "orphan")
+    await asyncio.sleep(0.15)
+    first = await reaper.sweep(ctx, force=True)
+    second = await reaper.sweep(ctx, force=True)
+    assert first.rerung == ["e2e::worker"]
+    assert second.rerung == []
+    assert [(n, a) for n, a, _ in broker.queue] == [(DELIVER_TASK, ["e2e::worker"])]
+
+
+async def test_only_one_reaper_sweeps_at_a_time(env, prefix):
+    ctx, _ = env
+    other = WorkerContext(
+        settings=ctx.settings,
+        registry=ctx.registry,
+        mailbox=ctx.mailbox,
+        runs=ctx.runs,
+        send_task=ctx.send_task,
+    )
+    results = await asyncio.gather(reaper.sweep(ctx, interval_s=5), reaper.sweep(other, interval_s=5))
+    assert sorted(r is None for r in results) == [False, True]
+    # the lock stays for the interval: the next sweep is refused too
+    assert await reaper.sweep(ctx, interval_s=5) is None
+
+
+async def test_registry_refuses_a_live_agent_lead():
+    from lattice_worker import ScriptedModelClient, create_agent
+    from lattice_worker.team import create_team
+
+    team = create_team(name="live_lead", lead=create_agent(model_client=ScriptedModelClient([])))
+    registry = TeamRegistry(object())
+    with pytest.raises(ConfigError, match="lead must be an AgentSpec"):
+        registry.add(team)
+
+
+async def test_registry_loads_nested_teams_and_lists_queues(env, prefix):
+    ctx, _ = env
+    registry = ctx.registry
+    assert {"e2e", "e2e_session", "e2e_company", "e2e_eng"} <= set(registry.names())
+    assert registry.get("e2e").mailbox is ctx.mailbox
+    assert teams.team.mailbox is not ctx.mailbox  # the definition itself is untouched
+    reg = TeamRegistry(ctx.mailbox)
+    reg.load("tests.e2e.teams:nested_team")
+    assert reg.queues("p") == [
+        "p.e2e_company.lead",
+        "p.e2e_company.eng",
+        "p.e2e_eng.lead",
+        "p.e2e_eng.backend",
+    ]
+    assert reg.queues("p", ["lead"]) == ["p.e2e_company.lead", "p.e2e_eng.lead"]
+    with pytest.raises(ConfigError, match="unknown member"):
+        reg.queues("p", ["nobody"])
+    with pytest.raises(ConfigError, match="cannot import"):
+        reg.load("no_such_module_xyz:team")
+    with pytest.raises(ConfigError, match="unknown team"):
+        reg.load("not-registered")
