@@ -1,0 +1,221 @@
+"""The ``lattice`` client commands against the real Redis (typer's CliRunner).
+
+Each test uses its own ``test-<uuid>`` key prefix (``--key-prefix``) and deletes
+every key under it afterwards. The tests play the worker's part through the
+RunStore and the RedisMailbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+
+import pytest
+import redis
+from typer.testing import CliRunner
+
+from lattice_client.cli import EXIT_ERROR, EXIT_TIMEOUT, app
+from lattice_client.models import RunResult
+from lattice_client.runs import RunStore
+from lattice_mailbox import RedisMailbox
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+runner = CliRunner()
+
+
+@pytest.fixture
+def prefix():
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    yield name
+    sync = redis.Redis.from_url(REDIS_URL)
+    try:
+        keys = list(sync.scan_iter(match=f"{name}:*", count=1000))
+        if keys:
+            sync.delete(*keys)
+    finally:
+        sync.close()
+
+
+def lattice(prefix: str, *args: str):
+    result = runner.invoke(
+        app, ["--broker-url", REDIS_URL, "--key-prefix", prefix, *args], env={"COLUMNS": "200"}
+    )
+    assert "Traceback" not in result.output, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    return result
+
+
+def in_store(prefix: str, fn) -> None:
+    async def go() -> None:
+        store = RunStore(REDIS_URL, prefix=prefix)
+        try:
+            await fn(store)
+        finally:
+            await store.aclose()
+
+    asyncio.run(go())
+
+
+def later(prefix: str, fn, delay: float = 0.3) -> threading.Thread:
+    def main() -> None:
+        time.sleep(delay)
+        in_store(prefix, fn)
+
+    thread = threading.Thread(target=main, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_submit_prints_the_run_id_and_enqueues_the_lead_task(prefix):
+    result = lattice(
+        prefix, "submit", "example", "look for lease", "--run-id", "cli-run-1", "--metadata", '{"k": 1}'
+    )
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == "cli-run-1"
+    raw = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        [message] = [json.loads(m) for m in raw.lrange(f"{prefix}:{prefix}.example.lead", 0, -1)]
+        assert message["headers"]["task"] == "lattice.run_lead"
+        assert raw.hget(f"{prefix}:run:{{run:cli-run-1}}", "metadata") == '{"k":1}'
+    finally:
+        raw.close()
+    again = lattice(prefix, "submit", "example", "again", "--run-id", "cli-run-1")
+    assert again.exit_code == EXIT_ERROR
+    assert "already exists" in again.output
+
+
+def test_submit_wait_prints_the_result(prefix):
+    def finish_when_submitted() -> None:
+        async def go(store: RunStore) -> None:
+            for _ in range(200):
+                if await store.get("cli-run-2") is not None:
+                    break
+                await asyncio.sleep(0.02)
+            await store.finish(
+                "cli-run-2", RunResult(run_id="cli-run-2", status="completed", result="The answer is 42")
+            )
+
+        in_store(prefix, go)
+
+    thread = threading.Thread(target=finish_when_submitted, daemon=True)
+    thread.start()
+    result = lattice(
+        prefix, "submit", "example", "question", "--run-id", "cli-run-2", "--wait", "--timeout", "20"
+    )
+    thread.join(5)
+    assert result.exit_code == 0, result.output
+    assert "The answer is 42" in result.stdout
+    assert "completed" in result.stdout
+
+
+def test_wait_exit_codes_follow_the_run(prefix):
+    lattice(prefix, "submit", "example", "q", "--run-id", "r-ok")
+    lattice(prefix, "submit", "example", "q", "--run-id", "r-fail")
+    lattice(prefix, "submit", "example", "q", "--run-id", "r-slow")
+
+    async def finish(store: RunStore) -> None:
+        await store.finish("r-ok", RunResult(run_id="r-ok", status="completed", result="fine"))
+        await store.finish("r-fail", RunResult(run_id="r-fail", status="failed", error="member crashed"))
+
+    later(prefix, finish, delay=0).join(10)
+    ok = lattice(prefix, "wait", "r-ok", "--json")
+    assert ok.exit_code == 0
+    assert json.loads(ok.stdout)["result"] == "fine"
+    failed = lattice(prefix, "wait", "r-fail")
+    assert failed.exit_code == EXIT_ERROR
+    assert "member crashed" in failed.stdout
+    slow = lattice(prefix, "wait", "r-slow", "--timeout", "0.3")
+    assert slow.exit_code == EXIT_TIMEOUT
+    assert "did not finish within 0.3 s" in slow.output
+    missing = lattice(prefix, "wait", "nope")
+    assert missing.exit_code == EXIT_ERROR
+    assert [line for line in missing.output.splitlines() if line.startswith("error:")] == [
+        "error: run 'nope' not found"
+    ]
+
+
+def test_events_streams_json_lines_until_the_result(prefix):
+    lattice(prefix, "submit", "example", "q", "--run-id", "r-ev")
+
+    async def play(store: RunStore) -> None:
+        await store.append_event("r-ev", {"type": "team_message", "subtype": "accepted"})
+        await store.finish("r-ev", RunResult(run_id="r-ev", status="completed", result="done"))
+
+    later(prefix, play, delay=0.2)
+    result = lattice(prefix, "events", "r-ev", "--timeout", "20")
+    assert result.exit_code == 0, result.output
+    events = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [e["type"] for e in events] == ["team_message", "run_result"]
+
+
+def test_status_inbox_and_cancel(prefix):
+    lattice(prefix, "submit", "example", "q", "--run-id", "r-c")
+    ids: list[str] = []
+
+    async def delegate(store: RunStore) -> None:
+        mailbox = RedisMailbox(REDIS_URL, prefix=prefix)
+        try:
+            for n in range(2):
+                m = await mailbox.send(
+                    "example::lead", "example::searcher", f"search part {n}", work_item_id=f"w{n}"
+                )
+                ids.append(m.id)
+            await store.set_status("r-c", "running")
+            items = [
+                {
+                    "work_item_id": f"w{n}",
+                    "message_id": ids[n],
+                    "mailbox_id": "example::searcher",
+                    "member": "searcher",
+                }
+                for n in range(2)
+            ]
+            await store.add_items("r-c", items, max_active=2)
+            await store.suspend("r-c")
+        finally:
+            await mailbox.aclose()
+
+    in_store(prefix, delegate)
+    status = lattice(prefix, "status", "example")
+    assert status.exit_code == 0, status.output
+    assert "example::searcher" in status.stdout and "r-c" in status.stdout and "suspended" in status.stdout
+    as_json = json.loads(lattice(prefix, "status", "example", "--json").stdout)
+    assert as_json["mailboxes"]["example::searcher"]["pending"] == 2
+    inbox = lattice(prefix, "inbox", "example::searcher")
+    assert inbox.exit_code == 0
+    assert "search part 0" in inbox.stdout and "search part 1" in inbox.stdout
+    cancel = lattice(prefix, "cancel", "r-c")
+    assert cancel.exit_code == 0, cancel.output
+    assert "2 message(s) cancelled" in cancel.stdout
+    assert "no pending messages" in lattice(prefix, "inbox", "example::searcher").stdout
+    cancelled = json.loads(
+        lattice(prefix, "inbox", "example::searcher", "--status", "cancelled", "--json").stdout
+    )
+    assert sorted(m["id"] for m in cancelled) == sorted(ids)
+    waited = lattice(prefix, "wait", "r-c")
+    assert waited.exit_code == EXIT_ERROR and "cancelled" in waited.stdout
+    again = lattice(prefix, "cancel", "r-c")  # idempotent
+    assert again.exit_code == 0 and "0 message(s) cancelled" in again.stdout
+    assert again.stdout.count("already cancelled") == 2
+    missing = lattice(prefix, "cancel", "nope")
+    assert missing.exit_code == EXIT_ERROR and "error: run 'nope' not found" in missing.output
+
+
+def test_another_prefix_sees_nothing(prefix):
+    lattice(prefix, "submit", "example", "q", "--run-id", "mine")
+    other = f"{prefix}-x"
+    try:
+        result = lattice(other, "wait", "mine", "--timeout", "0")
+        assert result.exit_code == EXIT_ERROR and "not found" in result.output
+        assert "no runs yet" in lattice(other, "status").stdout
+    finally:
+        sync = redis.Redis.from_url(REDIS_URL)
+        keys = list(sync.scan_iter(match=f"{other}:*"))
+        if keys:
+            sync.delete(*keys)
+        sync.close()
