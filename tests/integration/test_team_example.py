@@ -1,0 +1,112 @@
+"""The example team (examples/team.py) end to end on MemoryMailbox and RedisMailbox.
+
+Spec: AgentLattice "Mailbox team"; the issue's example item (a lead and two
+members with real tools over a directory the caller names). Offline: the
+scripted model drives the flow, the tools really read the files.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from examples import team as example
+from lattice_mailbox import MemoryMailbox, MessageStatus
+from lattice_worker import ScriptedModelClient
+
+REDIS_URL = os.environ.get("LATTICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+STORES = [pytest.param("memory", id="memory"), pytest.param("redis", id="redis", marks=pytest.mark.redis)]
+
+
+@pytest.fixture(params=STORES)
+async def mailbox(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    if request.param == "memory":
+        yield MemoryMailbox()
+        return
+    from lattice_mailbox.redis import RedisMailbox
+
+    prefix = f"test-{uuid.uuid4().hex}"
+    store = RedisMailbox(REDIS_URL, prefix=prefix)
+    try:
+        yield store
+    finally:
+        client = store.client()
+        keys = [k async for k in client.scan_iter(match=f"{prefix}:*", count=1000)]
+        if keys:
+            await client.delete(*keys)
+        await store.aclose()
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.py").write_text("import os\nimport sys\nprint('hi')\n")  # 3 lines, 2 x import
+    (tmp_path / "src" / "b.py").write_text("x = 1  # important, not a match\n")  # 1 line, 0 x import
+    (tmp_path / "notes.md").write_text("Import the data.\n\nThen import more.\nEnd\n")  # 4 lines, 2 x import
+    (tmp_path / "blob.bin").write_bytes(b"\0\1import\0")  # binary: skipped
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "config").write_text("import import import\n")  # hidden: skipped
+    return tmp_path
+
+
+def test_tools_read_the_real_files(tree: Path) -> None:
+    assert example.search_directory(str(tree), "import") == {
+        "files_searched": 3,
+        "total_matches": 4,
+        "matches": {"notes.md": 2, str(Path("src") / "a.py"): 2},
+    }
+    counted = example.count_directory_lines(str(tree))
+    assert counted["total_lines"] == 8 and counted["files_counted"] == 3
+    assert counted["largest"][0] == ["notes.md", 4]
+
+
+async def test_demo_team_hands_off_to_both_members_and_reports_real_numbers(mailbox: Any, tree: Path) -> None:
+    client = ScriptedModelClient(example.scripted_demo_model)
+    demo = example.build_team(mailbox=mailbox, model_client=client)
+    assert [m.name for m in demo.members] == ["searcher", "counter"]
+    assert demo.lead_spec is not None and all(m.kind == "spec" for m in demo.members)
+    events: list[Any] = []
+    result = await example.run(str(tree), "import", team=demo, on_event=events.append)
+
+    assert result.subtype == "success"
+    assert '"import" occurs 4 times in 2 of 3 text files' in result.result
+    assert "8 lines in 3 text files" in result.result
+    assert result.result.index("searcher") < result.result.index("counter")  # handoff order
+
+    tools_called = [
+        block["name"]
+        for e in events
+        if e.type == "agent_message" and e.message["type"] == "assistant"
+        for block in e.message["message"]["content"]
+        if block["type"] == "tool_use"
+    ]
+    assert sorted(tools_called) == ["count_lines", "search_files", "team_reply", "team_reply"]
+    for member in ("searcher", "counter"):
+        (task,) = await mailbox.inbox(f"demo::{member}", "all")
+        assert task.status == MessageStatus.DONE and str(tree) in task.content
+    lead_requests = [r for r in client.requests if "searcher" in {t["name"] for t in r.tools}]
+    assert len(lead_requests) == 2  # one handoff batch, then the summary once both reports are in
+
+
+async def test_demo_team_reports_a_bad_directory_as_a_member_error(mailbox: Any, tmp_path: Path) -> None:
+    demo = example.build_team(mailbox=mailbox, model_client=ScriptedModelClient(example.scripted_demo_model))
+    result = await demo.prompt(example.demo_prompt(str(tmp_path / "missing"), "x"), stream=False)
+    assert result.subtype == "success"
+    assert "search_files failed" in result.result and "not a directory" in result.result
+
+
+def test_module_level_team_and_cli(
+    tree: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    monkeypatch.delenv("DEEPSEEK_API_KEY", raising=False)
+    assert example.team.name == "demo" and isinstance(example.team.mailbox, MemoryMailbox)
+    assert example.main([str(tree), "--word", "import"]) == 0
+    out = capsys.readouterr().out
+    assert "scripted (offline)" in out and "8 lines in 3 text files" in out
+    assert example.main([str(tree / "nope")]) == 2
