@@ -1,0 +1,46 @@
+-- claim_next.lua: move the oldest pending message of one mailbox to processing.
+--
+-- KEYS[1]  <prefix>:{tag}:name           string: the mailbox id owning this tag
+-- KEYS[2]  <prefix>:{tag}:q:pending      zset: pending ids by sequence
+-- KEYS[3]  <prefix>:{tag}:q:processing   zset: processing ids by sequence
+-- KEYS[4]  <prefix>:{tag}:leases         zset: leased ids by lease_until (ms)
+-- KEYS[5]  <prefix>:{tag}:body           hash: id -> body JSON
+-- KEYS[6]  <prefix>:{tag}:state          hash: id -> state JSON
+-- ARGV[1]  mailbox id (must own the tag)
+-- ARGV[2]  lease in milliseconds, or "" for a claim that never expires
+-- ARGV[3]  worker id, or ""
+-- ARGV[4]  new claim token
+-- ARGV[5]  max in flight, or "" for no limit
+--
+-- Returns  {"OK", id, body JSON, state JSON}  (lease_until from the server clock, TIME)
+-- Codes    {"EMPTY"}     nothing pending (or no message was ever sent to this mailbox id)
+--          {"AT_LIMIT"}  the mailbox already has max-in-flight messages in processing
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return {'EMPTY'}
+end
+if ARGV[5] ~= '' and redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[5]) then
+  return {'AT_LIMIT'}
+end
+local head = redis.call('ZPOPMIN', KEYS[2])
+if #head == 0 then
+  return {'EMPTY'}
+end
+local id = head[1]
+local st = cjson.decode(redis.call('HGET', KEYS[6], id))
+st.s = 'processing'
+st.a = st.a + 1
+st.f = ARGV[4]
+st.w = nil
+if ARGV[3] ~= '' then
+  st.w = ARGV[3]
+end
+st.l = nil
+if ARGV[2] ~= '' then
+  local t = redis.call('TIME')
+  st.l = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[2])
+  redis.call('ZADD', KEYS[4], st.l, id)
+end
+redis.call('ZADD', KEYS[3], st.q, id)
+local enc = cjson.encode(st)
+redis.call('HSET', KEYS[6], id, enc)
+return {'OK', id, redis.call('HGET', KEYS[5], id), enc}

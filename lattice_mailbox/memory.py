@@ -1,0 +1,312 @@
+"""``MemoryMailbox``: the embedded, in-process mailbox store (the default).
+
+Spec: AgentLattice "Durable mailbox storage" (``createMemoryMailbox``); leases
+and fencing from DESIGN.md section 5. Every operation is one critical section
+with no ``await`` inside, guarded by a ``threading.Lock``, so it is safe under
+asyncio concurrency and when called from several threads. Nothing survives the
+process.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from .base import ClaimMissingError, ClaimTakenError
+from .message import MessageStatus, TeamMessage
+from .transitions import ALLOWED, check_transition, invalid_transition
+from .validation import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    check_limit,
+    check_max_message_bytes,
+    check_name,
+    check_now_ms,
+    check_optional_name,
+    check_positive_int,
+    check_send,
+    check_status_filter,
+    check_token,
+    lease_ms,
+    message_id_tag,
+    new_message_id,
+    new_token,
+    now_ms,
+)
+
+S = MessageStatus
+
+
+@dataclass(slots=True)
+class _Record:
+    message: TeamMessage  # stored copy, never handed out, claim_token always None
+    seq: int
+    fence: str | None = None  # current claim token; kept after a fenced complete()
+
+
+@dataclass(slots=True)
+class _Box:
+    by_status: dict[MessageStatus, dict[int, str]] = field(default_factory=lambda: {s: {} for s in S})
+    pending_heap: list[tuple[int, str]] = field(default_factory=list)  # lazily cleaned
+
+
+class MemoryMailbox:
+    """In-memory :class:`~lattice_mailbox.base.LeasedMailbox`.
+
+    ``max_message_bytes`` bounds content + metadata JSON (bytes, default 1 MiB).
+    All times are milliseconds since the epoch except ``lease_s`` (seconds).
+    """
+
+    def __init__(self, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+        self.max_message_bytes = check_max_message_bytes(max_message_bytes)
+        self._lock = threading.Lock()
+        self._records: dict[str, _Record] = {}
+        self._boxes: dict[str, _Box] = {}
+        self._seq = 0
+
+    # -- the five protocol methods -------------------------------------------------
+
+    async def send(
+        self,
+        from_: str,
+        to: str,
+        content: str,
+        *,
+        thread_id: str | None = None,
+        work_item_id: str | None = None,
+        reply_to: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> TeamMessage:
+        """Append a ``pending`` message to mailbox ``to``; returns it
+        (``created_at`` in ms, ``thread_id`` defaulting to its id).
+        Raises ``TypeError``/``ValueError``/``MessageTooLargeError`` before storing anything."""
+        out = check_send(
+            from_,
+            to,
+            content,
+            thread_id=thread_id,
+            work_item_id=work_item_id,
+            reply_to=reply_to,
+            metadata=metadata,
+            max_message_bytes=self.max_message_bytes,
+        )
+        message_id = new_message_id(out.to)
+        message = TeamMessage(
+            id=message_id,
+            from_=out.from_,
+            to=out.to,
+            content=out.content,
+            created_at=now_ms(),
+            thread_id=out.thread_id or message_id,
+            work_item_id=out.work_item_id,
+            reply_to=out.reply_to,
+            metadata=out.metadata,
+        )
+        with self._lock:
+            self._seq += 1
+            seq = self._seq
+            self._records[message_id] = _Record(message, seq)
+            box = self._boxes.setdefault(out.to, _Box())
+            box.by_status[S.PENDING][seq] = message_id
+            heapq.heappush(box.pending_heap, (seq, message_id))
+            return message.model_copy(deep=True)
+
+    async def inbox(
+        self, mailbox_id: str, status: MessageStatus | str = "pending", *, limit: int | None = None
+    ) -> list[TeamMessage]:
+        """Messages of ``mailbox_id`` with ``status`` (or ``"all"``), oldest first,
+        at most ``limit``. Raises ``ValueError`` for an unknown status."""
+        check_name(mailbox_id)
+        wanted = check_status_filter(status)
+        limit = check_limit(limit)
+        with self._lock:
+            box = self._boxes.get(mailbox_id)
+            if box is None:
+                return []
+            if wanted is None:
+                seqs = sorted(seq for index in box.by_status.values() for seq in index)
+                merged = {seq: mid for index in box.by_status.values() for seq, mid in index.items()}
+                ids = [merged[seq] for seq in seqs]
+            else:
+                index = box.by_status[wanted]
+                ids = [index[seq] for seq in sorted(index)]
+            if limit is not None:
+                ids = ids[:limit]
+            return [self._records[mid].message.model_copy(deep=True) for mid in ids]
+
+    async def get(self, message_id: str) -> TeamMessage | None:
+        """The message with this id, or ``None``."""
+        message_id_tag(message_id)  # type check
+        with self._lock:
+            record = self._records.get(message_id)
+            return None if record is None else record.message.model_copy(deep=True)
+
+    async def claim_next(
+        self,
+        mailbox_id: str,
+        *,
+        lease_s: float | None = None,
+        worker_id: str | None = None,
+        max_in_flight: int | None = None,
+    ) -> TeamMessage | None:
+        """Move the oldest ``pending`` message of ``mailbox_id`` to ``processing``
+        and return it with a fresh ``claim_token``; ``None`` when nothing is
+        pending or ``max_in_flight`` messages are already in ``processing``.
+        ``lease_s`` (seconds) sets ``lease_until`` (ms); without it the claim never expires."""
+        check_name(mailbox_id)
+        ms = lease_ms(lease_s)
+        worker_id = check_optional_name(worker_id, "worker_id")
+        max_in_flight = check_positive_int(max_in_flight, "max_in_flight")
+        with self._lock:
+            box = self._boxes.get(mailbox_id)
+            if box is None:
+                return None
+            if max_in_flight is not None and len(box.by_status[S.PROCESSING]) >= max_in_flight:
+                return None
+            pending = box.by_status[S.PENDING]
+            while box.pending_heap:
+                seq, message_id = heapq.heappop(box.pending_heap)
+                if pending.get(seq) == message_id:
+                    break
+            else:
+                return None
+            record = self._records[message_id]
+            self._move(box, record, S.PROCESSING)
+            token = new_token()
+            record.fence = token
+            msg = record.message
+            msg.attempts += 1
+            msg.claimed_by = worker_id
+            msg.lease_until = None if ms is None else now_ms() + ms
+            out = msg.model_copy(deep=True)
+            out.claim_token = token
+            return out
+
+    async def update_status(self, message_id: str, status: MessageStatus | str) -> bool:
+        """Set a message's status per :mod:`lattice_mailbox.transitions`.
+        ``False`` for an unknown id; ``ValueError`` for an unknown status;
+        :class:`InvalidTransitionError` for a refused move (nothing changes)."""
+        target = MessageStatus.parse(status)
+        message_id_tag(message_id)  # type check
+        with self._lock:
+            record = self._records.get(message_id)
+            if record is None:
+                return False
+            if check_transition(message_id, record.message.status, target):
+                self._finish(record, target, keep_fence=False)
+            return True
+
+    # -- lease capability --------------------------------------------------------
+
+    async def extend_lease(self, message_id: str, token: str, lease_s: float) -> int:
+        """Push the lease to now + ``lease_s`` seconds; returns the new
+        ``lease_until`` (ms). Raises :class:`ClaimTakenError` / :class:`ClaimMissingError`."""
+        check_token(token)
+        ms = lease_ms(lease_s, required=True)
+        assert ms is not None
+        with self._lock:
+            record = self._claimed(message_id, token)
+            record.message.lease_until = now_ms() + ms
+            return record.message.lease_until
+
+    async def complete(self, message_id: str, token: str, status: MessageStatus | str) -> TeamMessage:
+        """Fenced ``update_status`` from ``processing``: only the holder of ``token``
+        may finish the claim. Repeating the same successful call returns the
+        message again. Raises ``ValueError`` (unknown status),
+        :class:`InvalidTransitionError` (target ``processing``),
+        :class:`ClaimTakenError` or :class:`ClaimMissingError`."""
+        target = MessageStatus.parse(status)
+        check_token(token)
+        message_id_tag(message_id)
+        if target not in ALLOWED[S.PROCESSING]:
+            raise invalid_transition(message_id, S.PROCESSING, target)
+        with self._lock:
+            record = self._records.get(message_id)
+            if (
+                record is not None
+                and record.message.status != S.PROCESSING
+                and record.fence == token
+                and record.message.status == target
+            ):
+                return record.message.model_copy(deep=True)  # replay of our own completion
+            record = self._claimed(message_id, token)
+            self._finish(record, target, keep_fence=True)
+            return record.message.model_copy(deep=True)
+
+    async def requeue_expired(
+        self, *, max_attempts: int | None = None, now_ms: int | None = None
+    ) -> list[TeamMessage]:
+        """Move every ``processing`` message whose ``lease_until`` <= now (ms) back to
+        ``pending``, or to ``failed`` when ``attempts >= max_attempts``; returns the
+        moved messages with their new status, oldest first per mailbox."""
+        max_attempts = check_positive_int(max_attempts, "max_attempts")
+        now = check_now_ms(now_ms)
+        now = _now() if now is None else now
+        moved: list[TeamMessage] = []
+        with self._lock:
+            for box in self._boxes.values():
+                processing = box.by_status[S.PROCESSING]
+                for seq in sorted(processing):
+                    record = self._records[processing[seq]]
+                    lease_until = record.message.lease_until
+                    if lease_until is None or lease_until > now:
+                        continue
+                    exhausted = max_attempts is not None and record.message.attempts >= max_attempts
+                    self._finish(record, S.FAILED if exhausted else S.PENDING, keep_fence=False)
+                    moved.append(record.message.model_copy(deep=True))
+        return moved
+
+    # -- extras --------------------------------------------------------------------
+
+    async def counts(self, mailbox_id: str) -> dict[str, int]:
+        """Number of messages per status value (every status present, zeros included)."""
+        check_name(mailbox_id)
+        with self._lock:
+            box = self._boxes.get(mailbox_id)
+            return {s.value: (0 if box is None else len(box.by_status[s])) for s in S}
+
+    async def mailbox_ids(self, prefix: str | None = None) -> list[str]:
+        """Every mailbox that received a message, sorted; only those starting
+        with ``prefix`` when given."""
+        if prefix is not None and not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str or None, not {type(prefix).__name__}")
+        with self._lock:
+            return sorted(m for m in self._boxes if prefix is None or m.startswith(prefix))
+
+    async def aclose(self) -> None:
+        """Nothing to release (kept for symmetry with the other stores)."""
+
+    # -- internals (call with the lock held) -----------------------------------------
+
+    def _claimed(self, message_id: str, token: str) -> _Record:
+        record = self._records.get(message_id) if isinstance(message_id, str) else None
+        if record is None or record.message.status != S.PROCESSING:
+            raise ClaimMissingError(message_id)
+        if record.fence != token:
+            raise ClaimTakenError(message_id)
+        return record
+
+    def _move(self, box: _Box, record: _Record, target: MessageStatus) -> None:
+        msg = record.message
+        del box.by_status[msg.status][record.seq]
+        box.by_status[target][record.seq] = msg.id
+        if target == S.PENDING:
+            heapq.heappush(box.pending_heap, (record.seq, msg.id))
+        msg.status = target
+
+    def _finish(self, record: _Record, target: MessageStatus, *, keep_fence: bool) -> None:
+        msg = record.message
+        if msg.status == S.PROCESSING:
+            msg.claimed_by = None
+            msg.lease_until = None
+        if not keep_fence:
+            record.fence = None  # only the holder's own completion can be replayed
+        self._move(self._boxes[msg.to], record, target)
+
+
+def _now() -> int:
+    return now_ms()
+
+
+__all__ = ["MemoryMailbox"]

@@ -1,0 +1,561 @@
+"""``RedisMailbox``: the distributed mailbox store on ``redis.asyncio`` + Lua.
+
+Spec: AgentLattice "Durable mailbox storage" (``claimNext`` must be atomic on a
+distributed backend); design DESIGN.md section 5 (hash tags, leases, fencing,
+one Lua script per operation, bounded bodies).
+
+Key scheme
+----------
+A mailbox id is hashed: ``tag = sha256(mailbox_id)[:16 hex]``. Every key of
+that mailbox carries the Redis Cluster hash tag ``{tag}``, so each script
+touches one slot only::
+
+    <prefix>:{tag}:name          string  the mailbox id that owns the tag
+    <prefix>:{tag}:seq           counter send sequence (FIFO order)
+    <prefix>:{tag}:body          hash    message id -> body JSON (from, to, content,
+                                         created_at, thread_id, work_item_id,
+                                         reply_to, metadata; never changes)
+    <prefix>:{tag}:state         hash    message id -> state JSON {s: status, q: seq,
+                                         a: attempts, w: claimed_by, l: lease_until ms,
+                                         f: claim token}
+    <prefix>:{tag}:q:<status>    zset    one per status: message ids scored by seq
+    <prefix>:{tag}:leases        zset    leased message ids scored by lease_until (ms)
+    <prefix>:mailboxes           set     registry of mailbox ids (written by an
+                                         idempotent SADD before each send; read by
+                                         ``mailbox_ids`` and ``requeue_expired``)
+
+Message ids are ``"<tag>-<32 hex>"``, so ``get``/``update_status``/``complete``
+find the keys from the id alone, in O(1). Message data lives in the per-tag
+hashes (not one key per message) so that ``claim_next`` receives every key it
+touches in ``KEYS[]``: no script builds a key. Mailbox ids never appear in a key,
+so any printable id is safe. Two different ids sharing a tag (a 64-bit hash
+collision) can never mix: the ``name`` key records the owner, ``send`` to the
+second id fails with :class:`MailboxError`, and reads of it see an empty mailbox.
+
+Scripts live in ``lattice_mailbox/lua/`` (header comments list KEYS, ARGV,
+returns and codes). They are called by SHA (``EVALSHA``) and loaded with
+``SCRIPT LOAD`` on ``NOSCRIPT``. Leases use the Redis server clock (``TIME``),
+so workers on different hosts agree on expiry.
+
+Connections
+-----------
+An asyncio client must not be shared between event loops. Built from a URL,
+the store creates one client per running loop, lazily. A client passed in is
+used as is (the caller owns it and its loop). redis-py's automatic retry is
+turned off on clients built here: the operations are not idempotent (a blind
+resend of ``claim_next`` would claim a second message), so a dropped connection
+surfaces as :class:`redis.exceptions.ConnectionError` and the caller decides.
+Each script is atomic, so a failed call never leaves a half-written message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import weakref
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import NoScriptError
+
+from .base import ClaimMissingError, ClaimTakenError, MailboxError
+from .message import MessageStatus, TeamMessage
+from .transitions import ALLOWED, STATUS_ORDER, invalid_transition, sources_for
+from .validation import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    check_limit,
+    check_max_message_bytes,
+    check_name,
+    check_now_ms,
+    check_optional_name,
+    check_positive_int,
+    check_send,
+    check_status_filter,
+    check_token,
+    lease_ms,
+    mailbox_tag,
+    message_id_tag,
+    new_message_id,
+    new_token,
+    now_ms,
+)
+
+S = MessageStatus
+_STATUS_NAMES = " ".join(s.value for s in STATUS_ORDER)
+_REQUEUE_BATCH = 500
+_PIPELINE_CHUNK = 200
+
+
+@dataclass(frozen=True, slots=True)
+class _Script:
+    name: str
+    source: str
+    sha: str
+
+
+def _load_script(name: str) -> _Script:
+    source = (resources.files("lattice_mailbox") / "lua" / f"{name}.lua").read_text(encoding="utf-8")
+    return _Script(name, source, hashlib.sha1(source.encode("utf-8")).hexdigest())
+
+
+_SCRIPTS = {
+    name: _load_script(name)
+    for name in (
+        "send",
+        "claim_next",
+        "update_status",
+        "complete",
+        "extend_lease",
+        "requeue_expired",
+        "inbox",
+    )
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _Keys:
+    """Every key of one tag (see the module docstring)."""
+
+    name: str
+    seq: str
+    body: str
+    state: str
+    leases: str
+    queues: dict[str, str]  # status value -> zset key
+
+    @classmethod
+    def build(cls, prefix: str, tag: str) -> _Keys:
+        base = f"{prefix}:{{{tag}}}"
+        return cls(
+            name=f"{base}:name",
+            seq=f"{base}:seq",
+            body=f"{base}:body",
+            state=f"{base}:state",
+            leases=f"{base}:leases",
+            queues={s.value: f"{base}:q:{s.value}" for s in STATUS_ORDER},
+        )
+
+    def queue_list(self) -> list[str]:
+        return [self.queues[s.value] for s in STATUS_ORDER]
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _message(message_id: Any, body: Any, state: Any, *, claim_token: str | None = None) -> TeamMessage:
+    fields = json.loads(body)
+    st = json.loads(state)
+    lease = st.get("l")
+    return TeamMessage(
+        id=_text(message_id),
+        status=st["s"],
+        attempts=int(st["a"]),
+        claimed_by=st.get("w"),
+        lease_until=None if lease is None else int(lease),
+        claim_token=claim_token,
+        **fields,
+    )
+
+
+def _messages(flat: list[Any]) -> list[TeamMessage]:
+    return [_message(flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]
+
+
+def _check_prefix(prefix: Any) -> str:
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
+    if not prefix or any(ch in prefix for ch in "{} \t\r\n"):
+        raise ValueError(f"key prefix must be non-empty without braces or whitespace, got {prefix!r}")
+    return prefix
+
+
+class RedisMailbox:
+    """Redis :class:`~lattice_mailbox.base.LeasedMailbox` (see the module docstring).
+
+    ``url_or_client``: a ``redis://``/``rediss://``/``unix://`` URL (a client is
+    made per event loop, without automatic retries) or a ready
+    ``redis.asyncio.Redis``. ``prefix`` starts every key (default ``lattice``).
+    ``max_message_bytes`` bounds content + metadata JSON (bytes, default 1 MiB).
+    Extra keyword arguments go to ``redis.asyncio.Redis.from_url``.
+    Network failures raise ``redis.exceptions.ConnectionError`` / ``TimeoutError``.
+    """
+
+    def __init__(
+        self,
+        url_or_client: str | aioredis.Redis,
+        prefix: str = "lattice",
+        *,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        **client_kwargs: Any,
+    ) -> None:
+        self.prefix = _check_prefix(prefix)
+        self.max_message_bytes = check_max_message_bytes(max_message_bytes)
+        self._registry = f"{self.prefix}:mailboxes"
+        self._client: aioredis.Redis | None = None
+        self._url: str | None = None
+        if isinstance(url_or_client, str):
+            self._url = url_or_client
+            client_kwargs.setdefault("retry", Retry(NoBackoff(), 0))
+            self._client_kwargs = client_kwargs
+        elif isinstance(url_or_client, aioredis.Redis):
+            self._client = url_or_client
+        else:
+            raise TypeError("url_or_client must be a Redis URL or a redis.asyncio.Redis client")
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aioredis.Redis] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._tag_keys: dict[str, _Keys] = {}
+
+    # -- connection + scripts -------------------------------------------------------
+
+    def client(self) -> aioredis.Redis:
+        """The client for the running event loop (created on first use)."""
+        if self._client is not None:
+            return self._client
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None:
+            assert self._url is not None
+            client = aioredis.Redis.from_url(self._url, **self._client_kwargs)
+            self._clients[loop] = client
+        return client
+
+    def _keys(self, tag: str) -> _Keys:
+        keys = self._tag_keys.get(tag)
+        if keys is None:
+            if len(self._tag_keys) > 50_000:
+                self._tag_keys.clear()
+            keys = self._tag_keys[tag] = _Keys.build(self.prefix, tag)
+        return keys
+
+    async def _eval(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        script = _SCRIPTS[name]
+        client = self.client()
+        try:
+            return await client.evalsha(script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            await client.script_load(script.source)
+            return await client.evalsha(script.sha, len(keys), *keys, *args)
+
+    async def _eval_many(
+        self, name: str, calls: list[tuple[list[str], list[Any]]], *, first: tuple[Any, ...] | None = None
+    ) -> list[Any]:
+        """Run one script for many key sets in one pipelined round trip.
+        ``first`` is an extra command ``(name, *args)`` sent ahead of them."""
+        script = _SCRIPTS[name]
+        client = self.client()
+        results: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        for attempt in range(2):
+            pipe = client.pipeline(transaction=False)
+            lead = first is not None and attempt == 0
+            if lead:
+                assert first is not None
+                pipe.execute_command(*first)
+            for i in todo:
+                keys, args = calls[i]
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+            raw = await pipe.execute(raise_on_error=False)
+            if lead:
+                if isinstance(raw[0], Exception):
+                    raise raw[0]
+                raw = raw[1:]
+            retry = []
+            for i, value in zip(todo, raw, strict=True):
+                if isinstance(value, NoScriptError):
+                    retry.append(i)
+                elif isinstance(value, Exception):
+                    raise value
+                else:
+                    results[i] = value
+            if not retry:
+                return results
+            await client.script_load(script.source)
+            todo = retry
+        raise MailboxError(
+            f"script {name} could not be loaded"
+        )  # pragma: no cover - needs a racing SCRIPT FLUSH
+
+    # -- the five protocol methods -------------------------------------------------
+
+    async def send(
+        self,
+        from_: str,
+        to: str,
+        content: str,
+        *,
+        thread_id: str | None = None,
+        work_item_id: str | None = None,
+        reply_to: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> TeamMessage:
+        """Append a ``pending`` message to mailbox ``to`` (one atomic script);
+        returns it (``created_at`` ms, ``thread_id`` defaulting to its id).
+        Raises ``TypeError``/``ValueError``/:class:`MessageTooLargeError` before
+        writing anything, ``redis.exceptions.ConnectionError`` on network failure
+        (the message is then either fully written or absent)."""
+        out = check_send(
+            from_,
+            to,
+            content,
+            thread_id=thread_id,
+            work_item_id=work_item_id,
+            reply_to=reply_to,
+            metadata=metadata,
+            max_message_bytes=self.max_message_bytes,
+        )
+        message_id = new_message_id(out.to)
+        fields = {
+            "from": out.from_,
+            "to": out.to,
+            "content": out.content,
+            "created_at": now_ms(),
+            "thread_id": out.thread_id or message_id,
+            "work_item_id": out.work_item_id,
+            "reply_to": out.reply_to,
+            "metadata": out.metadata,
+        }
+        body = json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
+        keys = self._keys(mailbox_tag(out.to))
+        (result,) = await self._eval_many(
+            "send",
+            [
+                (
+                    [keys.name, keys.seq, keys.body, keys.state, keys.queues["pending"]],
+                    [out.to, message_id, body],
+                )
+            ],
+            first=("SADD", self._registry, out.to),
+        )
+        code = _text(result[0])
+        if code == "COLLISION":
+            raise MailboxError(
+                f"mailbox id {out.to!r} shares its hash tag with mailbox {_text(result[1])!r}; use another id"
+            )
+        if code != "OK":  # pragma: no cover - DUPLICATE needs a repeated random id
+            raise MailboxError(f"send failed: {code}")
+        return TeamMessage(id=message_id, **fields)
+
+    async def inbox(
+        self, mailbox_id: str, status: MessageStatus | str = "pending", *, limit: int | None = None
+    ) -> list[TeamMessage]:
+        """Messages of ``mailbox_id`` with ``status`` (or ``"all"``), oldest first,
+        at most ``limit`` — a consistent snapshot read from the per-status index.
+        Raises ``ValueError`` for an unknown status."""
+        check_name(mailbox_id)
+        wanted = check_status_filter(status)
+        limit = check_limit(limit)
+        keys = self._keys(mailbox_tag(mailbox_id))
+        queues = keys.queue_list() if wanted is None else [keys.queues[wanted.value]]
+        flat = await self._eval(
+            "inbox", [keys.name, keys.body, keys.state, *queues], [mailbox_id, "" if limit is None else limit]
+        )
+        return _messages(flat)
+
+    async def get(self, message_id: str) -> TeamMessage | None:
+        """The message with this id, or ``None`` (also for a malformed id)."""
+        tag = message_id_tag(message_id)
+        if tag is None:
+            return None
+        keys = self._keys(tag)
+        pipe = self.client().pipeline(transaction=True)
+        pipe.hget(keys.body, message_id)
+        pipe.hget(keys.state, message_id)
+        body, state = await pipe.execute()
+        if body is None or state is None:
+            return None
+        return _message(message_id, body, state)
+
+    async def claim_next(
+        self,
+        mailbox_id: str,
+        *,
+        lease_s: float | None = None,
+        worker_id: str | None = None,
+        max_in_flight: int | None = None,
+    ) -> TeamMessage | None:
+        """Atomically move the oldest ``pending`` message of ``mailbox_id`` to
+        ``processing`` and return it with a fresh ``claim_token``; ``None`` when
+        nothing is pending or ``max_in_flight`` messages are in ``processing``.
+        ``lease_s`` (seconds) sets ``lease_until`` (ms, server clock); without it the
+        claim never expires. ``attempts`` counts claims."""
+        check_name(mailbox_id)
+        ms = lease_ms(lease_s)
+        worker_id = check_optional_name(worker_id, "worker_id")
+        max_in_flight = check_positive_int(max_in_flight, "max_in_flight")
+        keys = self._keys(mailbox_tag(mailbox_id))
+        token = new_token()
+        result = await self._eval(
+            "claim_next",
+            [
+                keys.name,
+                keys.queues["pending"],
+                keys.queues["processing"],
+                keys.leases,
+                keys.body,
+                keys.state,
+            ],
+            [
+                mailbox_id,
+                "" if ms is None else ms,
+                worker_id or "",
+                token,
+                "" if max_in_flight is None else max_in_flight,
+            ],
+        )
+        if _text(result[0]) != "OK":
+            return None
+        return _message(result[1], result[2], result[3], claim_token=token)
+
+    async def update_status(self, message_id: str, status: MessageStatus | str) -> bool:
+        """Set a message's status per :mod:`lattice_mailbox.transitions` (one
+        script). ``False`` for an unknown id; ``ValueError`` for an unknown status;
+        :class:`InvalidTransitionError` for a refused move (nothing changes)."""
+        target = MessageStatus.parse(status)
+        tag = message_id_tag(message_id)
+        if tag is None:
+            return False
+        keys = self._keys(tag)
+        sources = " ".join(sorted(s.value for s in sources_for(target)))
+        result = await self._eval(
+            "update_status",
+            [keys.state, keys.leases, *keys.queue_list()],
+            [message_id, target.value, sources, _STATUS_NAMES],
+        )
+        code = _text(result[0])
+        if code == "UNKNOWN":
+            return False
+        if code == "INVALID":
+            raise invalid_transition(message_id, _text(result[1]), target)
+        return True
+
+    # -- lease capability --------------------------------------------------------
+
+    async def extend_lease(self, message_id: str, token: str, lease_s: float) -> int:
+        """Push the lease to server now + ``lease_s`` seconds; returns the new
+        ``lease_until`` (ms). Raises :class:`ClaimTakenError` / :class:`ClaimMissingError`."""
+        check_token(token)
+        ms = lease_ms(lease_s, required=True)
+        tag = message_id_tag(message_id)
+        if tag is None:
+            raise ClaimMissingError(message_id)
+        keys = self._keys(tag)
+        result = await self._eval("extend_lease", [keys.state, keys.leases], [message_id, token, ms])
+        code = _text(result[0])
+        if code == "TAKEN":
+            raise ClaimTakenError(message_id)
+        if code == "MISSING":
+            raise ClaimMissingError(message_id)
+        return int(result[1])
+
+    async def complete(self, message_id: str, token: str, status: MessageStatus | str) -> TeamMessage:
+        """Fenced ``update_status`` from ``processing`` (one script): only the holder
+        of ``token`` may finish the claim; repeating the same successful call
+        returns the message again. Raises ``ValueError`` (unknown status),
+        :class:`InvalidTransitionError` (target ``processing``),
+        :class:`ClaimTakenError` or :class:`ClaimMissingError`."""
+        target = MessageStatus.parse(status)
+        check_token(token)
+        tag = message_id_tag(message_id)
+        if target not in ALLOWED[S.PROCESSING]:
+            raise invalid_transition(message_id, S.PROCESSING, target)
+        if tag is None:
+            raise ClaimMissingError(message_id)
+        keys = self._keys(tag)
+        result = await self._eval(
+            "complete",
+            [keys.state, keys.leases, keys.body, *keys.queue_list()],
+            [message_id, target.value, token, _STATUS_NAMES],
+        )
+        code = _text(result[0])
+        if code == "TAKEN":
+            raise ClaimTakenError(message_id)
+        if code == "MISSING":
+            raise ClaimMissingError(message_id)
+        return _message(message_id, result[1], result[2])
+
+    async def requeue_expired(
+        self, *, max_attempts: int | None = None, now_ms: int | None = None
+    ) -> list[TeamMessage]:
+        """Move every ``processing`` message whose ``lease_until`` <= now (ms;
+        default the server clock) back to ``pending``, or to ``failed`` when
+        ``attempts >= max_attempts``. One script per mailbox of the registry,
+        pipelined. Returns the moved messages with their new status."""
+        max_attempts = check_positive_int(max_attempts, "max_attempts")
+        now = check_now_ms(now_ms)
+        args = ["" if now is None else now, "" if max_attempts is None else max_attempts, _REQUEUE_BATCH]
+        tags = sorted({mailbox_tag(m) for m in await self._registered()})
+        moved: list[TeamMessage] = []
+        while tags:
+            chunk, tags = tags[:_PIPELINE_CHUNK], tags[_PIPELINE_CHUNK:]
+            calls = []
+            for tag in chunk:
+                k = self._keys(tag)
+                calls.append(
+                    (
+                        [
+                            k.leases,
+                            k.state,
+                            k.body,
+                            k.queues["processing"],
+                            k.queues["pending"],
+                            k.queues["failed"],
+                        ],
+                        args,
+                    )
+                )
+            results = await self._eval_many("requeue_expired", calls)
+            for tag, flat in zip(chunk, results, strict=True):
+                moved.extend(_messages(flat))
+                if len(flat) >= 3 * _REQUEUE_BATCH:
+                    tags.append(tag)  # a full batch: there may be more
+        return moved
+
+    # -- extras --------------------------------------------------------------------
+
+    async def counts(self, mailbox_id: str) -> dict[str, int]:
+        """Number of messages per status value (all statuses, zeros included):
+        one MULTI of ``ZCARD`` on the per-status indexes."""
+        check_name(mailbox_id)
+        keys = self._keys(mailbox_tag(mailbox_id))
+        pipe = self.client().pipeline(transaction=True)
+        pipe.get(keys.name)
+        for key in keys.queue_list():
+            pipe.zcard(key)
+        owner, *sizes = await pipe.execute()
+        if owner is None or _text(owner) != mailbox_id:
+            sizes = [0] * len(sizes)
+        return {s.value: int(n) for s, n in zip(STATUS_ORDER, sizes, strict=True)}
+
+    async def mailbox_ids(self, prefix: str | None = None) -> list[str]:
+        """Every mailbox id a ``send`` was addressed to, sorted; only those
+        starting with ``prefix`` when given."""
+        if prefix is not None and not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str or None, not {type(prefix).__name__}")
+        return sorted(m for m in await self._registered() if prefix is None or m.startswith(prefix))
+
+    async def _registered(self) -> list[str]:
+        return [_text(m) for m in await self.client().smembers(self._registry)]
+
+    async def aclose(self) -> None:
+        """Close the client this store created for the running loop and forget
+        the others (a client passed in is left open: its owner closes it)."""
+        if self._client is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # pragma: no cover - called outside a loop
+            loop = None
+        client = self._clients.pop(loop, None) if loop is not None else None
+        self._clients.clear()
+        if client is not None:
+            await client.aclose()
+
+
+__all__ = ["RedisMailbox"]

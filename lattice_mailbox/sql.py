@@ -1,0 +1,619 @@
+"""``SQLMailbox``: the durable mailbox store on SQLAlchemy (SQLite or PostgreSQL).
+
+Spec: AgentLattice "Durable mailbox storage" (``createSQLiteMailbox``); leases
+and fencing from DESIGN.md section 5.
+
+* ``sqlite:///path/to/file.db`` (default driver ``sqlite3``, WAL journal).
+  Every write runs in ``BEGIN IMMEDIATE`` (one writer at a time; others wait
+  up to ``busy_timeout_s``), so ``claim_next`` is atomic across processes.
+  ``sqlite://`` (in memory) works within one process.
+* ``postgresql://...`` (mapped to the psycopg 3 driver) or
+  ``postgresql+psycopg://...``. ``claim_next`` picks the oldest pending row with
+  ``SELECT ... FOR UPDATE SKIP LOCKED`` so concurrent claimers never wait on
+  each other; with ``max_in_flight`` it first locks the mailbox's registry row,
+  so claims that pass a limit are serial per mailbox (claims without a limit
+  do not take that lock and are not counted against it until they commit).
+
+Two tables, created on first use (``<table_prefix>messages``,
+``<table_prefix>mailboxes``); ``table_prefix`` (default ``lattice_``) lets
+several deployments or test runs share one database. ``seq`` (an
+auto-increment key) is the send order. Times are milliseconds since the epoch
+from the caller's clock; ``lease_s`` is in seconds. The engine is synchronous;
+each call runs in a worker thread (``asyncio.to_thread``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import re
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Connection,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    bindparam,
+    create_engine,
+    event,
+    func,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.dialects import postgresql as pg_dialect
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+from sqlalchemy.engine import Engine, Row, make_url
+from sqlalchemy.pool import StaticPool
+
+from .base import ClaimMissingError, ClaimTakenError
+from .message import MessageStatus, TeamMessage
+from .transitions import ALLOWED, check_transition, invalid_transition, sources_for
+from .validation import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    Outgoing,
+    check_limit,
+    check_max_message_bytes,
+    check_name,
+    check_now_ms,
+    check_optional_name,
+    check_positive_int,
+    check_send,
+    check_status_filter,
+    check_token,
+    lease_ms,
+    message_id_tag,
+    new_message_id,
+    new_token,
+    now_ms,
+)
+
+S = MessageStatus
+T = TypeVar("T")
+_PREFIX = re.compile(r"[a-z_][a-z0-9_]{0,40}")
+_REQUEUE_BATCH = 500
+_DRIVERS = {
+    "sqlite": "sqlite",
+    "sqlite+pysqlite": "sqlite",
+    "postgresql": "postgresql+psycopg",
+    "postgres": "postgresql+psycopg",
+    "postgresql+psycopg": "postgresql+psycopg",
+}
+
+
+def normalize_url(url: str) -> str:
+    """Map ``postgresql://`` / ``postgres://`` to the psycopg 3 driver; accept
+    ``sqlite://...`` as is. Raises ``ValueError`` for any other scheme."""
+    if not isinstance(url, str):
+        raise TypeError(f"SQL mailbox URL must be a str, not {type(url).__name__}")
+    scheme, sep, rest = url.partition("://")
+    driver = _DRIVERS.get(scheme.lower())
+    if not sep or driver is None:
+        raise ValueError(
+            f"unsupported SQL mailbox URL {url!r}; expected sqlite:///path, postgresql://... "
+            "or postgresql+psycopg://..."
+        )
+    return f"{driver}://{rest}"
+
+
+def _tables(prefix: str) -> tuple[MetaData, Table, Table]:
+    md = MetaData()
+    messages = Table(
+        f"{prefix}messages",
+        md,
+        Column("seq", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+        Column("id", String(64), nullable=False, unique=True),
+        Column("mailbox", Text, nullable=False),
+        Column("sender", Text, nullable=False),
+        Column("content", Text, nullable=False),
+        Column("status", String(16), nullable=False),
+        Column("created_at", BigInteger, nullable=False),
+        Column("thread_id", Text),
+        Column("work_item_id", Text),
+        Column("reply_to", Text),
+        Column("meta", Text, nullable=False),
+        Column("claimed_by", Text),
+        Column("lease_until", BigInteger),
+        Column("attempts", Integer, nullable=False, default=0),
+        Column("fence", String(64)),
+        Index(f"{prefix}ix_box_status_seq", "mailbox", "status", "seq"),
+        Index(f"{prefix}ix_status_lease", "status", "lease_until"),
+    )
+    mailboxes = Table(f"{prefix}mailboxes", md, Column("id", Text, primary_key=True))
+    return md, messages, mailboxes
+
+
+class _Statements:
+    """The hot statements, built once with bind parameters (``p_*``) so each
+    call skips statement construction and cache-key generation."""
+
+    def __init__(self, messages: Table, mailboxes: Table, *, sqlite: bool) -> None:
+        t, boxes = messages, mailboxes
+        box, mid, token = bindparam("p_box"), bindparam("p_id"), bindparam("p_token")
+        pending, processing = S.PENDING.value, S.PROCESSING.value
+        dialect = sqlite_dialect if sqlite else pg_dialect
+        holds = (t.c.id == mid, t.c.status == processing, t.c.fence == token)
+        self.register = dialect.insert(boxes).values(id=box).on_conflict_do_nothing()
+        self.insert = t.insert()
+        self.has_pending = select(t.c.seq).where(t.c.mailbox == box, t.c.status == pending).limit(1)
+        self.lock_box = select(boxes.c.id).where(boxes.c.id == box).with_for_update()
+        self.in_flight = (
+            select(func.count()).select_from(t).where(t.c.mailbox == box, t.c.status == processing)
+        )
+        oldest = (
+            select(t.c.seq)
+            .where(t.c.mailbox == box, t.c.status == pending)
+            .order_by(t.c.seq)
+            .limit(1)
+            .with_for_update(skip_locked=True)
+            .scalar_subquery()
+        )
+        self.claim = (
+            update(t)
+            .where(t.c.seq == oldest)
+            .values(
+                status=processing,
+                attempts=t.c.attempts + 1,
+                claimed_by=bindparam("p_worker"),
+                lease_until=bindparam("p_lease"),
+                fence=token,
+            )
+            .returning(*t.c)
+        )
+        self.move = (
+            update(t)
+            .where(t.c.id == mid, t.c.status.in_(bindparam("p_sources", expanding=True)))
+            .values(status=bindparam("p_status"), claimed_by=None, lease_until=None, fence=None)
+        )
+        self.complete = (
+            update(t)
+            .where(*holds)
+            .values(status=bindparam("p_status"), claimed_by=None, lease_until=None)
+            .returning(*t.c)
+        )
+        self.extend = update(t).where(*holds).values(lease_until=bindparam("p_lease"))
+        self.status_of = select(t.c.status).where(t.c.id == mid)
+        self.row_of = select(t).where(t.c.id == mid)
+        self.counts = select(t.c.status, func.count()).where(t.c.mailbox == box).group_by(t.c.status)
+
+
+def _message(row: Row[Any], *, claim_token: str | None = None) -> TeamMessage:
+    return TeamMessage(
+        id=row.id,
+        from_=row.sender,
+        to=row.mailbox,
+        content=row.content,
+        status=row.status,
+        created_at=row.created_at,
+        thread_id=row.thread_id,
+        work_item_id=row.work_item_id,
+        reply_to=row.reply_to,
+        metadata=json.loads(row.meta),
+        claimed_by=row.claimed_by,
+        lease_until=row.lease_until,
+        attempts=row.attempts,
+        claim_token=claim_token,
+    )
+
+
+class SQLMailbox:
+    """SQL :class:`~lattice_mailbox.base.LeasedMailbox` (see the module docstring).
+
+    ``url``: ``sqlite:///path``, ``sqlite://`` (memory), ``postgresql://...`` or
+    ``postgresql+psycopg://...``. ``table_prefix``: lowercase letters, digits and
+    ``_`` (default ``"lattice_"``). ``max_message_bytes`` bounds content +
+    metadata JSON (bytes, default 1 MiB). ``busy_timeout_s``: how long a SQLite
+    writer waits for the lock (seconds). Extra keyword arguments go to
+    ``sqlalchemy.create_engine``. Database failures raise SQLAlchemy errors.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        table_prefix: str = "lattice_",
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        busy_timeout_s: float = 30.0,
+        **engine_kwargs: Any,
+    ) -> None:
+        if not isinstance(table_prefix, str) or not _PREFIX.fullmatch(table_prefix):
+            raise ValueError(
+                f"table_prefix must match {_PREFIX.pattern} (lowercase letters, digits, _), got {table_prefix!r}"
+            )
+        self.url = normalize_url(url)
+        self.table_prefix = table_prefix
+        self.max_message_bytes = check_max_message_bytes(max_message_bytes)
+        self._metadata, self._messages, self._mailboxes = _tables(table_prefix)
+        self._ready = False
+        self._registered: set[str] = set()
+        self._ddl_lock = threading.Lock()
+        self._serial: threading.Lock | None = None
+        self.engine = self._make_engine(busy_timeout_s, engine_kwargs)
+        self._q = _Statements(self._messages, self._mailboxes, sqlite=self._sqlite)
+
+    def _make_engine(self, busy_timeout_s: float, kwargs: dict[str, Any]) -> Engine:
+        parsed = make_url(self.url)
+        self._sqlite = parsed.get_backend_name() == "sqlite"
+        if not self._sqlite:
+            return create_engine(parsed, **kwargs)
+        in_memory = parsed.database in (None, "", ":memory:")
+        connect_args = dict(kwargs.pop("connect_args", {}))
+        connect_args.setdefault("timeout", busy_timeout_s)
+        if in_memory:
+            connect_args["check_same_thread"] = False
+            kwargs.setdefault("poolclass", StaticPool)
+            self._serial = threading.Lock()  # one shared connection: one call at a time
+        engine = create_engine(parsed, connect_args=connect_args, **kwargs)
+        busy_ms = int(busy_timeout_s * 1000)
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+            dbapi_connection.isolation_level = None  # we emit BEGIN ourselves
+            cursor = dbapi_connection.cursor()
+            cursor.execute(f"PRAGMA busy_timeout = {busy_ms}")
+            if not in_memory:
+                cursor.execute("PRAGMA journal_mode = WAL")
+                cursor.execute("PRAGMA synchronous = NORMAL")
+            cursor.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn: Connection) -> None:
+            read_only = conn.get_execution_options().get("lattice_read_only", False)
+            conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+
+        return engine
+
+    # -- plumbing ------------------------------------------------------------------
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.to_thread(self._run, fn, *args)
+
+    def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._serial is None:
+            self._ensure()
+            return fn(*args)
+        with self._serial:
+            self._ensure()
+            return fn(*args)
+
+    def _ensure(self) -> None:
+        if self._ready:
+            return
+        with self._ddl_lock:
+            if self._ready:
+                return
+            with self.engine.begin() as conn:
+                if not self._sqlite:  # concurrent CREATE TABLE races on PostgreSQL's catalog
+                    key = int.from_bytes(
+                        hashlib.sha256(self.table_prefix.encode()).digest()[:8], "big", signed=True
+                    )
+                    conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
+                self._metadata.create_all(conn)
+            self._ready = True
+
+    @contextmanager
+    def _write(self) -> Iterator[Connection]:
+        with self.engine.connect() as conn, conn.begin():
+            yield conn
+
+    @contextmanager
+    def _read(self) -> Iterator[Connection]:
+        with self.engine.connect().execution_options(lattice_read_only=True) as conn, conn.begin():
+            yield conn
+
+    def _register(self, conn: Connection, mailbox_id: str) -> None:
+        if mailbox_id not in self._registered:
+            conn.execute(self._q.register, {"p_box": mailbox_id})
+
+    # -- the five protocol methods -------------------------------------------------
+
+    async def send(
+        self,
+        from_: str,
+        to: str,
+        content: str,
+        *,
+        thread_id: str | None = None,
+        work_item_id: str | None = None,
+        reply_to: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> TeamMessage:
+        """Append a ``pending`` message to mailbox ``to`` (one transaction);
+        returns it (``created_at`` ms, ``thread_id`` defaulting to its id).
+        Raises ``TypeError``/``ValueError``/:class:`MessageTooLargeError` before
+        writing anything."""
+        out = check_send(
+            from_,
+            to,
+            content,
+            thread_id=thread_id,
+            work_item_id=work_item_id,
+            reply_to=reply_to,
+            metadata=metadata,
+            max_message_bytes=self.max_message_bytes,
+        )
+        return await self._call(self._send, out)
+
+    def _send(self, out: Outgoing) -> TeamMessage:
+        message_id = new_message_id(out.to)
+        message = TeamMessage(
+            id=message_id,
+            from_=out.from_,
+            to=out.to,
+            content=out.content,
+            created_at=now_ms(),
+            thread_id=out.thread_id or message_id,
+            work_item_id=out.work_item_id,
+            reply_to=out.reply_to,
+            metadata=out.metadata,
+        )
+        with self._write() as conn:
+            self._register(conn, out.to)
+            conn.execute(
+                self._q.insert,
+                {
+                    "id": message_id,
+                    "mailbox": out.to,
+                    "sender": out.from_,
+                    "content": out.content,
+                    "status": S.PENDING.value,
+                    "created_at": message.created_at,
+                    "thread_id": message.thread_id,
+                    "work_item_id": out.work_item_id,
+                    "reply_to": out.reply_to,
+                    "meta": out.metadata_json,
+                    "attempts": 0,
+                },
+            )
+        if len(self._registered) > 10_000:
+            self._registered.clear()
+        self._registered.add(out.to)  # committed: later sends skip the registry insert
+        return message
+
+    async def inbox(
+        self, mailbox_id: str, status: MessageStatus | str = "pending", *, limit: int | None = None
+    ) -> list[TeamMessage]:
+        """Messages of ``mailbox_id`` with ``status`` (or ``"all"``), oldest first,
+        at most ``limit``. Raises ``ValueError`` for an unknown status."""
+        check_name(mailbox_id)
+        wanted = check_status_filter(status)
+        limit = check_limit(limit)
+        return await self._call(self._inbox, mailbox_id, wanted, limit)
+
+    def _inbox(self, mailbox_id: str, wanted: MessageStatus | None, limit: int | None) -> list[TeamMessage]:
+        t = self._messages
+        query = select(t).where(t.c.mailbox == mailbox_id)
+        if wanted is not None:
+            query = query.where(t.c.status == wanted.value)
+        query = query.order_by(t.c.seq)
+        if limit is not None:
+            query = query.limit(limit)
+        with self._read() as conn:
+            return [_message(row) for row in conn.execute(query)]
+
+    async def get(self, message_id: str) -> TeamMessage | None:
+        """The message with this id, or ``None``."""
+        message_id_tag(message_id)  # type check
+        return await self._call(self._get, message_id)
+
+    def _get(self, message_id: str) -> TeamMessage | None:
+        with self._read() as conn:
+            row = conn.execute(self._q.row_of, {"p_id": message_id}).first()
+        return None if row is None else _message(row)
+
+    async def claim_next(
+        self,
+        mailbox_id: str,
+        *,
+        lease_s: float | None = None,
+        worker_id: str | None = None,
+        max_in_flight: int | None = None,
+    ) -> TeamMessage | None:
+        """Atomically move the oldest ``pending`` message of ``mailbox_id`` to
+        ``processing`` and return it with a fresh ``claim_token``; ``None`` when
+        nothing is pending or ``max_in_flight`` messages are in ``processing``.
+        ``lease_s`` (seconds) sets ``lease_until`` (ms); without it the claim never
+        expires. ``attempts`` counts claims."""
+        check_name(mailbox_id)
+        ms = lease_ms(lease_s)
+        worker_id = check_optional_name(worker_id, "worker_id")
+        max_in_flight = check_positive_int(max_in_flight, "max_in_flight")
+        return await self._call(self._claim, mailbox_id, ms, worker_id, max_in_flight)
+
+    def _claim(
+        self, mailbox_id: str, ms: int | None, worker_id: str | None, max_in_flight: int | None
+    ) -> TeamMessage | None:
+        q = self._q
+        box = {"p_box": mailbox_id}
+        if self._sqlite:
+            with self._read() as conn:  # cheap WAL read: idle pollers never queue for the write lock
+                if conn.execute(q.has_pending, box).first() is None:
+                    return None
+        token = new_token()
+        with self._write() as conn:
+            if max_in_flight is not None:
+                if conn.execute(q.lock_box, box).first() is None:
+                    return None
+                if conn.execute(q.in_flight, box).scalar_one() >= max_in_flight:
+                    return None
+            params = {
+                "p_box": mailbox_id,
+                "p_worker": worker_id,
+                "p_lease": None if ms is None else now_ms() + ms,
+                "p_token": token,
+            }
+            row = conn.execute(q.claim, params).first()
+        return None if row is None else _message(row, claim_token=token)
+
+    async def update_status(self, message_id: str, status: MessageStatus | str) -> bool:
+        """Set a message's status per :mod:`lattice_mailbox.transitions` (one
+        transaction). ``False`` for an unknown id; ``ValueError`` for an unknown
+        status; :class:`InvalidTransitionError` for a refused move (nothing changes)."""
+        target = MessageStatus.parse(status)
+        message_id_tag(message_id)  # type check
+        return await self._call(self._update_status, message_id, target)
+
+    def _update_status(self, message_id: str, target: MessageStatus) -> bool:
+        sources = [src.value for src in sources_for(target)]
+        with self._write() as conn:
+            # Leaving any state clears the claim fields (they are only set in
+            # processing) and the recorded token of a fenced complete.
+            if sources:
+                params = {"p_id": message_id, "p_sources": sources, "p_status": target.value}
+                if conn.execute(self._q.move, params).rowcount == 1:
+                    return True
+            current = conn.execute(self._q.status_of, {"p_id": message_id}).scalar()
+        if current is None:
+            return False
+        check_transition(message_id, MessageStatus(current), target)  # raises unless a no-op
+        return True
+
+    # -- lease capability --------------------------------------------------------
+
+    async def extend_lease(self, message_id: str, token: str, lease_s: float) -> int:
+        """Push the lease to now + ``lease_s`` seconds; returns the new
+        ``lease_until`` (ms). Raises :class:`ClaimTakenError` / :class:`ClaimMissingError`."""
+        check_token(token)
+        ms = lease_ms(lease_s, required=True)
+        message_id_tag(message_id)
+        return await self._call(self._extend, message_id, token, ms)
+
+    def _extend(self, message_id: str, token: str, ms: int) -> int:
+        lease_until = now_ms() + ms
+        with self._write() as conn:
+            params = {"p_id": message_id, "p_token": token, "p_lease": lease_until}
+            if conn.execute(self._q.extend, params).rowcount != 1:
+                self._refuse(conn, message_id)
+        return lease_until
+
+    def _refuse(self, conn: Connection, message_id: str) -> None:
+        """Raise the right claim error for a token that did not match."""
+        if conn.execute(self._q.status_of, {"p_id": message_id}).scalar() == S.PROCESSING.value:
+            raise ClaimTakenError(message_id)
+        raise ClaimMissingError(message_id)
+
+    async def complete(self, message_id: str, token: str, status: MessageStatus | str) -> TeamMessage:
+        """Fenced ``update_status`` from ``processing`` (one transaction): only the
+        holder of ``token`` may finish the claim; repeating the same successful
+        call returns the message again. Raises ``ValueError`` (unknown status),
+        :class:`InvalidTransitionError` (target ``processing``),
+        :class:`ClaimTakenError` or :class:`ClaimMissingError`."""
+        target = MessageStatus.parse(status)
+        check_token(token)
+        message_id_tag(message_id)
+        if target not in ALLOWED[S.PROCESSING]:
+            raise invalid_transition(message_id, S.PROCESSING, target)
+        return await self._call(self._complete, message_id, token, target)
+
+    def _complete(self, message_id: str, token: str, target: MessageStatus) -> TeamMessage:
+        with self._write() as conn:
+            params = {"p_id": message_id, "p_token": token, "p_status": target.value}
+            row = conn.execute(self._q.complete, params).first()
+            if row is not None:
+                return _message(row)
+            row = conn.execute(self._q.row_of, {"p_id": message_id}).first()
+            if row is not None and row.fence == token and row.status == target.value:
+                return _message(row)  # replay of our own completion
+            self._refuse(conn, message_id)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def requeue_expired(
+        self, *, max_attempts: int | None = None, now_ms: int | None = None
+    ) -> list[TeamMessage]:
+        """Move every ``processing`` message whose ``lease_until`` <= now (ms)
+        back to ``pending``, or to ``failed`` when ``attempts >= max_attempts``;
+        returns the moved messages with their new status (in batches of 500
+        rows per transaction; rows another transaction holds are left for the
+        next sweep on PostgreSQL)."""
+        max_attempts = check_positive_int(max_attempts, "max_attempts")
+        now = check_now_ms(now_ms)
+        return await self._call(self._requeue, max_attempts, now)
+
+    def _requeue(self, max_attempts: int | None, now: int | None) -> list[TeamMessage]:
+        t = self._messages
+        moved: list[TeamMessage] = []
+        while True:
+            cutoff = _clock() if now is None else now
+            with self._write() as conn:
+                rows = conn.execute(
+                    select(t)
+                    .where(
+                        t.c.status == S.PROCESSING.value,
+                        t.c.lease_until.is_not(None),
+                        t.c.lease_until <= cutoff,
+                    )
+                    .order_by(t.c.seq)
+                    .limit(_REQUEUE_BATCH)
+                    .with_for_update(skip_locked=True)
+                ).all()
+                by_target: dict[MessageStatus, list[Row[Any]]] = {S.PENDING: [], S.FAILED: []}
+                for row in rows:
+                    exhausted = max_attempts is not None and row.attempts >= max_attempts
+                    by_target[S.FAILED if exhausted else S.PENDING].append(row)
+                for target, group in by_target.items():
+                    if group:
+                        conn.execute(
+                            update(t)
+                            .where(t.c.seq.in_([r.seq for r in group]))
+                            .values(status=target.value, claimed_by=None, lease_until=None, fence=None)
+                        )
+            for row in rows:
+                message = _message(row)
+                exhausted = max_attempts is not None and row.attempts >= max_attempts
+                message.status = S.FAILED if exhausted else S.PENDING
+                message.claimed_by = None
+                message.lease_until = None
+                moved.append(message)
+            if len(rows) < _REQUEUE_BATCH:
+                return moved
+
+    # -- extras --------------------------------------------------------------------
+
+    async def counts(self, mailbox_id: str) -> dict[str, int]:
+        """Number of messages per status value (all statuses, zeros included):
+        one indexed ``GROUP BY``."""
+        check_name(mailbox_id)
+        return await self._call(self._counts, mailbox_id)
+
+    def _counts(self, mailbox_id: str) -> dict[str, int]:
+        out = {s.value: 0 for s in S}
+        with self._read() as conn:
+            for status, n in conn.execute(self._q.counts, {"p_box": mailbox_id}):
+                out[status] = int(n)
+        return out
+
+    async def mailbox_ids(self, prefix: str | None = None) -> list[str]:
+        """Every mailbox id a message was sent to, sorted; only those starting
+        with ``prefix`` when given."""
+        if prefix is not None and not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str or None, not {type(prefix).__name__}")
+        return await self._call(self._mailbox_ids, prefix)
+
+    def _mailbox_ids(self, prefix: str | None) -> list[str]:
+        boxes = self._mailboxes
+        query = select(boxes.c.id)
+        if prefix:
+            query = query.where(boxes.c.id.startswith(prefix, autoescape=True))
+        with self._read() as conn:
+            return sorted(conn.execute(query).scalars())
+
+    async def aclose(self) -> None:
+        """Close every pooled connection."""
+        await asyncio.to_thread(self.engine.dispose)
+
+
+def _clock() -> int:
+    return now_ms()
+
+
+__all__ = ["SQLMailbox", "normalize_url"]

@@ -1,0 +1,234 @@
+"""Input checks, message ids and the clock shared by every store.
+
+Every store runs these checks *before* it writes anything, so bad input gets a
+clear error (``TypeError`` for a wrong type, ``ValueError`` for a bad value)
+and nothing is half-written.
+
+Mailbox ids are opaque strings of 1..512 characters. Any printable Unicode is
+accepted, including ``{``, ``}``, ``:``, spaces and non-ASCII letters, because
+no store ever splices an id into a key or a query: the Redis store hashes it,
+the SQL store binds it as a parameter. Control characters (newlines, tabs,
+NUL...), line/paragraph separators and lone surrogates are refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import secrets
+import time
+import unicodedata
+from dataclasses import dataclass
+from typing import Any
+
+from .base import MessageTooLargeError
+from .message import MessageStatus
+
+MAX_ID_CHARS = 512
+"""Longest accepted mailbox id, worker id or thread/work-item/reply id (characters)."""
+
+DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
+"""Default bound on ``content`` (UTF-8) + ``metadata`` (JSON) in bytes: 1 MiB."""
+
+_REFUSED_CATEGORIES = frozenset({"Cc", "Cs", "Zl", "Zp"})
+_MESSAGE_ID = re.compile(r"[0-9a-f]{16}-[0-9a-f]{32}")
+
+
+def now_ms() -> int:
+    """Wall-clock time in milliseconds since the Unix epoch."""
+    return time.time_ns() // 1_000_000
+
+
+def mailbox_tag(mailbox_id: str) -> str:
+    """The first 16 hex digits of SHA-256(mailbox id, UTF-8). Used as the Redis
+    hash tag of the mailbox and as the prefix of its message ids."""
+    return hashlib.sha256(mailbox_id.encode("utf-8")).hexdigest()[:16]
+
+
+def new_message_id(mailbox_id: str) -> str:
+    """A fresh message id ``"<tag>-<32 random hex>"`` (49 characters); the tag
+    lets the Redis store find a message's keys from its id alone."""
+    return f"{mailbox_tag(mailbox_id)}-{secrets.token_hex(16)}"
+
+
+def message_id_tag(message_id: str) -> str | None:
+    """The mailbox tag inside a well-formed message id, else ``None``.
+    Raises ``TypeError`` when ``message_id`` is not a string."""
+    if not isinstance(message_id, str):
+        raise TypeError(f"message id must be a str, not {type(message_id).__name__}")
+    return message_id[:16] if _MESSAGE_ID.fullmatch(message_id) else None
+
+
+def new_token() -> str:
+    """A fresh claim token (32 random hex digits)."""
+    return secrets.token_hex(16)
+
+
+def check_name(value: Any, what: str = "mailbox id") -> str:
+    """Validate a mailbox id (or another short identifier named by ``what``).
+
+    Raises ``TypeError`` for a non-string and ``ValueError`` for an empty
+    string, one over :data:`MAX_ID_CHARS` characters, or one holding control
+    characters, line separators or lone surrogates."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, not {type(value).__name__}")
+    if not value:
+        raise ValueError(f"{what} must not be empty")
+    if len(value) > MAX_ID_CHARS:
+        raise ValueError(f"{what} is {len(value)} characters long; the limit is {MAX_ID_CHARS}")
+    for ch in value:
+        if unicodedata.category(ch) in _REFUSED_CATEGORIES:
+            raise ValueError(f"{what} {value!r} contains the control or separator character {ch!r}")
+    return value
+
+
+def check_optional_name(value: Any, what: str) -> str | None:
+    """``None`` or a valid :func:`check_name` string."""
+    return None if value is None else check_name(value, what)
+
+
+def check_status_filter(status: Any) -> MessageStatus | None:
+    """``"all"`` -> ``None``; otherwise :meth:`MessageStatus.parse` (``ValueError`` if unknown)."""
+    if status == "all":
+        return None
+    return MessageStatus.parse(status)
+
+
+def check_limit(limit: Any) -> int | None:
+    """``None`` or a positive ``int`` (``ValueError``/``TypeError`` otherwise)."""
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError(f"limit must be an int or None, not {type(limit).__name__}")
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit}")
+    return limit
+
+
+def check_positive_int(value: Any, what: str) -> int | None:
+    """``None`` or an ``int`` >= 1."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int or None, not {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{what} must be >= 1, got {value}")
+    return value
+
+
+def lease_ms(lease_s: Any, *, required: bool = False) -> int | None:
+    """Convert a lease in **seconds** (int or float, > 0, finite) to whole
+    milliseconds (at least 1). ``None`` means no lease unless ``required``."""
+    if lease_s is None:
+        if required:
+            raise ValueError("lease_s is required")
+        return None
+    if isinstance(lease_s, bool) or not isinstance(lease_s, int | float):
+        raise TypeError(f"lease_s must be a number of seconds, not {type(lease_s).__name__}")
+    if not math.isfinite(lease_s) or lease_s <= 0:
+        raise ValueError(f"lease_s must be a positive, finite number of seconds, got {lease_s!r}")
+    return max(1, round(lease_s * 1000))
+
+
+def check_now_ms(value: Any) -> int | None:
+    """``None`` or an ``int`` of milliseconds since the epoch."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"now_ms must be an int (milliseconds) or None, not {type(value).__name__}")
+    return value
+
+
+def check_token(token: Any) -> str:
+    """A claim token must be a string."""
+    if not isinstance(token, str):
+        raise TypeError(f"claim token must be a str, not {type(token).__name__}")
+    return token
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """A validated ``send`` request; ``metadata_json`` is its canonical JSON."""
+
+    from_: str
+    to: str
+    content: str
+    thread_id: str | None
+    work_item_id: str | None
+    reply_to: str | None
+    metadata: dict[str, Any]
+    metadata_json: str
+
+
+def check_send(
+    from_: Any,
+    to: Any,
+    content: Any,
+    *,
+    thread_id: Any,
+    work_item_id: Any,
+    reply_to: Any,
+    metadata: Any,
+    max_message_bytes: int,
+) -> Outgoing:
+    """Validate every ``send`` argument and the size bound.
+
+    Raises ``TypeError``/``ValueError`` for bad fields and
+    :class:`MessageTooLargeError` (a ``ValueError``) when the UTF-8 content
+    plus the metadata JSON is over ``max_message_bytes`` bytes."""
+    check_name(from_, "sender (from_)")
+    check_name(to, "recipient mailbox id (to)")
+    if not isinstance(content, str):
+        raise TypeError(f"content must be a str, not {type(content).__name__}")
+    thread_id = check_optional_name(thread_id, "thread_id")
+    work_item_id = check_optional_name(work_item_id, "work_item_id")
+    reply_to = check_optional_name(reply_to, "reply_to")
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, dict):
+        raise TypeError(f"metadata must be a dict or None, not {type(metadata).__name__}")
+    try:
+        metadata_json = json.dumps(metadata, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        size = len(content.encode("utf-8")) + len(metadata_json.encode("utf-8"))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"message content/metadata cannot be stored: {exc}") from None
+    if size > max_message_bytes:
+        raise MessageTooLargeError(
+            f"message to {to!r} is {size} bytes (content + metadata JSON); the bound is {max_message_bytes} bytes"
+        )
+    # Round-trip so the stored metadata is exactly what JSON gives back (tuples -> lists ...).
+    return Outgoing(
+        from_, to, content, thread_id, work_item_id, reply_to, json.loads(metadata_json), metadata_json
+    )
+
+
+def check_max_message_bytes(value: Any) -> int:
+    """The size bound must be a positive ``int`` of bytes."""
+    checked = check_positive_int(value, "max_message_bytes")
+    if checked is None:
+        raise ValueError("max_message_bytes must be a positive int")
+    return checked
+
+
+__all__ = [
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "MAX_ID_CHARS",
+    "Outgoing",
+    "check_limit",
+    "check_max_message_bytes",
+    "check_name",
+    "check_now_ms",
+    "check_optional_name",
+    "check_positive_int",
+    "check_send",
+    "check_status_filter",
+    "check_token",
+    "lease_ms",
+    "mailbox_tag",
+    "message_id_tag",
+    "new_message_id",
+    "new_token",
+    "now_ms",
+]

@@ -1,0 +1,618 @@
+"""One conformance suite for every mailbox store: memory, Redis, SQLite, PostgreSQL.
+
+Spec: AgentLattice "Durable mailbox storage" (the five methods, FIFO claims,
+the state machine); DESIGN.md section 5 (leases, fencing, max_in_flight).
+Real services: Redis on 127.0.0.1:6379 (a unique key prefix per test, keys
+deleted after), PostgreSQL on 127.0.0.1:5432 database ``test`` (unique table
+prefix per test, tables dropped after), SQLite in a temp dir.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from lattice_mailbox import (
+    ClaimMissingError,
+    ClaimTakenError,
+    InvalidTransitionError,
+    MemoryMailbox,
+    MessageStatus,
+    MessageTooLargeError,
+    TeamMailbox,
+    mailbox_from_url,
+)
+from lattice_mailbox.redis import RedisMailbox
+from lattice_mailbox.sql import SQLMailbox
+
+REDIS_URL = os.environ.get("LATTICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+PG_URL = os.environ.get("LATTICE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+BACKENDS = [
+    pytest.param("memory", id="memory"),
+    pytest.param("redis", id="redis", marks=pytest.mark.redis),
+    pytest.param("sqlite", id="sqlite"),
+    pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
+]
+
+ALL = [s.value for s in MessageStatus]
+# The transition table, written out independently of lattice_mailbox.transitions.
+ALLOWED = {
+    "pending": {"done", "failed", "cancelled", "read", "parked"},
+    "processing": {"pending", "done", "failed", "cancelled", "read", "parked"},
+    "read": {"done", "failed", "cancelled"},
+    "parked": {"pending", "done", "failed", "cancelled"},
+    "done": set(),
+    "failed": set(),
+    "cancelled": set(),
+}
+
+Factory = Callable[..., Any]
+
+
+@pytest.fixture
+async def make_store(tmp_path) -> AsyncIterator[Callable[..., Any]]:
+    """``make_store(kind, **kwargs)`` builds a store isolated to this test."""
+    cleanups: list[Callable[[], Any]] = []
+
+    def make(kind: str, **kwargs: Any) -> Any:
+        if kind == "memory":
+            return MemoryMailbox(**kwargs)
+        if kind == "redis":
+            prefix = f"test-{uuid.uuid4().hex}"
+            mb = RedisMailbox(REDIS_URL, prefix=prefix, **kwargs)
+
+            async def drop_redis() -> None:
+                client = mb.client()
+                keys = [k async for k in client.scan_iter(match=f"{prefix}:*", count=1000)]
+                if keys:
+                    await client.delete(*keys)
+                await mb.aclose()
+
+            cleanups.append(drop_redis)
+            return mb
+        if kind == "sqlite":
+            mb = SQLMailbox(f"sqlite:///{tmp_path}/mailbox-{uuid.uuid4().hex[:6]}.db", **kwargs)
+            cleanups.append(mb.aclose)
+            return mb
+        if kind == "postgres":
+            kwargs.setdefault("table_prefix", f"t{uuid.uuid4().hex[:12]}_")
+            mb = SQLMailbox(PG_URL, **kwargs)
+
+            async def drop_pg() -> None:
+                from sqlalchemy import text
+
+                def drop() -> None:
+                    with mb.engine.begin() as conn:
+                        p = mb.table_prefix
+                        conn.execute(text(f"DROP TABLE IF EXISTS {p}messages, {p}mailboxes"))
+
+                await asyncio.to_thread(drop)
+                await mb.aclose()
+
+            cleanups.append(drop_pg)
+            return mb
+        raise AssertionError(kind)
+
+    yield make
+    for cleanup in reversed(cleanups):
+        await cleanup()
+
+
+@pytest.fixture(params=BACKENDS)
+def kind(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def store(kind: str, make_store: Factory) -> Any:
+    return make_store(kind)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+async def statuses(mb: Any, box: str) -> list[tuple[str, str]]:
+    return [(m.content, m.status.value) for m in await mb.inbox(box, "all")]
+
+
+# --------------------------------------------------------------------------- the five methods
+
+
+async def test_every_store_satisfies_the_protocol(store):
+    assert isinstance(store, TeamMailbox)
+
+
+async def test_send_returns_a_pending_message_and_get_reads_it_back(store):
+    before = now_ms()
+    m = await store.send(
+        "team::lead",
+        "team::coder",
+        "write the parser",
+        work_item_id="wi-1",
+        metadata={"kind": "handoff", "n": [1, 2], "é": "ü"},
+    )
+    after = now_ms()
+    assert m.status == MessageStatus.PENDING
+    assert (m.from_, m.to, m.content, m.work_item_id) == (
+        "team::lead",
+        "team::coder",
+        "write the parser",
+        "wi-1",
+    )
+    assert m.thread_id == m.id  # thread defaults to the message's own id
+    assert m.reply_to is None and m.claimed_by is None and m.lease_until is None and m.attempts == 0
+    assert m.claim_token is None
+    assert before - 5 <= m.created_at <= after + 5  # milliseconds since the epoch
+    assert m.metadata == {"kind": "handoff", "n": [1, 2], "é": "ü"}
+    assert m.to_json_dict()["from"] == "team::lead"
+
+    assert await store.get(m.id) == m
+    reply = await store.send("team::coder", "team::lead", "done", thread_id=m.thread_id, reply_to=m.id)
+    got = await store.get(reply.id)
+    assert got is not None and got.thread_id == m.id and got.reply_to == m.id and got.metadata == {}
+    assert await store.get("0123456789abcdef-" + "0" * 32) is None
+    assert await store.get("not-an-id") is None
+
+
+async def test_inbox_is_per_mailbox_oldest_first_with_status_filter_and_limit(store):
+    sent = []
+    for i in range(5):
+        sent.append(await store.send("t::lead", "t::a", f"a{i}"))
+        await store.send("t::lead", "t::b", f"b{i}")
+    assert [m.content for m in await store.inbox("t::a")] == ["a0", "a1", "a2", "a3", "a4"]
+    assert [m.content for m in await store.inbox("t::b", limit=2)] == ["b0", "b1"]
+    assert await store.update_status(sent[1].id, "read")
+    assert await store.update_status(sent[3].id, MessageStatus.CANCELLED)
+    assert [m.content for m in await store.inbox("t::a")] == ["a0", "a2", "a4"]
+    assert [m.content for m in await store.inbox("t::a", "read")] == ["a1"]
+    assert [m.content for m in await store.inbox("t::a", MessageStatus.CANCELLED)] == ["a3"]
+    assert await statuses(store, "t::a") == [
+        ("a0", "pending"),
+        ("a1", "read"),
+        ("a2", "pending"),
+        ("a3", "cancelled"),
+        ("a4", "pending"),
+    ]
+    assert [m.content for m in await store.inbox("t::a", "all", limit=2)] == ["a0", "a1"]
+    assert await store.inbox("t::nobody") == []
+    assert await store.inbox("t::nobody", "all") == []
+    with pytest.raises(ValueError, match="unknown message status 'bogus'"):
+        await store.inbox("t::a", "bogus")
+
+
+async def test_claim_next_is_fifo_and_marks_processing(store):
+    ids = [(await store.send("t::lead", "t::w", f"job{i}")).id for i in range(3)]
+    await store.send("t::lead", "t::other", "not mine")
+    first = await store.claim_next("t::w")
+    assert first is not None and first.id == ids[0]
+    assert first.status == MessageStatus.PROCESSING and first.attempts == 1
+    assert first.claim_token and first.claimed_by is None and first.lease_until is None
+    second = await store.claim_next("t::w", worker_id="worker-7")
+    assert second.id == ids[1] and second.claimed_by == "worker-7"
+    assert second.claim_token != first.claim_token
+    # get/inbox never hand out the token
+    stored = await store.get(first.id)
+    assert stored.status == MessageStatus.PROCESSING and stored.claim_token is None
+    assert [m.id for m in await store.inbox("t::w", "processing")] == ids[:2]
+    assert all(m.claim_token is None for m in await store.inbox("t::w", "all"))
+    third = await store.claim_next("t::w")
+    assert third.id == ids[2]
+    assert await store.claim_next("t::w") is None
+    assert await store.claim_next("t::never-used") is None
+    assert [m.content for m in await store.inbox("t::other")] == ["not mine"]
+
+
+async def test_claim_with_a_lease_records_worker_deadline_and_attempts(store):
+    await store.send("t::lead", "t::w", "job")
+    before = now_ms()
+    claimed = await store.claim_next("t::w", lease_s=30, worker_id="w1")
+    after = now_ms()
+    assert claimed.claimed_by == "w1" and claimed.attempts == 1
+    # lease_until is milliseconds: now + 30 000 (Redis uses its server clock, same host)
+    assert before + 30_000 - 1_000 <= claimed.lease_until <= after + 30_000 + 1_000
+    stored = await store.get(claimed.id)
+    assert (stored.claimed_by, stored.lease_until, stored.attempts) == ("w1", claimed.lease_until, 1)
+
+
+async def test_concurrent_claims_in_one_event_loop_never_share_a_message(store):
+    ids = {(await store.send("t::lead", "t::w", f"m{i}")).id for i in range(30)}
+
+    async def claimer() -> list[str]:
+        got = []
+        while (m := await store.claim_next("t::w", lease_s=60)) is not None:
+            got.append(m.id)
+        return got
+
+    results = await asyncio.gather(*(claimer() for _ in range(8)))
+    claimed = [i for r in results for i in r]
+    assert len(claimed) == len(set(claimed)) == 30
+    assert set(claimed) == ids
+
+
+# --------------------------------------------------------------------------- state machine
+
+
+async def _message_in(store: Any, box: str, status: str) -> str:
+    m = await store.send("t::lead", box, f"in {status}")
+    if status == "processing":
+        assert (await store.claim_next(box)).id == m.id
+    elif status != "pending":
+        assert await store.update_status(m.id, status)
+    return m.id
+
+
+async def test_update_status_follows_the_transition_table(store):
+    n = 0
+    for current in ALL:
+        for target in ALL:
+            n += 1
+            box = f"sm::{n}"
+            mid = await _message_in(store, box, current)
+            if target == current:
+                assert await store.update_status(mid, target) is True  # no-op
+                assert (await store.get(mid)).status == current
+            elif target in ALLOWED[current]:
+                assert await store.update_status(mid, target) is True, (current, target)
+                assert (await store.get(mid)).status == target
+                assert [m.id for m in await store.inbox(box, target)] == [mid]
+                assert await store.inbox(box, current) == []
+            else:
+                with pytest.raises(InvalidTransitionError, match=f"from '{current}' to '{target}'"):
+                    await store.update_status(mid, target)
+                assert (await store.get(mid)).status == current, (current, target)
+                assert [m.id for m in await store.inbox(box, current)] == [mid]
+
+
+async def test_terminal_states_never_go_back(store):
+    for terminal in ("done", "failed", "cancelled"):
+        mid = await _message_in(store, f"term::{terminal}", terminal)
+        for back in ("pending", "processing", "read", "parked"):
+            with pytest.raises(InvalidTransitionError, match="terminal"):
+                await store.update_status(mid, back)
+        assert (await store.get(mid)).status == terminal
+        assert await store.claim_next(f"term::{terminal}") is None
+
+
+async def test_leaving_processing_clears_the_claim_and_release_keeps_fifo_place(store):
+    first = await store.send("t::lead", "t::w", "first")
+    await store.send("t::lead", "t::w", "second")
+    claimed = await store.claim_next("t::w", lease_s=30, worker_id="w1")
+    assert claimed.id == first.id
+    assert await store.update_status(first.id, "pending")  # release
+    released = await store.get(first.id)
+    assert (released.status, released.claimed_by, released.lease_until, released.attempts) == (
+        MessageStatus.PENDING,
+        None,
+        None,
+        1,
+    )
+    again = await store.claim_next("t::w", lease_s=30, worker_id="w2")
+    assert again.id == first.id and again.attempts == 2 and again.claimed_by == "w2"
+    assert await store.update_status(first.id, "read")
+    read = await store.get(first.id)
+    assert (read.status, read.claimed_by, read.lease_until) == (MessageStatus.READ, None, None)
+    # an unfenced change makes the old token useless
+    with pytest.raises(ClaimMissingError):
+        await store.complete(first.id, again.claim_token, "read")
+
+
+async def test_update_status_refusals_change_nothing(store):
+    m = await store.send("t::lead", "t::w", "x")
+    assert await store.update_status("0123456789abcdef-" + "f" * 32, "done") is False
+    assert await store.update_status("no-such-message", "done") is False
+    with pytest.raises(ValueError, match="unknown message status 'finished'"):
+        await store.update_status(m.id, "finished")
+    with pytest.raises(ValueError):
+        await store.update_status("no-such-message", "finished")  # status checked first
+    with pytest.raises(InvalidTransitionError, match="only claim_next"):
+        await store.update_status(m.id, "processing")
+    assert await statuses(store, "t::w") == [("x", "pending")]
+    assert (await store.counts("t::w"))["pending"] == 1
+
+
+# --------------------------------------------------------------------------- leases and fencing
+
+
+async def test_extend_lease_and_complete_with_the_token(store):
+    await store.send("t::lead", "t::w", "job")
+    c = await store.claim_next("t::w", lease_s=1, worker_id="w1")
+    new_until = await store.extend_lease(c.id, c.claim_token, 60)
+    assert isinstance(new_until, int) and new_until >= c.lease_until + 50_000
+    assert (await store.get(c.id)).lease_until == new_until
+    with pytest.raises(ValueError, match="unknown message status"):
+        await store.complete(c.id, c.claim_token, "nope")
+    with pytest.raises(InvalidTransitionError):
+        await store.complete(c.id, c.claim_token, "processing")
+    assert (await store.get(c.id)).status == MessageStatus.PROCESSING
+    done = await store.complete(c.id, c.claim_token, "done")
+    assert (done.id, done.status, done.claimed_by, done.lease_until, done.attempts) == (
+        c.id,
+        MessageStatus.DONE,
+        None,
+        None,
+        1,
+    )
+    assert done.claim_token is None
+    # the holder repeating its own successful call (e.g. after a lost reply) gets the same answer
+    assert await store.complete(c.id, c.claim_token, "done") == done
+    with pytest.raises(ClaimMissingError):
+        await store.complete(c.id, c.claim_token, "failed")
+    with pytest.raises(ClaimMissingError):
+        await store.extend_lease(c.id, c.claim_token, 10)
+    assert (await store.get(c.id)).status == MessageStatus.DONE
+
+
+async def test_claim_without_lease_still_gets_a_token_that_fences(store):
+    await store.send("t::lead", "t::w", "job")
+    c = await store.claim_next("t::w")
+    with pytest.raises(ClaimTakenError):
+        await store.complete(c.id, "0" * 32, "done")
+    assert (await store.get(c.id)).status == MessageStatus.PROCESSING
+    # a claim without a lease never expires
+    assert await store.requeue_expired(now_ms=now_ms() + 10**9) == []
+    assert (await store.complete(c.id, c.claim_token, "failed")).status == MessageStatus.FAILED
+
+
+async def test_fencing_distinguishes_taken_from_missing(store):
+    await store.send("t::lead", "t::w", "job")
+    old = await store.claim_next("t::w", lease_s=30, worker_id="slow")
+    moved = await store.requeue_expired(now_ms=old.lease_until)  # expired exactly at lease_until
+    assert [(m.id, m.status, m.claimed_by, m.lease_until, m.attempts) for m in moved] == [
+        (old.id, MessageStatus.PENDING, None, None, 1)
+    ]
+    # requeued, not re-claimed: the claim is missing
+    with pytest.raises(ClaimMissingError) as missing:
+        await store.complete(old.id, old.claim_token, "done")
+    assert missing.value.reason == "missing"
+    with pytest.raises(ClaimMissingError):
+        await store.extend_lease(old.id, old.claim_token, 30)
+    new = await store.claim_next("t::w", lease_s=30, worker_id="fast")
+    assert new.id == old.id and new.attempts == 2
+    # re-claimed by someone else: the claim is taken
+    with pytest.raises(ClaimTakenError) as taken:
+        await store.complete(old.id, old.claim_token, "done")
+    assert taken.value.reason == "taken"
+    with pytest.raises(ClaimTakenError):
+        await store.extend_lease(old.id, old.claim_token, 30)
+    assert (await store.get(old.id)).claimed_by == "fast"
+    finished = await store.complete(new.id, new.claim_token, "done")
+    assert finished.status == MessageStatus.DONE
+    # the successor finished it: the stale claim is missing and changes nothing
+    with pytest.raises(ClaimMissingError):
+        await store.complete(old.id, old.claim_token, "failed")
+    assert (await store.get(old.id)).status == MessageStatus.DONE
+    with pytest.raises(ClaimMissingError):
+        await store.complete("0123456789abcdef-" + "1" * 32, old.claim_token, "done")
+    with pytest.raises(ClaimMissingError):
+        await store.complete("garbage", old.claim_token, "done")
+
+
+async def test_requeue_expired_moves_only_expired_claims_and_fails_past_max_attempts(store):
+    a = await store.send("t::lead", "t::w", "a")
+    b = await store.send("t::lead", "t::w", "b")
+    c = await store.send("t::lead", "t::w", "c")
+    later = await store.send("t::lead", "t::w", "later")
+    x = await store.send("t::lead", "t::x", "x")
+    ca = await store.claim_next("t::w", lease_s=10)
+    cb = await store.claim_next("t::w", lease_s=100)
+    cc = await store.claim_next("t::w")  # no lease
+    cx = await store.claim_next("t::x", lease_s=10)
+    assert [ca.id, cb.id, cc.id, cx.id] == [a.id, b.id, c.id, x.id]
+    cutoff = max(ca.lease_until, cx.lease_until)
+    assert cutoff < cb.lease_until
+    assert await store.requeue_expired(now_ms=ca.lease_until - 1 - 10**6) == []
+    moved = await store.requeue_expired(now_ms=cutoff)
+    assert sorted((m.id, m.status.value) for m in moved) == sorted([(a.id, "pending"), (x.id, "pending")])
+    assert await store.requeue_expired(now_ms=cutoff) == []  # nothing left to move
+    # the requeued message is first in line again (it keeps its send order)
+    again = await store.claim_next("t::w", lease_s=10)
+    assert again.id == a.id and again.attempts == 2
+    assert (await store.claim_next("t::w", lease_s=10)).id == later.id
+    moved = await store.requeue_expired(max_attempts=2, now_ms=cb.lease_until)
+    by_id = {m.id: m for m in moved}
+    assert by_id[a.id].status == MessageStatus.FAILED and by_id[a.id].attempts == 2  # attempts >= max
+    assert by_id[b.id].status == MessageStatus.PENDING and by_id[b.id].attempts == 1
+    assert by_id[later.id].status == MessageStatus.PENDING
+    assert cc.id not in by_id
+    assert (await store.get(a.id)).status == MessageStatus.FAILED
+    assert await statuses(store, "t::w") == [
+        ("a", "failed"),
+        ("b", "pending"),
+        ("c", "processing"),
+        ("later", "pending"),
+    ]
+
+
+async def test_short_real_lease_expires_without_now_override(store):
+    await store.send("t::lead", "t::w", "job")
+    c = await store.claim_next("t::w", lease_s=0.05)
+    await asyncio.sleep(max(0.0, (c.lease_until + 20 - now_ms()) / 1000))  # past the lease
+    moved = await store.requeue_expired()
+    assert [m.id for m in moved] == [c.id]
+    assert (await store.get(c.id)).status == MessageStatus.PENDING
+
+
+async def test_max_in_flight_limits_processing_per_mailbox(store):
+    for i in range(4):
+        await store.send("t::lead", "t::serial", f"s{i}")
+    await store.send("t::lead", "t::other", "o")
+    one = await store.claim_next("t::serial", max_in_flight=1, lease_s=30)
+    assert one.content == "s0"
+    assert await store.claim_next("t::serial", max_in_flight=1) is None
+    assert (await store.claim_next("t::other", max_in_flight=1)).content == "o"  # per mailbox
+    assert (await store.claim_next("t::serial", max_in_flight=2)).content == "s1"
+    assert await store.claim_next("t::serial", max_in_flight=2) is None
+    await store.complete(one.id, one.claim_token, "done")
+    assert (await store.claim_next("t::serial", max_in_flight=2)).content == "s2"
+    assert await store.claim_next("t::nobody", max_in_flight=1) is None
+
+
+# --------------------------------------------------------------------------- extras
+
+
+async def test_counts_and_mailbox_ids(store):
+    assert await store.counts("team::a") == {s: 0 for s in ALL}
+    assert await store.mailbox_ids() == []
+    for i in range(3):
+        await store.send("team::lead", "team::a", f"m{i}")
+    await store.send("team::a", "team::lead", "r")
+    await store.send("x", "team_%::b", "odd")
+    await store.send("x", "other::lead", "o")
+    c = await store.claim_next("team::a")
+    await store.complete(c.id, c.claim_token, "done")
+    await store.claim_next("team::a")
+    assert await store.counts("team::a") == {**{s: 0 for s in ALL}, "pending": 1, "processing": 1, "done": 1}
+    assert await store.mailbox_ids() == sorted(["team::a", "team::lead", "team_%::b", "other::lead"])
+    assert await store.mailbox_ids("team::") == ["team::a", "team::lead"]
+    assert await store.mailbox_ids("team_%") == ["team_%::b"]  # no LIKE wildcards
+    assert await store.mailbox_ids("zzz") == []
+
+
+async def test_mailbox_from_url_builds_each_store(kind, tmp_path):
+    url = {
+        "memory": "memory://",
+        "redis": REDIS_URL,
+        "sqlite": f"sqlite:///{tmp_path}/u.db",
+        "postgres": PG_URL,
+    }[kind]
+    expected = {"memory": MemoryMailbox, "redis": RedisMailbox, "sqlite": SQLMailbox, "postgres": SQLMailbox}[
+        kind
+    ]
+    kwargs = {"redis": {"prefix": "test-url"}, "postgres": {"table_prefix": "t_url_"}}.get(kind, {})
+    mb = mailbox_from_url(url, **kwargs)
+    assert type(mb) is expected
+    if kind == "postgres":
+        assert mb.url.startswith("postgresql+psycopg://")
+    await mb.aclose()
+
+
+def test_mailbox_from_url_refuses_unknown_schemes():
+    for bad in ("http://x", "mysql://db", "memory", "", "redis:/x"):
+        with pytest.raises(ValueError, match=r"accepted schemes: memory://, redis://"):
+            mailbox_from_url(bad)
+    assert type(mailbox_from_url("postgresql+psycopg://postgres@127.0.0.1/test")) is SQLMailbox
+    assert type(mailbox_from_url("rediss://127.0.0.1:6380/0")) is RedisMailbox
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+async def test_bad_mailbox_ids_are_refused_and_nothing_is_written(store):
+    for bad, pattern in [
+        ("", "must not be empty"),
+        ("x" * 513, "513 characters long; the limit is 512"),
+        ("team::a\nb", "control or separator"),
+        ("team::a\x00", "control or separator"),
+        ("team::\u2028", "control or separator"),
+        ("\ud800", "control or separator"),
+    ]:
+        with pytest.raises(ValueError, match=pattern):
+            await store.send("t::lead", bad, "x")
+        with pytest.raises(ValueError, match=pattern):
+            await store.send(bad, "t::ok", "x")
+        for call in (store.inbox(bad), store.claim_next(bad), store.counts(bad)):
+            with pytest.raises(ValueError, match=pattern):
+                await call
+    with pytest.raises(TypeError, match="mailbox id"):
+        await store.send("t::lead", None, "x")
+    with pytest.raises(TypeError, match="content must be a str"):
+        await store.send("t::lead", "t::ok", 42)
+    with pytest.raises(TypeError, match="metadata must be a dict"):
+        await store.send("t::lead", "t::ok", "x", metadata=["a"])
+    with pytest.raises(ValueError, match="cannot be stored"):
+        await store.send("t::lead", "t::ok", "x", metadata={"f": object()})
+    with pytest.raises(ValueError, match="cannot be stored"):
+        await store.send("t::lead", "t::ok", "x", metadata={"nan": float("nan")})
+    with pytest.raises(ValueError, match="cannot be stored"):
+        await store.send("t::lead", "t::ok", "bad \ud800 surrogate")
+    assert await store.mailbox_ids() == []
+    assert await store.inbox("t::ok", "all") == []
+    ok = await store.send("t::lead", "x" * 512, "longest allowed id")
+    assert (await store.get(ok.id)).to == "x" * 512
+
+
+async def test_near_identical_ids_never_collide(store):
+    ids = [
+        "team::a",
+        "team::a ",
+        " team::a",
+        "team:::a",
+        "team::{a}",
+        "team::}a{",
+        "{team}::a",
+        "team::\u00e9",  # é precomposed
+        "team::e\u0301",  # e + combining accent
+        "team::日本",
+        "team::a:b",
+        "team::a_b",
+        "team::a%b",
+    ]
+    sent = {box: await store.send("t::lead", box, f"to {box!r}") for box in ids}
+    assert await store.mailbox_ids() == sorted(ids)
+    for box in ids:
+        assert [m.content for m in await store.inbox(box)] == [f"to {box!r}"]
+        assert (await store.counts(box))["pending"] == 1
+    claimed = await store.claim_next("team::{a}")
+    assert claimed.id == sent["team::{a}"].id and claimed.to == "team::{a}"
+    assert await store.claim_next("team::{a}") is None
+    for box in ids:
+        expected = "processing" if box == "team::{a}" else "pending"
+        assert [m.status.value for m in await store.inbox(box, "all")] == [expected]
+
+
+async def test_message_over_the_size_bound_is_refused_and_nothing_is_written(kind, make_store):
+    store = make_store(kind, max_message_bytes=1000)
+    with pytest.raises(MessageTooLargeError, match="is 1001 bytes .* the bound is 1000 bytes") as err:
+        await store.send("t::lead", "t::big", "x" * 999)  # + len("{}") for the empty metadata
+    assert isinstance(err.value, ValueError)
+    # metadata counts too, and content is measured in UTF-8 bytes
+    with pytest.raises(MessageTooLargeError):
+        await store.send("t::lead", "t::big", "x" * 900, metadata={"pad": "y" * 100})
+    with pytest.raises(MessageTooLargeError, match="is 1002 bytes"):
+        await store.send("t::lead", "t::big", "é" * 500)
+    assert await store.inbox("t::big", "all") == []
+    assert await store.mailbox_ids() == []
+    fits = await store.send("t::lead", "t::big", "x" * 998, metadata={})  # 998 + len("{}") == 1000
+    assert (await store.get(fits.id)).content == "x" * 998
+
+
+async def test_default_bound_is_one_mebibyte(store):
+    with pytest.raises(MessageTooLargeError, match="the bound is 1048576 bytes"):
+        await store.send("t::lead", "t::big", "x" * (1024 * 1024 - 1))  # + "{}" = 1 MiB + 1
+    assert await store.inbox("t::big", "all") == []
+
+
+async def test_bad_claim_and_lease_arguments_are_refused_and_change_nothing(store):
+    m = await store.send("t::lead", "t::w", "job")
+    for bad in (0, -1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="lease_s"):
+            await store.claim_next("t::w", lease_s=bad)
+    for bad in ("5", True):
+        with pytest.raises(TypeError, match="lease_s"):
+            await store.claim_next("t::w", lease_s=bad)
+    with pytest.raises(ValueError, match="max_in_flight must be >= 1"):
+        await store.claim_next("t::w", max_in_flight=0)
+    with pytest.raises(ValueError, match="worker_id"):
+        await store.claim_next("t::w", worker_id="")
+    with pytest.raises(ValueError, match="limit must be >= 1"):
+        await store.inbox("t::w", limit=0)
+    assert await statuses(store, "t::w") == [("job", "pending")]
+    c = await store.claim_next("t::w", lease_s=30)
+    with pytest.raises(ValueError, match="lease_s"):
+        await store.extend_lease(c.id, c.claim_token, 0)
+    with pytest.raises(TypeError, match="claim token"):
+        await store.complete(c.id, None, "done")
+    with pytest.raises(ValueError, match="max_attempts must be >= 1"):
+        await store.requeue_expired(max_attempts=0)
+    with pytest.raises(TypeError, match="now_ms"):
+        await store.requeue_expired(now_ms=1.5)
+    stored = await store.get(m.id)
+    assert (stored.status, stored.lease_until) == (MessageStatus.PROCESSING, c.lease_until)
