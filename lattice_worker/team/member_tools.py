@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -32,6 +33,8 @@ from ..tools.tool import ToolContext, ToolDefinition, ToolResult
 from .events import TeamMessageEvent
 from .ids import LEAD, mailbox_id
 
+logger = logging.getLogger("lattice_worker.team")
+
 MAILBOX_TOOL_NAMES = ("team_send", "team_inbox", "team_read", "team_reply", "team_followup", "team_status")
 
 EmitFn = Callable[[Any], Awaitable[None] | None]
@@ -44,12 +47,21 @@ reading ``"Error: <message>"``; nothing was changed."""
 
 
 async def emit_event(emit: EmitFn | None, event: Any) -> None:
-    """Call ``emit(event)`` (sync or async) when an emitter is set."""
+    """Call ``emit(event)`` (sync or async) when an emitter is set.
+
+    Event delivery is observational: an emitter that raises is logged on the
+    ``lattice_worker.team`` logger and the run goes on (it must not turn into a
+    member failure)."""
     if emit is None:
         return
-    value = emit(event)
-    if inspect.isawaitable(value):
-        await value
+    try:
+        value = emit(event)
+        if inspect.isawaitable(value):
+            await value
+    except Exception:
+        logger.warning(
+            "team event callback failed on a %s event; continuing", getattr(event, "type", "?"), exc_info=True
+        )
 
 
 async def set_message_status(
@@ -395,12 +407,25 @@ async def _status(data: TeamStatusInput, ctx: ToolContext) -> str:
 
 
 def make_mailbox_tools() -> list[ToolDefinition]:
-    """The six team mailbox tools (fresh :class:`ToolDefinition` objects).
+    """The six team mailbox tools.
 
     Each finds its caller through ``ctx.runtime.team_mailbox_state``; see the
     module docstring. Refusals (unknown recipient, a message the caller never
     claimed, a lost claim) are error ``tool_result`` s that change nothing.
+    The definitions hold no per-agent state, so one set is built per process
+    and shared (a fresh list each call): building them derives JSON Schemas,
+    which would otherwise dominate spawning a member session per work item.
     """
+    global _SHARED_TOOLS
+    if _SHARED_TOOLS is None:
+        _SHARED_TOOLS = _build_mailbox_tools()
+    return list(_SHARED_TOOLS)
+
+
+_SHARED_TOOLS: list[ToolDefinition] | None = None
+
+
+def _build_mailbox_tools() -> list[ToolDefinition]:
     spec = [
         (
             "team_send",

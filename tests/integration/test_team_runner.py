@@ -643,3 +643,88 @@ async def test_live_member_keeps_its_history_across_work_items(mailbox: Any) -> 
     )
     await team.prompt("go", stream=False)
     assert [len(r.messages) for r in client.requests] == [1, 4]  # prompt, reply call, result, new prompt
+
+
+async def test_interrupt_while_members_work_lets_the_batch_finish_then_stops_the_lead(mailbox: Any) -> None:
+    holder: dict[str, Any] = {}
+
+    @tool(name="interrupt_lead", description="The host interrupts the team.")
+    def interrupt_lead() -> str:
+        holder["interrupted"] = holder["team"].interrupt()
+        return "interrupted"
+
+    member_client = ScriptedModelClient(
+        [tool_turn(("interrupt_lead", {})), tool_turn(("team_reply", {"content": "finished anyway"}))]
+    )
+    lead_client = ScriptedModelClient(
+        [tool_turn(("m", {"mode": "handoff", "task": "t"})), text_turn("never")]
+    )
+    lead = create_agent(name="lead", model_client=lead_client)
+    team = create_team(
+        name="t15",
+        lead=lead,
+        members=[
+            team_member(
+                name="m", agent=create_agent(name="m", model_client=member_client, tools=[interrupt_lead])
+            )
+        ],
+        mailbox=mailbox,
+    )
+    holder["team"] = team
+    result = await team.prompt("go", stream=False)
+    assert holder["interrupted"] is True
+    assert result.subtype == "interrupted" and result.is_error is False
+    assert len(lead_client.requests) == 1  # the lead's next turn never happened
+    task = (await mailbox.inbox("t15::m", "all"))[0]
+    assert task.status == MessageStatus.DONE  # the accepted work finished first...
+    history = await lead.get_history()
+    assert (
+        reports_of(ModelRequest(model=None, system=None, messages=history))[0]["content"] == "finished anyway"
+    )
+    assert team.interrupt() is False  # idle again
+
+
+async def test_create_team_runner_query_and_emit_callback(mailbox: Any) -> None:
+    from lattice_worker import ConfigError, create_team_runner
+
+    def lead_play(request: ModelRequest) -> AssistantModelMessage:
+        entries = reports_of(request)
+        if entries and len(request.messages) % 2 == 0:
+            return text_turn("summary: " + entries[-1]["content"])
+        return tool_turn(("m", {"mode": "handoff", "task": "t"}))
+
+    seen: list[str] = []
+    team = create_team(
+        name="t16",
+        lead=create_agent(name="lead", model_client=ScriptedModelClient(lead_play)),
+        members=[
+            team_member(name="m", agent=create_agent(name="m", model_client=replying_client(lambda p: "R")))
+        ],
+        mailbox=mailbox,
+    )
+    runner = create_team_runner(
+        team, max_concurrent_work_items=2, emit=lambda e: seen.append(f"{e.type}:{getattr(e, 'subtype', '')}")
+    )
+    assert runner.options.max_concurrent_work_items == 2
+    events = [e async for e in runner.query("go", stream=False)]
+    assert events[-1].type == "result" and events[-1].result == "summary: R"
+    assert "team_message:sent" in seen and "team_message:done" in seen and "team_agent:end" in seen
+
+    def broken(event: Any) -> None:
+        raise RuntimeError("observer bug")
+
+    await team.lead.replace_history([])
+    events = [e async for e in create_team_runner(team, emit=broken).query("again", stream=False)]
+    assert (
+        events[-1].subtype == "success" and events[-1].result == "summary: R"
+    )  # a failing observer never fails the run
+    assert [m.status for m in await mailbox.inbox("t16::m", "all")] == [
+        MessageStatus.DONE,
+        MessageStatus.DONE,
+    ]
+    with pytest.raises(ConfigError, match="bogus"):
+        async for _ in team.query("go", bogus=True):
+            pass
+    with pytest.raises(ConfigError, match="runtime"):
+        async for _ in team.query("go", runtime=object()):
+            pass
