@@ -49,7 +49,8 @@ app = typer.Typer(
         "Start workers with [bold]lattice worker[/bold], submit work with [bold]lattice submit[/bold], "
         "watch with [bold]lattice status[/bold] / [bold]lattice flower[/bold]. "
         "Settings come from the options below or LATTICE_* environment variables "
-        "(LATTICE_BROKER_URL, LATTICE_MAILBOX_URL, LATTICE_KEY_PREFIX, LATTICE_LEASE_SECONDS, LATTICE_MAX_ATTEMPTS)."
+        "(LATTICE_BROKER_URL, LATTICE_MAILBOX_URL, LATTICE_KEY_PREFIX, LATTICE_LEASE_SECONDS, LATTICE_MAX_ATTEMPTS); "
+        "the options go before the command, e.g. [bold]lattice --key-prefix staging status[/bold]."
     ),
     no_args_is_help=True,
     add_completion=False,
@@ -331,7 +332,10 @@ def events(
 def status(
     ctx: typer.Context,
     team: Annotated[
-        str | None, typer.Argument(help="Only this team's mailboxes and runs (its name, e.g. example).")
+        str | None,
+        typer.Argument(
+            help="Only this team's mailboxes and runs: its name (e.g. demo) or its reference (examples.team:team)."
+        ),
     ] = None,
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="How many recent runs to list.")] = 10,
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,

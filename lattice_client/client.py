@@ -369,7 +369,11 @@ class AsyncLatticeClient:
 
     async def status(self, team: str | None = None, *, limit: int = 20) -> StatusReport:
         """Per-status message counts of every ``<team>::*`` mailbox (every mailbox
-        when ``team`` is ``None``) and the ``limit`` most recent runs."""
+        when ``team`` is ``None``) and the ``limit`` most recent runs. ``team``
+        may also be a ``"package.module:attribute"`` reference (resolved as in
+        :meth:`resolve_team`)."""
+        if team and ":" in team and "::" not in team:
+            team, _ = await self.resolve_team(team)
         prefix = f"{team}::" if team else None
         mailbox = self.mailbox
         ids = await mailbox.mailbox_ids(prefix)

@@ -374,6 +374,10 @@ def test_status_counts_team_mailboxes_and_lists_recent_runs(client, prefix):
     assert report.mailboxes["example::searcher"]["processing"] == 1
     assert report.mailboxes["example::counter"]["pending"] == 1
     assert [r.run_id for r in report.runs] == [second.run_id, first.run_id]
+    raw = redis.Redis.from_url(REDIS_URL)
+    raw.hset(f"{prefix}:teams", "examples.team:team", "example")
+    raw.close()
+    assert set(client.status("examples.team:team").mailboxes) == {"example::searcher", "example::counter"}
     everything = client.status()
     assert set(everything.mailboxes) == {"example::searcher", "example::counter", "other::worker"}
     assert len(everything.runs) == 3
