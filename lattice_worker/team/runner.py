@@ -162,7 +162,12 @@ class TeamRunner:
         result as JSON when there is one). Raises :class:`TeamToolError` (an
         error tool result) when the work item failed or was cancelled."""
         await self._emit(TeamMessageEvent(subtype="sent", team=self.team.name, message=_public(message)))
-        outcome = await self.run_message(member, message.id)
+        try:
+            outcome = await self.run_message(member, message.id)
+        except AbortError:
+            # aborted before the member started: the accepted ask must not stay pending
+            await self.cancel_items([_Item(member, message)], reason="the run was aborted")
+            raise
         await self._consume_report(outcome)
         if outcome.status in ("failed", "cancelled"):
             raise TeamToolError(outcome.content)

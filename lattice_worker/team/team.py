@@ -259,6 +259,14 @@ def create_team(
             raise ConfigError(
                 f'{where}: member "{member.name}" is the lead agent itself; use a separate agent'
             )
+        if member.kind in ("agent", "team"):
+            for other in member_list[:i]:
+                if other.agent is member.agent:
+                    raise ConfigError(
+                        f'{where}: members "{other.name}" and "{member.name}" share one live session; one Agent '
+                        "holds one conversation -- give each member its own agent, or use define_agent(...) for a "
+                        "template that spawns a session per work item"
+                    )
     if not isinstance(expose_lead_mailbox_tools, bool):
         raise ConfigError(f"{where}: expose_lead_mailbox_tools must be a bool")
     options = runner_options(runner)

@@ -728,3 +728,22 @@ async def test_create_team_runner_query_and_emit_callback(mailbox: Any) -> None:
     with pytest.raises(ConfigError, match="runtime"):
         async for _ in team.query("go", runtime=object()):
             pass
+
+
+async def test_abort_before_an_ask_runs_cancels_the_ask_message(mailbox: Any) -> None:
+    from lattice_worker import AbortError, AbortSignal, ToolContext
+    from lattice_worker.team import TeamRunner
+
+    member_client = replying_client(lambda p: "x")
+    team = create_team(
+        name="t17",
+        lead=create_agent(name="lead", model_client=ScriptedModelClient([])),
+        members=[team_member(name="m", agent=create_agent(name="m", model_client=member_client))],
+        mailbox=mailbox,
+    )
+    runner = TeamRunner(team, signal=AbortSignal.abort("stop"))
+    message = await mailbox.send("t17::lead", "t17::m", "a question", work_item_id="wi_ask")
+    with pytest.raises(AbortError):
+        await runner.ask(team.member("m"), message, ToolContext(tool_use_id="toolu_1", tool_name="m"))
+    assert member_client.requests == []
+    assert (await mailbox.get(message.id)).status == MessageStatus.CANCELLED

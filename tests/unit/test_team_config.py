@@ -83,6 +83,7 @@ def test_duplicate_member_names_are_rejected_and_nothing_is_installed() -> None:
 
 def test_create_team_rejects_bad_input() -> None:
     lead = agent("lead")
+    shared = agent("shared")
     good = [team_member(name="m", agent=agent("m"))]
     cases: list[tuple[dict[str, Any], str]] = [
         ({"name": "bad name", "lead": lead, "members": good}, "invalid name"),
@@ -91,6 +92,14 @@ def test_create_team_rejects_bad_input() -> None:
         (
             {"name": "t", "lead": lead, "members": [team_member(name="m", agent=lead)]},
             "is the lead agent itself",
+        ),
+        (
+            {
+                "name": "t",
+                "lead": lead,
+                "members": [team_member(name="a", agent=shared), team_member(name="b", agent=shared)],
+            },
+            'members "a" and "b" share one live session',
         ),
         ({"name": "t", "lead": lead, "members": good, "mailbox": object()}, "lacks send"),
         (
