@@ -155,8 +155,12 @@ class WorkerContext:
         """Append ``event`` (an SDK/team event model or dict) to the run's event
         stream; for a child run (a nested team) also to every ancestor's stream,
         wrapped as ``agent_message`` of the member the child run serves.
+        Token-level ``stream_event`` events (also wrapped ones) are not
+        stored: they would multiply the stream's size for no reader's benefit.
         Stream failures are logged, never raised (events are observational)."""
         data = _event_dict(event)
+        if _is_stream_delta(data):
+            return
         current = run_id
         depth = 0
         while current and depth < 16:
@@ -200,13 +204,19 @@ class WorkerContext:
         key = self.usage_key(run_id)
         async with client.pipeline(transaction=True) as pipe:
             for name, value in (usage or {}).items():
-                if isinstance(value, int) and not isinstance(value, bool) and value:
+                if isinstance(value, int) and not isinstance(value, bool):
                     pipe.hincrby(key, name, value)
             pipe.expire(key, RUN_KEY_TTL_SECONDS)
             pipe.hgetall(key)
             out = await pipe.execute()
         total = out[-1] or {}
         return {str(k): int(v) for k, v in total.items()}
+
+
+def _is_stream_delta(data: dict[str, Any]) -> bool:
+    while data.get("type") == "agent_message" and isinstance(data.get("message"), dict):
+        data = data["message"]
+    return data.get("type") == "stream_event"
 
 
 def _event_dict(event: Any) -> dict[str, Any]:

@@ -1,0 +1,202 @@
+"""End-to-end fixtures: real ``lattice worker`` processes on the real Redis.
+
+Each test gets a :class:`Deployment`: its own key prefix (``test-<uuid>``, so
+queues, mailboxes, runs and Celery's own keys never meet another test's), a
+client in the test process, and a way to start ``lattice worker ...``
+subprocesses -- each in its own process group (``start_new_session``), logging
+to a file, stopped by process-group id (``SIGTERM``, then ``SIGKILL``) or
+killed with ``SIGKILL`` on purpose. Every key under the prefix is deleted
+afterwards; the database is never flushed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from lattice_client import LatticeClient
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+REPO = Path(__file__).resolve().parents[2]
+LATTICE = str(Path(sys.executable).with_name("lattice"))
+FAST_WORKER_ARGS = ("--without-mingle", "--without-gossip")
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Proc:
+    """A subprocess in its own process group, logging to ``log_path``."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.argv = argv
+        self.log_path = log_path
+        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            argv, cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.pgid = self.proc.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait_log(self, pattern: str, timeout: float = 30, count: int = 1) -> list[str]:
+        """Wait until ``pattern`` (a regex) matches ``count`` times in the log."""
+
+        def found() -> list[str] | None:
+            hits = re.findall(pattern, self.log())
+            if len(hits) >= count:
+                return hits
+            if not self.alive():
+                raise AssertionError(f"{self.argv} exited ({self.proc.returncode}):\n{self.log()[-4000:]}")
+            return None
+
+        try:
+            return wait_for(found, timeout, f"{pattern!r} x{count} in the log of {self.argv[1:4]}")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n--- log ---\n{self.log()[-4000:]}") from None
+
+    def kill9(self) -> None:
+        """SIGKILL the whole process group (a crash)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pgid, signal.SIGKILL)
+        self.proc.wait(10)
+        self._log.close()
+
+    def stop(self, timeout: float = 15) -> None:
+        """SIGTERM the process group (warm shutdown), SIGKILL after ``timeout`` s."""
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pgid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.pgid, signal.SIGKILL)
+                self.proc.wait(10)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pgid, signal.SIGKILL)  # stray pool children
+        self._log.close()
+
+
+class Deployment:
+    """One isolated deployment (key prefix) with its workers and a client."""
+
+    def __init__(self, tmp_path: Path, **settings: Any) -> None:
+        self.prefix = f"test-{uuid.uuid4().hex[:12]}"
+        self.tmp_path = tmp_path
+        self.env = {
+            k: v for k, v in os.environ.items() if not k.startswith(("LATTICE_", "ANTHROPIC_", "DEEPSEEK_"))
+        }
+        self.env.update(
+            {
+                "LATTICE_BROKER_URL": REDIS_URL,
+                "LATTICE_KEY_PREFIX": self.prefix,
+                "LATTICE_LEASE_SECONDS": "5",
+                "LATTICE_REAPER_INTERVAL_SECONDS": "0.5",
+                "PYTHONUNBUFFERED": "1",
+                "PYTHONPATH": str(REPO),
+            }
+        )
+        self.env.update({f"LATTICE_{k.upper()}": str(v) for k, v in settings.items()})
+        self.procs: list[Proc] = []
+        self.redis = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+        self._client: LatticeClient | None = None
+
+    @property
+    def client(self) -> LatticeClient:
+        if self._client is None:
+            self._client = LatticeClient(broker_url=REDIS_URL, key_prefix=self.prefix)
+        return self._client
+
+    def start(self, argv: list[str], name: str, env: dict[str, str] | None = None) -> Proc:
+        proc = Proc(argv, {**self.env, **(env or {})}, self.tmp_path / f"{name}-{len(self.procs)}.log")
+        self.procs.append(proc)
+        return proc
+
+    def worker(
+        self, team_ref: str, *args: str, env: dict[str, str] | None = None, ready: bool = True
+    ) -> Proc:
+        """Start ``lattice worker TEAM_REF ARGS...`` and wait until Celery says it is ready."""
+        proc = self.start([LATTICE, "worker", team_ref, *args, *FAST_WORKER_ARGS], "worker", env)
+        if ready:
+            proc.wait_log(r"ready\.", timeout=45)
+        return proc
+
+    def executions(self, task: str) -> int:
+        """How many times the ``work`` tool ran ``task`` (see tests/e2e/teams.py)."""
+        return int(self.redis.get(f"{self.prefix}:test:exec:{task}") or 0)
+
+    def work_log(self) -> list[str]:
+        return self.redis.lrange(f"{self.prefix}:test:log", 0, -1)
+
+    def queue_length(self, queue: str) -> int:
+        return int(self.redis.llen(f"{self.prefix}:{queue}"))
+
+    def close(self) -> None:
+        for proc in self.procs:
+            with contextlib.suppress(Exception):
+                proc.stop(timeout=10)
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                self._client.close()
+        keys = list(self.redis.scan_iter(match=f"{self.prefix}:*", count=1000))
+        if keys:
+            self.redis.delete(*keys)
+        self.redis.close()
+
+
+@pytest.fixture
+def deployment(tmp_path: Path) -> Iterator[Deployment]:
+    d = Deployment(tmp_path)
+    try:
+        yield d
+    finally:
+        d.close()
+
+
+@pytest.fixture
+def deployment_factory(tmp_path: Path) -> Iterator[Callable[..., Deployment]]:
+    made: list[Deployment] = []
+
+    def make(**settings: Any) -> Deployment:
+        d = Deployment(tmp_path, **settings)
+        made.append(d)
+        return d
+
+    try:
+        yield make
+    finally:
+        for d in made:
+            d.close()

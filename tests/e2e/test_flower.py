@@ -1,0 +1,69 @@
+"""End-to-end (g): Flower started by ``lattice flower`` sees the running workers and their tasks.
+
+Flower runs on a free loopback port with ``FLOWER_UNAUTHENTICATED_API=true``
+(Flower 2 keeps its HTTP API closed otherwise). It is started before the
+worker so it receives the worker's task events from the first one.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import LATTICE, Deployment, free_port, wait_for
+from tests.e2e.teams import plan
+
+pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(150)]
+
+
+def _get(url: str) -> httpx.Response | None:
+    try:
+        return httpx.get(url, timeout=5)
+    except httpx.HTTPError:
+        return None
+
+
+def test_g_flower_lists_the_workers_and_deliver_tasks(deployment: Deployment):
+    d = deployment
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    flower = d.start(
+        [LATTICE, "flower", "--address", "127.0.0.1", "--port", str(port)],
+        "flower",
+        env={"FLOWER_UNAUTHENTICATED_API": "true"},
+    )
+    wait_for(lambda: _get(f"{base}/healthcheck"), 45, "Flower to answer")
+    worker = d.worker("tests.e2e.teams:team", "--concurrency", "1")
+    node = wait_for(lambda: _node_name(worker.log()), 10, "the worker's node name")
+    result = d.client.submit("tests.e2e.teams:team", plan(("worker", "handoff", "seen"), ("other", "handoff", "too")))
+    assert result.wait(timeout=60).status == "completed"
+
+    def workers() -> dict | None:
+        response = _get(f"{base}/api/workers?refresh=1")
+        if response is None or response.status_code != 200:
+            return None
+        data = response.json()
+        return data if node in data else None
+
+    data = wait_for(workers, 30, f"Flower's /api/workers to list {node}")
+    queues = {q["name"] for q in data[node].get("active_queues", [])}
+    assert {f"{d.prefix}.e2e.lead", f"{d.prefix}.e2e.worker", f"{d.prefix}.e2e.other"} <= queues
+
+    def deliver_tasks() -> list | None:
+        response = _get(f"{base}/api/tasks")
+        if response is None or response.status_code != 200:
+            return None
+        tasks = [t for t in response.json().values() if t.get("name") == "lattice.deliver"]
+        return tasks if len(tasks) >= 2 and all(t.get("state") == "SUCCESS" for t in tasks) else None
+
+    tasks = wait_for(deliver_tasks, 30, "Flower's /api/tasks to show the lattice.deliver tasks")
+    assert {t["args"] for t in tasks} == {"['e2e::worker']", "['e2e::other']"}
+    assert {t["worker"] for t in tasks} == {node}
+    assert flower.alive()
+
+
+def _node_name(log: str) -> str | None:
+    for line in log.splitlines():
+        if line.strip().endswith(" ready.") and "lattice." in line:
+            return line.split("INFO/MainProcess] ", 1)[-1].rsplit(" ready.", 1)[0].strip()
+    return None

@@ -1,0 +1,124 @@
+"""``lattice drain`` (``run_drain``) against the real Redis: members processed by hand
+complete their work items, and the run's resume task lands on the lead queue."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import uuid
+
+import pytest
+import redis
+from rich.console import Console
+
+from lattice_client.runs import RunStore
+from lattice_client.settings import get_settings
+from lattice_mailbox.redis import RedisMailbox
+from lattice_worker import lead_run
+from lattice_worker.drain_cli import run_drain
+from lattice_worker.errors import ConfigError
+from lattice_worker.registry import TeamRegistry
+from lattice_worker.worker_context import WorkerContext
+from tests.e2e.teams import plan
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+@pytest.fixture
+def prefix(monkeypatch):
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    monkeypatch.setenv("LATTICE_KEY_PREFIX", name)
+    monkeypatch.setenv("LATTICE_BROKER_URL", REDIS_URL)
+    monkeypatch.delenv("LATTICE_MAILBOX_URL", raising=False)
+    yield name
+    sync = redis.Redis.from_url(REDIS_URL)
+    try:
+        keys = list(sync.scan_iter(match=f"{name}:*", count=1000))
+        if keys:
+            sync.delete(*keys)
+    finally:
+        sync.close()
+
+
+async def suspended_run(prefix: str, prompt: str) -> tuple[str, list]:
+    """Start a run's lead in-process; returns the run id and the doorbells it rang (not sent)."""
+    mailbox = RedisMailbox(REDIS_URL, prefix=prefix)
+    registry = TeamRegistry(mailbox)
+    registry.load("tests.e2e.teams:team")
+    runs = RunStore(REDIS_URL, prefix)
+    rung: list = []
+    ctx = WorkerContext(
+        settings=get_settings(key_prefix=prefix),
+        registry=registry,
+        mailbox=mailbox,
+        runs=runs,
+        send_task=lambda *a: rung.append(a),
+    )
+    run_id = f"run_{uuid.uuid4().hex[:8]}"
+    await runs.create(run_id, "e2e", prompt)
+    assert await lead_run.run_lead(ctx, run_id) == "suspended"
+    await runs.aclose()
+    await mailbox.aclose()
+    return run_id, rung
+
+
+def queued_tasks(prefix: str, queue: str) -> list[tuple[str, list]]:
+    sync = redis.Redis.from_url(REDIS_URL)
+    try:
+        raw = sync.lrange(f"{prefix}:{queue}", 0, -1)
+    finally:
+        sync.close()
+    out = []
+    for item in raw:
+        message = json.loads(item)
+        headers = message["headers"]
+        out.append((headers["task"], json.loads(base64.b64decode(message["body"]))[0]))
+    return out
+
+
+async def test_drain_processes_members_and_the_run_resumes_on_the_lead_queue(prefix):
+    run_id, rung = await suspended_run(prefix, plan(("worker", "handoff", "a"), ("other", "handoff", "b")))
+    assert len(rung) == 2  # doorbells that no worker will answer
+    out = io.StringIO()
+    result = await asyncio.to_thread(
+        run_drain, "tests.e2e.teams:team", [], 5, 10, Console(file=out, width=120)
+    )
+    assert (result.processed, result.failed, result.rounds) == (2, 0, 1)
+    assert "drained 2 message(s), 0 failed" in out.getvalue()
+    assert queued_tasks(prefix, f"{prefix}.e2e.lead") == [("lattice.resume_lead", [run_id])]
+    runs = RunStore(REDIS_URL, prefix)
+    try:
+        assert (await runs.get(run_id)).status.value == "resuming"
+    finally:
+        await runs.aclose()
+
+
+async def test_drain_honours_member_filter_and_limits(prefix):
+    run_id, _ = await suspended_run(
+        prefix, plan(("worker", "handoff", "w1"), ("worker", "handoff", "w2"), ("other", "handoff", "o1"))
+    )
+    console = Console(file=io.StringIO())
+    first = await asyncio.to_thread(run_drain, "tests.e2e.teams:team", ["worker"], 5, 1, console)
+    assert (first.processed, first.rounds) == (1, 1)
+    second = await asyncio.to_thread(run_drain, "tests.e2e.teams:team", ["worker"], 5, 10, console)
+    assert (second.processed, second.rounds) == (1, 1)  # only worker's second message; other untouched
+    mailbox = RedisMailbox(REDIS_URL, prefix=prefix)
+    try:
+        assert [m.status.value for m in await mailbox.inbox("e2e::other", "all")] == ["pending"]
+    finally:
+        await mailbox.aclose()
+    assert queued_tasks(prefix, f"{prefix}.e2e.lead") == []  # the run still waits for "other"
+
+
+def test_drain_rejects_bad_input(prefix):
+    console = Console(file=io.StringIO())
+    with pytest.raises(ConfigError, match="unknown member"):
+        run_drain("tests.e2e.teams:team", ["nobody"], 1, 1, console)
+    with pytest.raises(ConfigError, match="max_rounds"):
+        run_drain("tests.e2e.teams:team", [], 0, 1, console)
+    with pytest.raises(ConfigError, match="cannot import"):
+        run_drain("no_such_module_q:team", [], 1, 1, console)
