@@ -35,7 +35,9 @@ def test_g_flower_lists_the_workers_and_deliver_tasks(deployment: Deployment):
     wait_for(lambda: _get(f"{base}/healthcheck"), 45, "Flower to answer")
     worker = d.worker("tests.e2e.teams:team", "--concurrency", "1")
     node = wait_for(lambda: _node_name(worker.log()), 10, "the worker's node name")
-    result = d.client.submit("tests.e2e.teams:team", plan(("worker", "handoff", "seen"), ("other", "handoff", "too")))
+    result = d.client.submit(
+        "tests.e2e.teams:team", plan(("worker", "handoff", "seen"), ("other", "handoff", "too"))
+    )
     assert result.wait(timeout=60).status == "completed"
 
     def workers() -> dict | None:
