@@ -203,6 +203,25 @@ def _quoted(text: str, key: str) -> str | None:
     return match.group(1) if match else None
 
 
+_PATH = r"""["']?((?:~|\.{1,2}|/)[^\s"']*|[\w.-]+/[^\s"']*)["']?"""
+
+
+def parse_request(text: str) -> tuple[str | None, str | None]:
+    """``(directory, word)`` from a request: the quoted form of :func:`demo_prompt`,
+    or free text such as ``Look through ./docs for the word lease``."""
+    directory = _quoted(text, "directory")
+    if directory is None:
+        match = re.search(rf"\b(?:directory|folder|under|through|in)\s+{_PATH}", text, re.IGNORECASE)
+        if match is None:  # any path-looking token: /abs, ~/x, ./rel, ../rel
+            match = re.search(r"""(?:^|\s)["']?((?:~|\.{1,2})?/[^\s"']*)""", text)
+        directory = match.group(1).rstrip(".,;:") if match else None
+    word = _quoted(text, "word")
+    if word is None:
+        match = re.search(r"\bword[:\s]+[\"']?([\w-]+)", text, re.IGNORECASE)
+        word = match.group(1) if match else None
+    return directory, word
+
+
 def _last_tool_result(request: ModelRequest) -> dict[str, Any] | None:
     content = request.messages[-1].get("content") if request.messages else None
     if isinstance(content, list):
@@ -232,8 +251,7 @@ def lead_script(request: ModelRequest) -> AssistantModelMessage:
             lines.append(f"- {report['member']}{status}: {report['content']}")
         return text_turn("Summary of the team's findings:\n" + "\n".join(lines))
     prompt = _text(request.messages[0]["content"]) if request.messages else ""
-    directory = _quoted(prompt, "directory")
-    word = _quoted(prompt, "word")
+    directory, word = parse_request(prompt)
     if directory is None or word is None:
         return text_turn(
             'Please name a directory and a word, e.g. Look at the directory "/path": find the word "x".'

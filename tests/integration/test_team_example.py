@@ -100,6 +100,26 @@ async def test_demo_team_reports_a_bad_directory_as_a_member_error(mailbox: Any,
     assert "search_files failed" in result.result and "not a directory" in result.result
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Look through ./docs for the word lease", ("./docs", "lease")),
+        ('search /tmp/x for word "foo"', ("/tmp/x", "foo")),
+        ("check ~/code, word: x", ("~/code", "x")),
+        ("hello", (None, None)),
+    ],
+)
+def test_free_form_requests_are_understood_by_the_scripted_lead(text: str, expected: tuple[Any, Any]) -> None:
+    assert example.parse_request(text) == expected
+    assert example.parse_request(example.demo_prompt("/a b/c", "w")) == ("/a b/c", "w")
+
+
+async def test_free_form_prompt_runs_the_whole_flow(mailbox: Any, tree: Path) -> None:
+    demo = example.build_team(mailbox=mailbox, model_client=ScriptedModelClient(example.scripted_demo_model))
+    result = await demo.prompt(f"Look through {tree} for the word import", stream=False)
+    assert '"import" occurs 4 times' in result.result and "8 lines in 3 text files" in result.result
+
+
 def test_module_level_team_and_cli(
     tree: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
