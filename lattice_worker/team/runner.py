@@ -20,6 +20,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -450,8 +451,9 @@ class TeamRunner:
 
         async def produce() -> None:
             try:
-                async for event in lead.query(prompt, runtime=self, **query_options):
-                    await queue.put(event)
+                async with aclosing(lead.query(prompt, runtime=self, **query_options)) as stream:
+                    async for event in stream:
+                        await queue.put(event)
             except BaseException as exc:  # re-raised by the consumer
                 await queue.put(_Failure(exc))
             finally:

@@ -17,6 +17,7 @@ import inspect
 import json
 import logging
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -198,11 +199,19 @@ def _event_dict(event: Any) -> dict[str, Any]:
 
 
 async def _iterate_query(target: Any, prompt: str, options: dict[str, Any]) -> AsyncIterator[Any]:
+    """Iterate ``target.query(prompt, **options)`` and always close it, so a
+    member whose run is cancelled or fails mid-stream is released at once
+    (an Agent holds one conversation until its query is closed)."""
     stream = target.query(prompt, **options)
     if inspect.isawaitable(stream):
         stream = await stream
-    async for event in stream:
-        yield event
+    try:
+        async for event in stream:
+            yield event
+    finally:
+        close = getattr(stream, "aclose", None)
+        if close is not None:
+            await close()
 
 
 async def run_work_item(
@@ -299,26 +308,34 @@ async def run_work_item(
         else:
             prompt = message.content
         if takes_tools or kind == "team":
-            async for event in _iterate_query(target, prompt, options):
-                if _result_field(event, "type") == "result":
-                    result = event
-                await sink(
-                    AgentMessageEvent(
-                        team=team_name, member=member.name, mailbox=own_mailbox, message=_event_dict(event)
+            async with aclosing(_iterate_query(target, prompt, options)) as stream:
+                async for event in stream:
+                    if _result_field(event, "type") == "result":
+                        result = event
+                    await sink(
+                        AgentMessageEvent(
+                            team=team_name,
+                            member=member.name,
+                            mailbox=own_mailbox,
+                            message=_event_dict(event),
+                        )
                     )
-                )
         elif callable(getattr(target, "prompt", None)):
             value = target.prompt(prompt)  # a host AgentLike: only the prompt is passed
             result = await value if inspect.isawaitable(value) else value
         else:
-            async for event in _iterate_query(target, prompt, {}):
-                if _result_field(event, "type") == "result":
-                    result = event
-                await sink(
-                    AgentMessageEvent(
-                        team=team_name, member=member.name, mailbox=own_mailbox, message=_event_dict(event)
+            async with aclosing(_iterate_query(target, prompt, {})) as stream:
+                async for event in stream:
+                    if _result_field(event, "type") == "result":
+                        result = event
+                    await sink(
+                        AgentMessageEvent(
+                            team=team_name,
+                            member=member.name,
+                            mailbox=own_mailbox,
+                            message=_event_dict(event),
+                        )
                     )
-                )
     except AbortError as exc:
         exc_failure = failure_from_exception(exc)
     except Exception as exc:  # isolate: a member that raises is one failed work item

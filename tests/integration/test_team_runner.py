@@ -747,3 +747,25 @@ async def test_abort_before_an_ask_runs_cancels_the_ask_message(mailbox: Any) ->
         await runner.ask(team.member("m"), message, ToolContext(tool_use_id="toolu_1", tool_name="m"))
     assert member_client.requests == []
     assert (await mailbox.get(message.id)).status == MessageStatus.CANCELLED
+
+
+async def test_closing_a_team_query_early_releases_the_lead_and_cancels_accepted_work(mailbox: Any) -> None:
+    member_client = replying_client(lambda p: "x")
+    lead_client = ScriptedModelClient(
+        lambda r: tool_turn(("m", {"mode": "handoff", "task": "t"})) if len(r.messages) == 1 else text_turn("fine")
+    )
+    team = create_team(
+        name="t18",
+        lead=create_agent(name="lead", model_client=lead_client),
+        members=[team_member(name="m", agent=create_agent(name="m", model_client=member_client))],
+        mailbox=mailbox,
+    )
+    stream = team.query("first", stream=False)
+    async for event in stream:
+        if event.type == "team_message" and event.subtype == "sent":
+            break  # the consumer walks away while the handoff is accepted but not run
+    await stream.aclose()
+    assert [m.status for m in await mailbox.inbox("t18::m", "all")] == [MessageStatus.CANCELLED]
+    assert member_client.requests == []
+    await team.lead.replace_history([])
+    assert (await team.prompt("second", stream=False)).result == "fine"  # the lead is free again
