@@ -752,7 +752,9 @@ async def test_abort_before_an_ask_runs_cancels_the_ask_message(mailbox: Any) ->
 async def test_closing_a_team_query_early_releases_the_lead_and_cancels_accepted_work(mailbox: Any) -> None:
     member_client = replying_client(lambda p: "x")
     lead_client = ScriptedModelClient(
-        lambda r: tool_turn(("m", {"mode": "handoff", "task": "t"})) if len(r.messages) == 1 else text_turn("fine")
+        lambda r: (
+            tool_turn(("m", {"mode": "handoff", "task": "t"})) if len(r.messages) == 1 else text_turn("fine")
+        )
     )
     team = create_team(
         name="t18",
