@@ -76,7 +76,7 @@ def test_two_deployments_on_one_redis_never_meet(token):
     queue = queue_name(prefix_a, "team", "lead")
     seen_key = f"{prefix_a}:seen"
 
-    @app_a.task(name="lattice.test_noop")
+    @app_a.task(name="lattice.test_noop", shared=False)
     def noop(tag: str) -> None:
         sync = redis.Redis.from_url(REDIS_URL)
         try:

@@ -80,7 +80,7 @@ def test_lattice_flower_serves_the_api_with_basic_auth(prefix):
     )
     app = make_celery_app(get_settings(broker_url=REDIS_URL, key_prefix=prefix))
 
-    @app.task(name="lattice.test_flower_noop")
+    @app.task(name="lattice.test_flower_noop", shared=False)
     def noop(tag: str) -> str:
         return tag
 
