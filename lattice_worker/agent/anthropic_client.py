@@ -67,6 +67,10 @@ except ImportError:  # pragma: no cover - depends on the installed SDK
 if TYPE_CHECKING:
     from .abort import AbortSignal
 
+DEFAULT_MODEL = "claude-sonnet-4-6"
+"""The model a request gets when neither the Agent (``model=``) nor the request names one.
+(``claude-sonnet-4-5`` reached end-of-life on 2026-11-30 per the ``anthropic`` SDK's deprecation list.)"""
+
 DEEPSEEK_ANTHROPIC_BASE_URL = "https://api.deepseek.com/anthropic"
 """Used as ``base_url`` when the key comes from ``DEEPSEEK_API_KEY`` and no base URL is configured."""
 
@@ -140,7 +144,8 @@ class AnthropicModelClient:
             Anthropic endpoint is used.
         max_retries: retries the SDK makes on 408/409/429/5xx/529 and connection
             errors (a non-negative int; 0 disables retrying).
-        default_model: the model used when a request names none.
+        default_model: the model used when a request names none
+            (default :data:`DEFAULT_MODEL`, ``"claude-sonnet-4-6"``).
         client: a ready ``AsyncAnthropic`` (or compatible) instance to use for every
             request instead of creating one. The caller then owns it and must only
             use this model client on the event loop that client belongs to.
@@ -158,7 +163,7 @@ class AnthropicModelClient:
         api_key: str | None = None,
         base_url: str | None = None,
         max_retries: int = 2,
-        default_model: str = "claude-sonnet-4-5",
+        default_model: str = DEFAULT_MODEL,
         client: Any = None,
     ) -> None:
         if api_key is not None and not isinstance(api_key, str):
@@ -647,6 +652,7 @@ async def _run_with_signal(work: Awaitable[AssistantModelMessage], signal: Abort
 
 
 __all__ = [
+    "DEFAULT_MODEL",
     "AnthropicModelClient",
     "StreamAssembler",
     "build_request_params",

@@ -11,6 +11,7 @@ import asyncio
 import json
 import socket
 import threading
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +20,11 @@ from pydantic import BaseModel
 
 from lattice_worker import create_agent, tool
 from lattice_worker.agent.abort import AbortController
-from lattice_worker.agent.anthropic_client import DEEPSEEK_ANTHROPIC_BASE_URL, AnthropicModelClient
+from lattice_worker.agent.anthropic_client import (
+    DEEPSEEK_ANTHROPIC_BASE_URL,
+    DEFAULT_MODEL,
+    AnthropicModelClient,
+)
 from lattice_worker.agent.model import AssistantModelMessage, ModelRequest, TokenUsage
 from lattice_worker.errors import AbortError, APIError, ConfigError, ModelTimeoutError
 from tests.support.fake_anthropic import (
@@ -329,6 +334,19 @@ async def test_unset_options_send_nothing(server: FakeAnthropicServer) -> None:
     await make_client(server).create_message(request())
     body = server.requests[0].body
     assert not {"thinking", "reasoning_effort", "output_config", "system", "tools"} & body.keys()
+
+
+async def test_default_model_is_current_and_not_deprecated_by_the_sdk(server: FakeAnthropicServer) -> None:
+    # The SDK warns (DeprecationWarning) when a request names a model on its deprecation list.
+    server.enqueue("ok", "ok")
+    client = AnthropicModelClient(api_key="test-key", base_url=server.url, max_retries=0)
+    assert client.default_model == DEFAULT_MODEL == "claude-sonnet-4-6"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        await client.create_message(request(model=None))
+        await client.create_message(request(model=None, stream=False))
+    assert [r.body["model"] for r in server.requests] == ["claude-sonnet-4-6"] * 2
+    assert not [w for w in caught if issubclass(w.category, DeprecationWarning) and "model" in str(w.message)]
 
 
 @pytest.mark.parametrize("effort", ["low", "high", "max"])
