@@ -109,6 +109,42 @@ def _text_of(content: Any) -> str:
     return ""
 
 
+def _reply_problem(message: AssistantModelMessage) -> str | None:
+    """Why a model reply cannot enter the history (a short description), or ``None``.
+
+    Checked: ``content`` is a list (or ``None``) of dicts with a string ``type``;
+    ``text`` blocks carry a string ``text``; ``tool_use`` blocks a non-empty string
+    ``id`` (unique within the reply) and a string ``name``; ``usage`` is ``None``, a
+    dict or a :class:`TokenUsage`; ``stop_reason``, ``provider_response_id`` and
+    ``model`` are strings or ``None``. Other block types pass as they are."""
+    content = message.content if message.content is not None else []
+    if not isinstance(content, list):
+        return f"content is {type(content).__name__}, not a list of content blocks"
+    ids: set[str] = set()
+    for i, block in enumerate(content):
+        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+            return f'content[{i}] is not a content block (a dict with a string "type"): {block!r:.120}'
+        kind = block["type"]
+        if kind == "text" and not isinstance(block.get("text"), str):
+            return f'content[{i}] is a text block without a string "text"'
+        if kind == "tool_use":
+            tool_use_id, name = block.get("id"), block.get("name")
+            if not isinstance(tool_use_id, str) or not tool_use_id:
+                return f'content[{i}] is a tool_use block without a non-empty string "id"'
+            if not isinstance(name, str):
+                return f'content[{i}] is a tool_use block without a string "name"'
+            if tool_use_id in ids:
+                return f"content[{i}] repeats the tool_use id {tool_use_id!r}"
+            ids.add(tool_use_id)
+    if message.usage is not None and not isinstance(message.usage, TokenUsage | dict):
+        return f"usage is {type(message.usage).__name__}, not a dict or TokenUsage"
+    for name in ("stop_reason", "provider_response_id", "model"):
+        value = getattr(message, name)
+        if value is not None and not isinstance(value, str):
+            return f"{name} is {type(value).__name__}, not a string"
+    return None
+
+
 def _swallow(task: asyncio.Task[Any]) -> None:
     if not task.cancelled():
         task.exception()
@@ -547,17 +583,14 @@ async def run_query(agent: Agent, prompt: Any, q: QueryOptions) -> AsyncIterator
                     )
                 )
                 return
-            content = message.content if message.content is not None else []
-            if not isinstance(content, list) or not all(isinstance(b, dict) for b in content):
+            problem = _reply_problem(message)
+            if problem is not None:
+                # Nothing of a malformed reply enters the history: the next request stays valid.
                 yield await run.finish(
-                    _Finish(
-                        "error",
-                        error=TypeError(
-                            "the model client returned content that is not a list of block dicts"
-                        ),
-                    )
+                    _Finish("error", error=APIError(f"the model client returned a malformed reply: {problem}"))
                 )
                 return
+            content = message.content if message.content is not None else []
 
             # ---- the assistant turn
             run.usage.add(message.usage)

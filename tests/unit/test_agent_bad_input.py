@@ -1,0 +1,116 @@
+"""Bad input at the agent loop's public entry points gets a clear error and loses
+nothing (issue 2 and 3 "Must show"; spec "Agent Loop", "Tools", "Hooks",
+"Errors"). Every case checks the history afterwards: it stays well-formed (each
+``tool_use`` answered by one ``tool_result``) and holds nothing of the bad input.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from lattice_worker import (
+    APIError,
+    AssistantModelMessage,
+    ScriptedModelClient,
+    create_bare_agent,
+    text_turn,
+    tool,
+)
+
+
+class Empty(BaseModel):
+    pass
+
+
+async def run(agent, prompt="go", **options):
+    return [e async for e in agent.query(prompt, stream=False, **options)]
+
+
+def reply(*blocks: Any, **fields: Any) -> AssistantModelMessage:
+    return AssistantModelMessage(content=list(blocks), **fields)
+
+
+def assert_well_formed(history: list[dict]) -> None:
+    """Every assistant tool_use is answered, in order, by the next user message."""
+    for i, message in enumerate(history):
+        assert message["role"] in ("user", "assistant")
+        if message["role"] != "assistant":
+            continue
+        ids = [b["id"] for b in message["content"] if b.get("type") == "tool_use"]
+        if ids:
+            answer = history[i + 1]["content"]
+            assert [b["tool_use_id"] for b in answer if b.get("type") == "tool_result"] == ids
+
+
+# --------------------------------------------------------------------------- malformed model replies
+
+TEXT_OK = {"type": "text", "text": "fine"}
+
+
+@pytest.mark.parametrize(
+    ("bad", "problem"),
+    [
+        (
+            reply({"type": "tool_use", "name": "t", "input": {}}),
+            'tool_use block without a non-empty string "id"',
+        ),
+        (
+            reply({"type": "tool_use", "id": "a", "name": ["t"], "input": {}}),
+            'tool_use block without a string "name"',
+        ),
+        (
+            reply({"type": "tool_use", "id": "a", "name": 5, "input": {}}),
+            'tool_use block without a string "name"',
+        ),
+        (
+            reply(
+                {"type": "tool_use", "id": "a", "name": "t", "input": {}},
+                {"type": "tool_use", "id": "a", "name": "t", "input": {}},
+            ),
+            "repeats the tool_use id 'a'",
+        ),
+        (reply({"text": "no type"}), 'content[0] is not a content block (a dict with a string "type")'),
+        (reply("plain string"), "content[0] is not a content block"),
+        (AssistantModelMessage(content="hello"), "content is str, not a list of content blocks"),  # type: ignore[arg-type]
+        (reply({"type": "text", "text": 5}), 'text block without a string "text"'),
+        (reply(TEXT_OK, usage="lots"), "usage is str, not a dict or TokenUsage"),
+        (reply(TEXT_OK, stop_reason=5), "stop_reason is int, not a string"),
+        (reply(TEXT_OK, model=["m"]), "model is list, not a string"),
+    ],
+)
+async def test_a_malformed_model_reply_ends_error_and_stores_nothing(bad, problem):
+    ran = []
+    t = tool("t", "T", Empty, lambda _: ran.append(1) or "ok")
+    client = ScriptedModelClient([bad, text_turn("recovered")])
+    agent = create_bare_agent(model_client=client, tools=[t])
+    events = await run(agent)
+    assert [e.type for e in events] == ["system", "result"]  # no assistant event for a reply we reject
+    result = events[-1]
+    assert result.subtype == "error" and result.is_error is True and result.error_type == "APIError"
+    assert isinstance(result.exception, APIError)
+    assert "malformed reply" in result.error and problem in result.error
+    assert ran == []
+    assert await agent.get_history() == [{"role": "user", "content": "go"}]
+    # the Agent is usable again and the next request carries no trace of the bad reply
+    assert (await agent.prompt("again")).result == "recovered"
+    assert client.requests[1].messages == [
+        {"role": "user", "content": "go"},
+        {"role": "user", "content": "again"},
+    ]
+
+
+async def test_a_reply_with_only_thinking_is_kept_and_sent_back():
+    thinking = {"type": "thinking", "thinking": "hmm", "signature": "sig-1"}
+    client = ScriptedModelClient([reply(thinking, stop_reason="end_turn"), text_turn("second")])
+    agent = create_bare_agent(model_client=client)
+    result = await agent.prompt("x")
+    assert (result.subtype, result.is_error, result.result) == ("success", False, "")
+    assert await agent.get_history() == [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": [thinking]},
+    ]
+    await agent.prompt("y")
+    assert client.requests[1].messages[1] == {"role": "assistant", "content": [thinking]}
