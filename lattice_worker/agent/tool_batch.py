@@ -14,7 +14,8 @@ Order of checks, batch level first (each rejects the whole batch, no handler run
 Then per call, in scheduling order: unknown tool name -> error; ``permission``
 callback (raw input, before parsing; deny -> the message; not called for the
 built-in ``submit_output``) -> error; input parsing (not an object / invalid) ->
-error; handler (exception -> error). Calls that have not started when the
+error; handler (exception -> ``"Error: ..."`` error; a ``ToolResult(is_error=True)``
+-> error with its content as-is). Calls that have not started when the
 query's signal is aborted get an "aborted" error and never run; handlers that
 started are awaited to completion. Results always come back in ``tool_use`` order.
 """
@@ -98,6 +99,12 @@ def _error_block(tool_use_id: str, content: str) -> dict[str, Any]:
 def _fail(call: dict[str, Any], error: BaseException, content: str | None = None) -> CallOutcome:
     text = content if content is not None else f"Error: {error}"
     return CallOutcome(call=call, block=_error_block(str(call.get("id", "")), text), error=error)
+
+
+def _content_text(content: str | list[dict[str, Any]]) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(b.get("text", "") for b in content if b.get("type") == "text")
 
 
 def _rejection_content(code: str, message: str, extra: dict[str, Any] | None = None) -> str:
@@ -242,7 +249,17 @@ class ToolBatchRunner:
             outcome = _fail(call, exc, text)
             outcome.started = True
             return outcome
-        block: dict[str, Any] = {"type": "tool_result", "tool_use_id": tool_use_id, "content": result.content}
+        if result.is_error:
+            # The handler chose its error text: used as-is (no "Error: " prefix), never ends the turn.
+            block = {
+                "type": "tool_result",
+                "tool_use_id": tool_use_id,
+                "content": result.content,
+                "is_error": True,
+            }
+            message = _content_text(result.content) or f'tool "{definition.name}" returned an error result'
+            return CallOutcome(call=call, block=block, error=ToolExecutionError(message), started=True)
+        block = {"type": "tool_result", "tool_use_id": tool_use_id, "content": result.content}
         return CallOutcome(call=call, block=block, result=result, started=True)
 
     async def _check_permission(self, request: PermissionRequest) -> str | None:

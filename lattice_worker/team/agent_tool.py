@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from ..errors import ConfigError, ToolExecutionError
-from ..tools.tool import TOOL_NAME_PATTERN, ToolContext, ToolDefinition
+from ..tools.tool import TOOL_NAME_PATTERN, ToolContext, ToolDefinition, ToolResult
 from .events import failure_from_result
 
 _UNKNOWN_OPTION_HINT = (
@@ -167,32 +167,37 @@ def _text(result: Any) -> str:
     return value if isinstance(value, str) else ("" if value is None else str(value))
 
 
-def _finish(result: Any, schema: Any) -> str:
-    """The tool-result text for a child result (see :func:`agent_tool`)."""
+def child_output_invalid(code: str, message: str) -> ToolResult:
+    """The error result for a child whose structured output is missing or
+    invalid: ``is_error`` with content ``"child_output_invalid: <code>: <message>"``
+    exactly (no ``"Error: "`` prefix; spec "Structured child output")."""
+    return ToolResult(content=f"{CHILD_OUTPUT_INVALID}: {code}: {message}", is_error=True)
+
+
+def _finish(result: Any, schema: Any) -> str | ToolResult:
+    """The tool result for a child result (see :func:`agent_tool`)."""
     if result is None:
         if schema is not None:
-            raise ToolExecutionError(f"{CHILD_OUTPUT_INVALID}: no_result: the child agent produced no result")
+            return child_output_invalid("no_result", "the child agent produced no result")
         raise ToolExecutionError("the child agent produced no result")
     is_error = not isinstance(result, str) and bool(_field(result, "is_error"))
     if is_error:
         failure = failure_from_result(result)
         if schema is not None:
-            raise ToolExecutionError(f"{CHILD_OUTPUT_INVALID}: {failure['code']}: {failure['message']}")
+            return child_output_invalid(failure["code"], failure["message"])
         raise ToolExecutionError(f"the child agent failed ({failure['code']}): {failure['message']}")
     structured = None if isinstance(result, str) else _field(result, "structured_result")
     if schema is not None:
         if structured is None:
-            raise ToolExecutionError(
-                f"{CHILD_OUTPUT_INVALID}: missing_output: the child ended without submitting structured output"
+            return child_output_invalid(
+                "missing_output", "the child ended without submitting structured output"
             )
         try:
             payload = validate_output(schema, structured)
         except ValidationError as exc:
-            raise ToolExecutionError(f"{CHILD_OUTPUT_INVALID}: schema_mismatch: {exc}") from None
+            return child_output_invalid("schema_mismatch", str(exc))
         except Exception as exc:
-            raise ToolExecutionError(
-                f"{CHILD_OUTPUT_INVALID}: schema_mismatch: {type(exc).__name__}: {exc}"
-            ) from None
+            return child_output_invalid("schema_mismatch", f"{type(exc).__name__}: {exc}")
         return json.dumps(payload, ensure_ascii=False)
     if structured is not None:
         return json.dumps(structured, ensure_ascii=False, default=str)
@@ -260,8 +265,12 @@ def agent_tool(
     submission is an error result starting ``child_output_invalid:``; with
     no schema on either side a child ``structured_result`` is passed through as
     JSON); ``handoff`` returns an error result (it needs a mailbox team
-    runtime); ``observe`` returns an "unsupported" error result. Error results
-    read ``"Error: <message>"`` (the agent loop's format for tool errors).
+    runtime); ``observe`` returns an "unsupported" error result. The
+    ``child_output_invalid:`` results are exactly ``"child_output_invalid:
+    <code>: <message>"`` (code ``missing_output``, ``schema_mismatch``,
+    ``no_result`` or the child's failure code such as ``error_max_turns``);
+    other error results read ``"Error: <message>"`` (the agent loop's format
+    for raised tool errors).
 
     Raises :class:`ConfigError` (prefixed ``agent_tool("<name>"):``) for an
     unknown option, an invalid name or target, a mismatching explicit
@@ -304,14 +313,14 @@ def agent_tool(
     schema = output_schema if output_schema is not None else declared
     typed = input_schema is not None
 
-    async def run(prompt: Any, ctx: ToolContext) -> str:
+    async def run(prompt: Any, ctx: ToolContext) -> str | ToolResult:
         child = target.spawn() if kind == "spec" else target
         return _finish(await _run_child(child, kind, prompt, ctx), schema)
 
     if typed:
         assert map_input is not None
 
-        async def typed_handler(data: Any, ctx: ToolContext) -> str:
+        async def typed_handler(data: Any, ctx: ToolContext) -> str | ToolResult:
             prompt = map_input(data)
             if inspect.isawaitable(prompt):
                 prompt = await prompt
@@ -333,7 +342,7 @@ def agent_tool(
         input_model: Any = input_schema
     else:
 
-        async def standard_handler(data: AgentToolInput, ctx: ToolContext) -> str:
+        async def standard_handler(data: AgentToolInput, ctx: ToolContext) -> str | ToolResult:
             if data.mode == "handoff":
                 raise ToolExecutionError(
                     f'{where}: mode "handoff" needs a team runtime, and agent_tool runs its child directly. '
@@ -357,4 +366,11 @@ def agent_tool(
     )
 
 
-__all__ = ["AgentToolInput", "CHILD_OUTPUT_INVALID", "agent_tool", "schema_json", "validate_output"]
+__all__ = [
+    "AgentToolInput",
+    "CHILD_OUTPUT_INVALID",
+    "agent_tool",
+    "child_output_invalid",
+    "schema_json",
+    "validate_output",
+]

@@ -60,11 +60,18 @@ class ToolResult:
             tool_use order) gives the result text.
         structured_result: carried to ``ResultMessage.structured_result`` only when
             ``end_turn`` is true; ignored otherwise.
+        is_error: the call failed: the ``tool_result`` block carries
+            ``is_error: true`` and ``content`` exactly as given (no ``"Error: "``
+            prefix is added, unlike a raised exception), so a tool can pin the
+            error text the model sees (e.g. ``child_output_invalid: ...``). An
+            error result never ends the turn: ``end_turn`` and
+            ``structured_result`` are ignored.
     """
 
     content: str | list[dict[str, Any]]
     end_turn: bool = False
     structured_result: Any = None
+    is_error: bool = False
 
 
 @dataclass
@@ -320,7 +327,8 @@ def _check_blocks(name: str, blocks: list[Any]) -> list[dict[str, Any]]:
 def normalize_tool_output(name: str, value: Any) -> ToolResult:
     """Turn a handler's return value into a :class:`ToolResult` (see module doc).
 
-    Raises :class:`ToolExecutionError` for anything else (``None`` included).
+    Raises :class:`ToolExecutionError` for anything else (``None`` included), and
+    for an ``end_turn`` that is not a bool.
     """
     if isinstance(value, ToolResult):
         content = value.content
@@ -331,24 +339,30 @@ def normalize_tool_output(name: str, value: Any) -> ToolResult:
                 f'tool "{name}" returned ToolResult.content of type {type(content).__name__}; '
                 "expected a str or a list of content blocks"
             )
+        if not isinstance(value.end_turn, bool):
+            # "false" or 0 must not end a run by being truthy
+            raise ToolExecutionError(
+                f'tool "{name}" returned end_turn={value.end_turn!r}; end_turn must be True or False'
+            )
         return value
     if isinstance(value, str):
         return ToolResult(content=value)
     if isinstance(value, list):
         return ToolResult(content=_check_blocks(name, value))
     if isinstance(value, dict):
-        extra = set(value) - {"content", "end_turn", "structured_result"}
+        extra = set(value) - {"content", "end_turn", "structured_result", "is_error"}
         if "content" not in value or extra:
             raise ToolExecutionError(
                 f'tool "{name}" returned a dict with keys {sorted(value)}; a result dict needs "content" '
-                'and may have "end_turn" and "structured_result" only'
+                'and may have "end_turn", "structured_result" and "is_error" only'
             )
         return normalize_tool_output(
             name,
             ToolResult(
                 content=value["content"],
-                end_turn=bool(value.get("end_turn", False)),
+                end_turn=value.get("end_turn", False),
                 structured_result=value.get("structured_result"),
+                is_error=bool(value.get("is_error", False)),
             ),
         )
     raise ToolExecutionError(

@@ -53,6 +53,14 @@ def error_text(block: dict[str, Any]) -> str:
     return content[len("Error: ") :]
 
 
+def verbatim_error(block: dict[str, Any]) -> str:
+    """The content of an error tool_result a tool set itself (``ToolResult(is_error=True)``): no prefix."""
+    assert block.get("is_error") is True, block
+    assert isinstance(block["content"], str)
+    assert not block["content"].startswith("Error: ")
+    return block["content"]
+
+
 async def supervise(tool_def: Any, *calls: dict[str, Any]) -> tuple[ScriptedModelClient, Any]:
     client = ScriptedModelClient(
         [tool_turn(*[(tool_def.name, c) for c in calls]), text_turn("supervisor done")]
@@ -139,8 +147,8 @@ async def test_missing_or_failed_child_submission_is_child_output_invalid() -> N
         model_client=ScriptedModelClient(lambda r: text_turn("no json today")),
     )
     client, _ = await supervise(agent_tool("lazy", never_submits), {"mode": "ask", "task": "x"})
-    text = error_text(results(client.requests[1])[0])
-    assert text.startswith("child_output_invalid: error_missing_output:")
+    text = verbatim_error(results(client.requests[1])[0])
+    assert text.startswith("child_output_invalid: error_missing_output: ")
 
     keeps_failing = define_agent(
         name="wrong",
@@ -149,8 +157,8 @@ async def test_missing_or_failed_child_submission_is_child_output_invalid() -> N
         model_client=ScriptedModelClient(lambda r: tool_turn(("submit_output", {"files": "not a list"}))),
     )
     client, _ = await supervise(agent_tool("wrong", keeps_failing), {"mode": "ask", "task": "x"})
-    text = error_text(results(client.requests[1])[0])
-    assert text.startswith("child_output_invalid: error_max_turns:")
+    text = verbatim_error(results(client.requests[1])[0])
+    assert text.startswith("child_output_invalid: error_max_turns: ")
 
 
 async def test_explicit_output_schema_must_match_the_target() -> None:
@@ -179,7 +187,7 @@ async def test_parent_only_schema_validates_the_child_structured_result() -> Non
 
     bad = agent_tool("bad", _ending_child("b", {"files": 3}), output_schema=Findings)
     client, _ = await supervise(bad, {"mode": "ask", "task": "t"})
-    assert error_text(results(client.requests[1])[0]).startswith("child_output_invalid: schema_mismatch:")
+    assert verbatim_error(results(client.requests[1])[0]).startswith("child_output_invalid: schema_mismatch: ")
 
     plain = agent_tool(
         "plain",
@@ -187,7 +195,9 @@ async def test_parent_only_schema_validates_the_child_structured_result() -> Non
         output_schema=Findings,
     )
     client, _ = await supervise(plain, {"mode": "ask", "task": "t"})
-    assert error_text(results(client.requests[1])[0]).startswith("child_output_invalid: missing_output:")
+    assert verbatim_error(results(client.requests[1])[0]) == (
+        "child_output_invalid: missing_output: the child ended without submitting structured output"
+    )
 
 
 async def test_structured_result_passes_through_without_any_schema() -> None:
@@ -248,3 +258,39 @@ async def test_host_agent_like_target_and_metadata_passthrough() -> None:
     assert "metadata" not in host_tool.to_model_tool()
     client, _ = await supervise(host_tool, {"mode": "ask", "task": "wave"})
     assert results(client.requests[1])[0]["content"] == "host did: wave"
+
+
+async def test_tool_result_is_error_reaches_the_model_verbatim_and_never_ends_the_turn() -> None:
+    """The loop seam agent_tool relies on: ``ToolResult(is_error=True)`` (or a dict with
+    ``is_error``) is an error tool_result whose content is exactly what the tool returned."""
+    from lattice_worker import AgentHooks
+
+    @tool(name="pinned", description="Fails with a pinned text.")
+    def pinned() -> ToolResult:
+        return ToolResult(content="child_output_invalid: x: y", is_error=True, end_turn=True)
+
+    @tool(name="as_dict", description="Fails through a dict.")
+    def as_dict() -> dict[str, Any]:
+        return {"content": "code_42: nope", "is_error": True}
+
+    seen: list[Any] = []
+    client = ScriptedModelClient([tool_turn(("pinned", {}), ("as_dict", {})), text_turn("recovered")])
+    agent = create_agent(
+        name="a",
+        model_client=client,
+        tools=[pinned, as_dict],
+        hooks=AgentHooks(on_tool_result=lambda ctx: seen.append(ctx.error) and None),
+    )
+    events = [e async for e in agent.query("go", stream=False)]
+    first, second = results(client.requests[1])
+    assert first == {
+        "type": "tool_result",
+        "tool_use_id": first["tool_use_id"],
+        "content": "child_output_invalid: x: y",
+        "is_error": True,
+    }
+    assert second["content"] == "code_42: nope" and second["is_error"] is True
+    user = next(e for e in events if e.type == "user")
+    assert user.error == "child_output_invalid: x: y"
+    assert [str(e) for e in seen] == ["child_output_invalid: x: y", "code_42: nope"]
+    assert events[-1].subtype == "success" and events[-1].result == "recovered"  # end_turn was ignored
