@@ -44,7 +44,9 @@ T = TypeVar("T")
 _TEAM_NAME = re.compile(r"[^\s:]+")
 _REF = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 _EVENT_BATCH = 200
-_MAX_BLOCK_MS = 30_000
+# Below redis-py's default socket timeout (5 s): a longer XREAD BLOCK fails with
+# redis.exceptions.TimeoutError on a quiet stream instead of returning empty.
+_MAX_BLOCK_MS = 4_000
 
 
 class CancelReport(BaseModel):
