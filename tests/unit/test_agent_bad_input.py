@@ -15,9 +15,11 @@ from lattice_worker import (
     APIError,
     AssistantModelMessage,
     ScriptedModelClient,
+    ToolResult,
     create_bare_agent,
     text_turn,
     tool,
+    tool_turn,
 )
 
 
@@ -114,3 +116,36 @@ async def test_a_reply_with_only_thinking_is_kept_and_sent_back():
     ]
     await agent.prompt("y")
     assert client.requests[1].messages[1] == {"role": "assistant", "content": [thinking]}
+
+
+# --------------------------------------------------------------------------- odd handler return values
+
+
+@pytest.mark.parametrize(
+    ("returned", "message"),
+    [
+        (None, 'tool "t" returned NoneType'),
+        (5, 'tool "t" returned int'),
+        (b"bytes", 'tool "t" returned bytes'),
+        ({"text": "x"}, 'a result dict needs "content"'),
+        ({"content": 5}, "ToolResult.content of type int"),
+        (["a", "b"], "item 0 is not a content block"),
+        ({"content": "done", "end_turn": "false"}, "end_turn must be True or False"),
+        (ToolResult("done", end_turn=1), "end_turn must be True or False"),  # type: ignore[arg-type]
+    ],
+)
+async def test_an_odd_handler_return_value_is_an_error_result_and_the_loop_continues(returned, message):
+    odd = tool("t", "T", Empty, lambda _: returned)
+    client = ScriptedModelClient([tool_turn(("t", {}, "c1")), text_turn("carried on")])
+    agent = create_bare_agent(model_client=client, tools=[odd])
+    events = await run(agent)
+    [user] = [e for e in events if e.type == "user"]
+    [block] = user.message["content"]
+    assert block["tool_use_id"] == "c1" and block["is_error"] is True and message in block["content"]
+    assert message in user.error
+    result = events[-1]
+    assert (result.subtype, result.result) == ("success", "carried on")  # a bad end_turn never ends the run
+    assert len(client.requests) == 2
+    history = await agent.get_history()
+    assert_well_formed(history)
+    assert history[2] == user.message
