@@ -14,7 +14,8 @@ Order of checks, batch level first (each rejects the whole batch, no handler run
 Then per call, in scheduling order: unknown tool name -> error; ``permission``
 callback (raw input, before parsing; deny -> the message; not called for the
 built-in ``submit_output``) -> error; input parsing (not an object / invalid) ->
-error; handler (exception -> ``"Error: ..."`` error; a ``ToolResult(is_error=True)``
+error; handler (exception -> ``"Error: ..."`` error, a ``CancelledError`` included
+unless the query itself is being cancelled; a ``ToolResult(is_error=True)``
 -> error with its content as-is). Calls that have not started when the
 query's signal is aborted get an "aborted" error and never run; handlers that
 started are awaited to completion. Results always come back in ``tool_use`` order.
@@ -105,6 +106,14 @@ def _content_text(content: str | list[dict[str, Any]]) -> str:
     if isinstance(content, str):
         return content
     return "".join(b.get("text", "") for b in content if b.get("type") == "text")
+
+
+def _being_cancelled() -> bool:
+    """True when the running task has a pending ``cancel()`` -- as opposed to a
+    handler that raised ``CancelledError`` on its own (say, it awaited a future
+    somebody else cancelled), which is just a failed call."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _rejection_content(code: str, message: str, extra: dict[str, Any] | None = None) -> str:
@@ -241,7 +250,9 @@ class ToolBatchRunner:
         )
         try:
             result = await definition.invoke(prep.parsed, ctx)
-        except Exception as exc:
+        except (Exception, asyncio.CancelledError) as exc:
+            if isinstance(exc, asyncio.CancelledError) and _being_cancelled():
+                raise  # the query itself is being cancelled: let it unwind
             if isinstance(exc, ToolExecutionError) and exc.__class__ is ToolExecutionError:
                 text = f"Error: {exc}"
             else:

@@ -6,6 +6,7 @@ nothing (issue 2 and 3 "Must show"; spec "Agent Loop", "Tools", "Hooks",
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -149,3 +150,47 @@ async def test_an_odd_handler_return_value_is_an_error_result_and_the_loop_conti
     history = await agent.get_history()
     assert_well_formed(history)
     assert history[2] == user.message
+
+
+async def test_a_handler_raising_cancelled_error_on_its_own_is_an_error_result():
+    # e.g. the handler awaited a future someone else cancelled; the query itself was not cancelled
+    async def awaits_a_cancelled_future(_):
+        future = asyncio.get_running_loop().create_future()
+        future.cancel()
+        await future
+
+    flaky = tool("flaky", "F", Empty, awaits_a_cancelled_future)
+    ok = tool("ok", "O", Empty, lambda _: "fine", is_concurrency_safe=True)
+    client = ScriptedModelClient([tool_turn(("flaky", {}, "f1"), ("ok", {}, "o1")), text_turn("went on")])
+    agent = create_bare_agent(model_client=client, tools=[flaky, ok])
+    events = await run(agent)
+    [user] = [e for e in events if e.type == "user"]
+    failed, fine = user.message["content"]
+    assert (
+        failed["tool_use_id"] == "f1" and failed["is_error"] is True and "CancelledError" in failed["content"]
+    )
+    assert fine == {"type": "tool_result", "tool_use_id": "o1", "content": "fine"}
+    assert events[-1].subtype == "success" and events[-1].result == "went on"
+    assert_well_formed(await agent.get_history())
+
+
+async def test_cancelling_the_query_task_during_a_handler_still_cancels_it_and_answers_every_call():
+    started = asyncio.Event()
+
+    async def slow(_):
+        started.set()
+        await asyncio.Event().wait()
+
+    agent = create_bare_agent(
+        model_client=ScriptedModelClient([tool_turn(("slow", {}, "s1"), ("slow", {}, "s2")), text_turn("x")]),
+        tools=[tool("slow", "S", Empty, slow)],
+    )
+    task = asyncio.create_task(agent.prompt("go"))
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert agent.running is False
+    history = await agent.get_history()
+    assert_well_formed(history)
+    assert [b["is_error"] for b in history[-1]["content"]] == [True, True]  # withheld, never left dangling
