@@ -11,7 +11,10 @@ Rules (from the spec):
 * ``on_model_request(ctx)`` runs before each model request and may return
   ``{"messages": [...]}`` and/or ``{"system_prompt": "..."}``; it shapes that one
   request only, never the stored history.
-* A hook that raises propagates out of ``query()`` / ``prompt()``.
+* A hook that raises propagates out of ``query()`` / ``prompt()``; so does the
+  :class:`ConfigError` for a hook returning a bad shape (an ``on_tool_result``
+  block whose ``content`` is not a str or a list of content blocks, or whose
+  ``is_error`` is not a bool, included).
 * Hooks run before the matching trace event, so traces show what was sent.
 * Hooks may be sync or async.
 """
@@ -122,6 +125,24 @@ def _check_tool_result_block(block: Any, tool_use_id: str) -> dict[str, Any]:
         raise ConfigError(
             f"on_tool_result hook returned a block for tool_use_id {got!r} while answering {tool_use_id!r}; "
             "a hook cannot add, drop or re-route tool calls"
+        )
+    if "content" in block:
+        content = block["content"]
+        if not (
+            isinstance(content, str)
+            or (
+                isinstance(content, list)
+                and all(isinstance(b, dict) and isinstance(b.get("type"), str) for b in content)
+            )
+        ):
+            raise ConfigError(
+                "on_tool_result hook returned a tool_result whose content must be a str or a list of "
+                f'content blocks (dicts with a "type"), got {content!r:.120}'
+            )
+    if "is_error" in block and not isinstance(block["is_error"], bool):
+        raise ConfigError(
+            f"on_tool_result hook returned a tool_result whose is_error must be True or False, "
+            f"got {block['is_error']!r}"
         )
     if "tool_use_id" not in block:
         block = {**block, "tool_use_id": tool_use_id}

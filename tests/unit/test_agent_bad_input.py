@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from lattice_worker import (
     APIError,
     AssistantModelMessage,
+    ConfigError,
     ScriptedModelClient,
     ToolResult,
     create_bare_agent,
@@ -194,3 +195,57 @@ async def test_cancelling_the_query_task_during_a_handler_still_cancels_it_and_a
     history = await agent.get_history()
     assert_well_formed(history)
     assert [b["is_error"] for b in history[-1]["content"]] == [True, True]  # withheld, never left dangling
+
+
+# --------------------------------------------------------------------------- hooks returning bad shapes
+
+
+@pytest.mark.parametrize(
+    ("returned", "message"),
+    [
+        ("nope", "must return None or a tool_result block dict"),
+        ({"type": "text", "text": "x"}, "must return None or a tool_result block dict"),
+        ({"type": "tool_result", "content": 5}, "content must be a str or a list of content blocks"),
+        ({"type": "tool_result", "content": ["x"]}, "content must be a str or a list of content blocks"),
+        ({"type": "tool_result", "content": "ok", "is_error": "yes"}, "is_error must be True or False"),
+        ({"type": "tool_result", "tool_use_id": "other", "content": "x"}, "cannot add, drop or re-route"),
+    ],
+)
+async def test_an_on_tool_result_hook_returning_a_bad_block_raises_config_error(returned, message):
+    t = tool("t", "T", Empty, lambda _: "raw")
+    client = ScriptedModelClient([tool_turn(("t", {}, "c1")), text_turn("next")])
+    agent = create_bare_agent(model_client=client, tools=[t], hooks={"on_tool_result": lambda ctx: returned})
+    with pytest.raises(ConfigError, match=message):
+        await agent.prompt("go")
+    assert agent.running is False
+    history = await agent.get_history()
+    assert_well_formed(history)
+    [withheld] = history[-1]["content"]  # never the hook's bad block, never the unhooked content
+    assert withheld["is_error"] is True and "withheld" in withheld["content"]
+
+
+async def test_an_on_tool_result_hook_may_drop_content_and_keeps_a_valid_block():
+    t = tool("t", "T", Empty, lambda _: "raw")
+    client = ScriptedModelClient([tool_turn(("t", {}, "c1")), text_turn("next")])
+    hooks = {"on_tool_result": lambda ctx: {"type": "tool_result", "is_error": False}}
+    events = await run(create_bare_agent(model_client=client, tools=[t], hooks=hooks))
+    [user] = [e for e in events if e.type == "user"]
+    assert user.message["content"] == [{"type": "tool_result", "is_error": False, "tool_use_id": "c1"}]
+
+
+@pytest.mark.parametrize(
+    ("returned", "message"),
+    [
+        ([], "must return None or a dict"),
+        ({"model": "x"}, "unknown keys"),
+        ({"messages": "x"}, "messages must be a list of message dicts"),
+        ({"system_prompt": 5}, "system_prompt must be a str or None"),
+    ],
+)
+async def test_an_on_model_request_hook_returning_a_bad_shape_raises_config_error(returned, message):
+    client = ScriptedModelClient([text_turn("never")])
+    agent = create_bare_agent(model_client=client, hooks={"on_model_request": lambda ctx: returned})
+    with pytest.raises(ConfigError, match=message):
+        await agent.prompt("go")
+    assert client.requests == [] and agent.running is False
+    assert await agent.get_history() == [{"role": "user", "content": "go"}]
