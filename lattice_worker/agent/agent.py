@@ -66,6 +66,24 @@ def _check_prompt(where: str, prompt: Any) -> None:
     )
 
 
+def _message_problem(message: Any) -> str | None:
+    """What is wrong with the shape of one history message, or ``None``."""
+    if not isinstance(message, dict):
+        return f"is {type(message).__name__}, not a message dict"
+    if message.get("role") not in ("user", "assistant"):
+        return f'needs "role" "user" or "assistant", got {message.get("role")!r}'
+    if "content" not in message:
+        return 'has no "content"'
+    content = message["content"]
+    if isinstance(content, str):
+        return None
+    if isinstance(content, list) and all(
+        isinstance(b, dict) and isinstance(b.get("type"), str) for b in content
+    ):
+        return None
+    return f'has "content" that is neither a str nor a list of content blocks (dicts with a "type"): {content!r:.120}'
+
+
 class Agent:
     """One conversation with a model, plus its tools (spec "Agent").
 
@@ -215,16 +233,27 @@ class Agent:
         return copy.deepcopy(self._history)
 
     async def replace_history(self, messages: list[dict[str, Any]]) -> None:
-        """Replace the whole conversation (and the history store's copy).
+        """Replace the whole conversation (and the history store's copy) -- spec
+        "Persistent history and resume".
 
-        Idle only: raises :class:`ConcurrentQueryError` while a query runs. The
-        content is the host's (not validated beyond being a list of message dicts);
-        it must be a well-formed history. Raises :class:`ConfigError` otherwise.
+        ``messages``: a list of Anthropic wire-format message dicts. Idle only:
+        raises :class:`ConcurrentQueryError` while a query runs. Only the shape is
+        checked -- each message a dict with ``role`` ``"user"`` or ``"assistant"``
+        and ``content`` a str or a list of content blocks (dicts with a string
+        ``type``); anything else raises :class:`ConfigError` and changes nothing
+        (neither the history nor the store). The content is the host's: it must be
+        a well-formed history (every ``tool_use`` answered by its ``tool_result``).
         """
         if self._control is not None:
             raise ConcurrentQueryError("replace_history() is idle-only: this Agent is running a query")
-        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-            raise ConfigError("replace_history: messages must be a list of message dicts")
+        if not isinstance(messages, list):
+            raise ConfigError(
+                f"replace_history: messages must be a list of message dicts, got {type(messages).__name__}"
+            )
+        for i, message in enumerate(messages):
+            problem = _message_problem(message)
+            if problem is not None:
+                raise ConfigError(f"replace_history: messages[{i}] {problem}")
         new = copy.deepcopy(messages)
         store = self.options.history_store
         if store is not None:

@@ -15,10 +15,12 @@ from pydantic import BaseModel
 from lattice_worker import (
     APIError,
     AssistantModelMessage,
+    ConcurrentQueryError,
     ConfigError,
     ScriptedModelClient,
     ToolResult,
     create_bare_agent,
+    define_history_store,
     text_turn,
     tool,
     tool_turn,
@@ -249,3 +251,72 @@ async def test_an_on_model_request_hook_returning_a_bad_shape_raises_config_erro
         await agent.prompt("go")
     assert client.requests == [] and agent.running is False
     assert await agent.get_history() == [{"role": "user", "content": "go"}]
+
+
+# --------------------------------------------------------------------------- replace_history
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        None,
+        "abc",
+        {"role": "user", "content": "x"},
+        ({"role": "user", "content": "x"},),
+        [1],
+        [{"content": "x"}],
+        [{"role": "user"}],
+        [{"role": "system", "content": "x"}],
+        [{"role": "user", "content": 5}],
+        [{"role": "user", "content": [{"text": "no type"}]}],
+    ],
+)
+async def test_replace_history_with_bad_messages_raises_and_keeps_the_history(bad):
+    replaced = []
+    store = define_history_store(load=lambda: [], append=lambda m: None, replace=replaced.append)
+    agent = create_bare_agent(model_client=ScriptedModelClient([text_turn("a")]), history_store=store)
+    await agent.prompt("keep me")
+    before = await agent.get_history()
+    with pytest.raises(ConfigError, match="replace_history"):
+        await agent.replace_history(bad)
+    assert await agent.get_history() == before
+    assert replaced == []  # the store was not touched either
+
+
+async def test_replace_history_is_idle_only():
+    gate = asyncio.Event()
+    called = asyncio.Event()
+
+    async def slow(_request):
+        called.set()
+        await gate.wait()
+        return AssistantModelMessage(content=[{"type": "text", "text": "done"}], stop_reason="end_turn")
+
+    agent = create_bare_agent(model_client=ScriptedModelClient([slow]))
+    pending = asyncio.create_task(agent.prompt("running"))
+    await called.wait()
+    with pytest.raises(ConcurrentQueryError, match="idle-only"):
+        await agent.replace_history([{"role": "user", "content": "hijack"}])
+    gate.set()
+    assert (await pending).result == "done"
+    assert await agent.get_history() == [
+        {"role": "user", "content": "running"},
+        {"role": "assistant", "content": [{"type": "text", "text": "done"}]},
+    ]
+
+
+async def test_get_history_is_a_deep_copy():
+    agent = create_bare_agent(model_client=ScriptedModelClient([text_turn("a")]))
+    await agent.prompt("original")
+    copy_ = await agent.get_history()
+    copy_[1]["content"][0]["text"] = "edited"
+    copy_.append({"role": "user", "content": "extra"})
+    assert await agent.get_history() == [
+        {"role": "user", "content": "original"},
+        {"role": "assistant", "content": [{"type": "text", "text": "a"}]},
+    ]
+    # and replace_history keeps its own copy too
+    mine = [{"role": "user", "content": [{"type": "text", "text": "mine"}]}]
+    await agent.replace_history(mine)
+    mine[0]["content"][0]["text"] = "changed later"
+    assert (await agent.get_history())[0]["content"][0]["text"] == "mine"
