@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from lattice_mailbox.base import MessageTooLargeError
 from lattice_mailbox.message import TeamMessage
 
 from ..tools.tool import ToolContext, ToolDefinition, ToolResult
@@ -116,10 +117,28 @@ def _description(team_name: str, member: TeamMember) -> str:
     return text
 
 
+async def _send_task(team: Team, member_name: str, data: MemberCallInput, ctx: ToolContext) -> TeamMessage:
+    """Put one task in ``member_name``'s mailbox (from the lead, a new work item id)."""
+    return await team.mailbox.send(
+        lead_mailbox_id(team.name),
+        mailbox_id(team.name, member_name),
+        format_task(data),
+        work_item_id=new_work_item_id(),
+        metadata={
+            "kind": "task",
+            "mode": data.mode,
+            "tool_use_id": ctx.tool_use_id,
+            "member": member_name,
+            "team": team.name,
+            "expected_output": data.expected_output,
+            "acceptance_criteria": data.acceptance_criteria,
+        },
+    )
+
+
 def make_member_tool(team: Team, member: TeamMember, dispatcher: Dispatcher | None = None) -> ToolDefinition:
     """The lead tool for one member (see :func:`make_lead_member_tools`)."""
     team_name = team.name
-    target_box = mailbox_id(team_name, member.name)
 
     async def handler(data: MemberCallInput, ctx: ToolContext) -> ToolResult | str:
         if data.mode == "observe":
@@ -135,21 +154,13 @@ def make_member_tool(team: Team, member: TeamMember, dispatcher: Dispatcher | No
             )
         if not data.task.strip():
             raise TeamToolError("task must not be blank; nothing was sent")
-        message = await team.mailbox.send(
-            lead_mailbox_id(team_name),
-            target_box,
-            format_task(data),
-            work_item_id=new_work_item_id(),
-            metadata={
-                "kind": "task",
-                "mode": data.mode,
-                "tool_use_id": ctx.tool_use_id,
-                "member": member.name,
-                "team": team_name,
-                "expected_output": data.expected_output,
-                "acceptance_criteria": data.acceptance_criteria,
-            },
-        )
+        try:
+            message = await _send_task(team, member.name, data, ctx)
+        except MessageTooLargeError as exc:
+            raise TeamToolError(
+                f'the task for member "{member.name}" is too large for the team mailbox ({exc}). Nothing was '
+                "sent: shorten the task (put large inputs in a file and give its path)."
+            ) from None
         if data.mode == "ask":
             return await active.ask(member, message, ctx)
         await active.handoff(member, message, ctx)

@@ -25,8 +25,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lattice_mailbox.base import ClaimError, InvalidTransitionError, TeamMailbox
+from lattice_mailbox.base import ClaimError, InvalidTransitionError, MessageTooLargeError, TeamMailbox
 from lattice_mailbox.message import MessageStatus, TeamMessage
+from lattice_mailbox.validation import check_send
 
 from ..errors import ToolExecutionError
 from ..tools.tool import ToolContext, ToolDefinition, ToolResult
@@ -44,6 +45,15 @@ TeamToolError = ToolExecutionError
 """What team tools raise to refuse a call (bad recipient, foreign message...):
 the loop turns a plain ``ToolExecutionError`` into an error ``tool_result``
 reading ``"Error: <message>"``; nothing was changed."""
+
+
+class UpstreamTooLargeError(TeamToolError):
+    """A reply / follow-up the store would reject for its size; refused before
+    anything changed. ``detail`` is the store's size message."""
+
+    def __init__(self, message: str, detail: str) -> None:
+        super().__init__(message)
+        self.detail = detail
 
 
 async def emit_event(emit: EmitFn | None, event: Any) -> None:
@@ -164,6 +174,33 @@ class MailboxToolState:
             )
         return message, None
 
+    def _check_fits(
+        self, tool_name: str, to: str, content: str, target: TeamMessage, metadata: dict[str, Any]
+    ) -> None:
+        """Refuse an upstream message the store would reject for its size *before*
+        anything changes (a reply must not close its message and then fail to send)."""
+        limit = getattr(self.mailbox, "max_message_bytes", None)
+        if not isinstance(limit, int) or isinstance(limit, bool):
+            return
+        try:
+            check_send(
+                self.mailbox_id,
+                to,
+                content,
+                thread_id=target.thread_id,
+                work_item_id=target.work_item_id,
+                reply_to=target.id,
+                metadata=metadata,
+                max_message_bytes=limit,
+            )
+        except MessageTooLargeError as exc:
+            raise UpstreamTooLargeError(
+                f"{tool_name}: your message is too large for the team mailbox ({exc}). Nothing was sent and "
+                f"message {target.id} is still open: send a shorter text (summarise, or write the full output "
+                "to a file and give its path).",
+                str(exc),
+            ) from None
+
     async def send(self, to: str, content: str) -> TeamMessage:
         """``team_send``: a new message from the caller to ``to`` (same thread as ``current``)."""
         target = self.resolve_recipient(to)
@@ -184,8 +221,18 @@ class MailboxToolState:
     ) -> TeamMessage:
         """``team_reply``: close the target message ``done`` (fenced first, so a
         run that lost its claim writes nothing), then send the reply upstream
-        (``reply_to`` = the target, same thread and work item)."""
+        (``reply_to`` = the target, same thread and work item). A reply too large
+        for the store is refused before the target is closed."""
         target, token = await self._target(message_id, "team_reply")
+        metadata: dict[str, Any] = {
+            "kind": "reply",
+            "member": self.self_name,
+            "status": "done",
+            "team": self.team_name,
+        }
+        if structured_result is not None:
+            metadata["structured_result"] = structured_result
+        self._check_fits("team_reply", target.from_, content, target, metadata)
         try:
             await set_message_status(self.mailbox, target.id, MessageStatus.DONE, token)
         except ClaimError as exc:
@@ -196,14 +243,6 @@ class MailboxToolState:
             raise TeamToolError(
                 f"team_reply: cannot close message {target.id}: {exc}; nothing was sent"
             ) from None
-        metadata: dict[str, Any] = {
-            "kind": "reply",
-            "member": self.self_name,
-            "status": "done",
-            "team": self.team_name,
-        }
-        if structured_result is not None:
-            metadata["structured_result"] = structured_result
         reply = await self.mailbox.send(
             self.mailbox_id,
             target.from_,
@@ -226,6 +265,8 @@ class MailboxToolState:
     async def followup(self, content: str, message_id: str | None) -> TeamMessage:
         """``team_followup``: send progress upstream; the target stays open."""
         target, _ = await self._target(message_id, "team_followup")
+        metadata = {"kind": "followup", "member": self.self_name, "status": "open", "team": self.team_name}
+        self._check_fits("team_followup", target.from_, content, target, metadata)
         message = await self.mailbox.send(
             self.mailbox_id,
             target.from_,
@@ -233,7 +274,7 @@ class MailboxToolState:
             thread_id=target.thread_id,
             work_item_id=target.work_item_id,
             reply_to=target.id,
-            metadata={"kind": "followup", "member": self.self_name, "status": "open", "team": self.team_name},
+            metadata=metadata,
         )
         self.followups.append(message)
         await emit_event(
@@ -514,6 +555,7 @@ __all__ = [
     "MAILBOX_TOOL_NAMES",
     "MailboxToolState",
     "TeamToolError",
+    "UpstreamTooLargeError",
     "emit_event",
     "ensure_mailbox_tools",
     "make_mailbox_tools",

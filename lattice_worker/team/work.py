@@ -36,7 +36,14 @@ from .events import (
 )
 from .ids import LEAD, mailbox_id
 from .member import TeamMember
-from .member_tools import EmitFn, MailboxToolState, emit_event, ensure_mailbox_tools, set_message_status
+from .member_tools import (
+    EmitFn,
+    MailboxToolState,
+    UpstreamTooLargeError,
+    emit_event,
+    ensure_mailbox_tools,
+    set_message_status,
+)
 
 if TYPE_CHECKING:
     from ..agent.abort import AbortSignal
@@ -252,7 +259,9 @@ async def run_work_item(
     the message ``failed`` and sends an upstream failure report carrying the
     normalised error in ``metadata["error"]``; a run that ends without
     ``team_reply`` / ``team_followup`` is ``failed`` with a ``no_reply``
-    diagnostic upstream; an abort marks it ``cancelled``. A fenced-out
+    diagnostic upstream; a nested team / host member whose final answer cannot
+    be sent upstream (too large for the store) is ``failed`` with code
+    ``reply_failed``; an abort marks it ``cancelled``. A fenced-out
     completion (the claim was taken) writes nothing and returns ``failed`` with
     code ``claim_lost``. Raises only ``asyncio.CancelledError`` and mailbox
     errors of the upstream ``send``.
@@ -390,10 +399,16 @@ async def run_work_item(
         # A nested team or a host AgentLike cannot call team_reply: its final answer is the reply.
         try:
             reply = await state.reply(text or "(empty result)", None, structured_result=structured)
-        except Exception as exc:  # claim lost or message gone: nothing was sent
+        except Exception as exc:  # nothing was sent
             if state.claim_lost is not None:
                 return _claim_lost(message, state.claim_lost)
-            return _unfinished(message, exc)
+            # e.g. an answer too large for the store: the message is still open, so fail it
+            # with a (small) failure report; _fail maps "already changed" to _unfinished.
+            failure = failure_from_exception(exc)
+            failure["code"] = "reply_failed"
+            if isinstance(exc, UpstreamTooLargeError):
+                failure["message"] = f"the member's final answer is too large to send upstream: {exc.detail}"
+            return await _fail(mailbox, sink, team_name, member.name, message, token, failure, kind="failure")
         return WorkItemOutcome(
             message=message.model_copy(update={"status": MessageStatus.DONE, "claim_token": None}),
             status="done",

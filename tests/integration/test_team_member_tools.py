@@ -46,6 +46,26 @@ async def mailbox(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
         await store.aclose()
 
 
+@pytest.fixture(params=STORES)
+async def small_mailbox(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    """A store that refuses messages over 10 000 bytes."""
+    if request.param == "memory":
+        yield MemoryMailbox(max_message_bytes=10_000)
+        return
+    from lattice_mailbox.redis import RedisMailbox
+
+    prefix = f"test-{uuid.uuid4().hex}"
+    store = RedisMailbox(REDIS_URL, prefix=prefix, max_message_bytes=10_000)
+    try:
+        yield store
+    finally:
+        client = store.client()
+        keys = [k async for k in client.scan_iter(match=f"{prefix}:*", count=1000)]
+        if keys:
+            await client.delete(*keys)
+        await store.aclose()
+
+
 def tool_results(request: ModelRequest) -> list[dict[str, Any]]:
     """The tool_result blocks of the last user message of a request."""
     content = request.messages[-1]["content"]
@@ -391,3 +411,58 @@ async def test_a_completion_fenced_out_by_a_new_claim_writes_nothing(mailbox: An
     # the successor can still finish it
     await mailbox.complete(sent.id, fresh.claim_token, "done")
     assert (await mailbox.get(sent.id)).status == MessageStatus.DONE
+
+
+async def test_messages_too_large_for_the_store_are_refused_before_anything_changes(
+    small_mailbox: Any,
+) -> None:
+    mailbox = small_mailbox
+    big = "y" * 20_000
+    member_client = ScriptedModelClient(
+        [tool_turn(("team_reply", {"content": big})), tool_turn(("team_reply", {"content": "short"}))]
+    )
+
+    class Host:
+        async def prompt(self, text: str) -> str:
+            return big  # a host's final answer becomes its reply: too large as well
+
+    lead = lead_client(
+        ("m", {"mode": "handoff", "task": "t"}),
+        ("h", {"mode": "handoff", "task": "t"}),
+        ("m", {"mode": "handoff", "task": big}),
+    )
+    team = create_team(
+        name="mt10",
+        lead=create_agent(name="lead", model_client=lead),
+        members=[
+            team_member(name="m", agent=create_agent(name="m", model_client=member_client)),
+            team_member(name="h", agent=Host()),
+        ],
+        mailbox=mailbox,
+    )
+    assert (await team.prompt("go", stream=False)).result == "lead done"
+
+    batch = lead.requests[1].messages[-2]["content"]  # the tool results; the reports follow them
+    too_big_task = batch[2]
+    assert too_big_task["is_error"] and "too large for the team mailbox" in too_big_task["content"]
+    assert "Nothing was sent" in too_big_task["content"]
+    (task,) = await mailbox.inbox("mt10::m", "all")  # the oversized task never entered the mailbox
+
+    # the member's oversized reply was refused while its message stayed open; the retry closed it
+    refused = tool_results(member_client.requests[1])[0]
+    assert refused["is_error"] and f"message {task.id} is still open" in refused["content"]
+    assert task.status == MessageStatus.DONE
+    upstream = [m for m in await mailbox.inbox("mt10::lead", "all") if m.reply_to == task.id]
+    assert [(m.metadata["kind"], m.content) for m in upstream] == [("reply", "short")]
+
+    # the host's oversized answer: its message failed with a small failure report, nothing lost
+    (host_task,) = await mailbox.inbox("mt10::h", "all")
+    assert host_task.status == MessageStatus.FAILED
+    (report,) = [m for m in await mailbox.inbox("mt10::lead", "all") if m.reply_to == host_task.id]
+    assert report.metadata["kind"] == "failure" and report.metadata["error"]["code"] == "reply_failed"
+    assert "final answer is too large to send upstream" in report.metadata["error"]["message"]
+    entries = reports_of(lead.requests[1])
+    assert [(e["member"], e["status"], e.get("error", {}).get("code")) for e in entries] == [
+        ("m", "done", None),
+        ("h", "failed", "reply_failed"),
+    ]
