@@ -84,6 +84,7 @@ class AbortSignal:
             listeners, self._listeners = self._listeners, []
             waiters, self._waiters = self._waiters, []
         for lp, fut in waiters:
+
             def _set(f: asyncio.Future[None] = fut) -> None:
                 if not f.done():
                     f.set_result(None)
@@ -99,11 +100,23 @@ class AbortSignal:
     def timeout(cls, seconds: float) -> AbortSignal:
         """A signal that aborts itself after ``seconds`` (float seconds) with a
         ``TimeoutError`` reason. Uses a daemon timer thread, so it works with or
-        without a running event loop."""
-        if not isinstance(seconds, int | float) or isinstance(seconds, bool) or seconds < 0:
-            raise ValueError(f"AbortSignal.timeout: seconds must be a non-negative number, got {seconds!r}")
+        without a running event loop.
+
+        Raises ``ValueError`` unless ``seconds`` is a finite number between 0 and
+        ``threading.TIMEOUT_MAX`` (a bool, NaN or infinity included)."""
+        if (
+            not isinstance(seconds, int | float)
+            or isinstance(seconds, bool)
+            or not 0 <= seconds <= threading.TIMEOUT_MAX  # False for NaN; infinity is above it
+        ):
+            raise ValueError(
+                "AbortSignal.timeout: seconds must be a finite, non-negative number of seconds "
+                f"(at most threading.TIMEOUT_MAX), got {seconds!r}"
+            )
         sig = cls()
-        timer = threading.Timer(seconds, sig._abort, args=(TimeoutError(f"signal timed out after {seconds}s"),))
+        timer = threading.Timer(
+            seconds, sig._abort, args=(TimeoutError(f"signal timed out after {seconds}s"),)
+        )
         timer.daemon = True
         timer.start()
         return sig

@@ -7,12 +7,14 @@ nothing (issue 2 and 3 "Must show"; spec "Agent Loop", "Tools", "Hooks",
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
 from lattice_worker import (
+    AbortSignal,
     APIError,
     AssistantModelMessage,
     ConcurrentQueryError,
@@ -320,3 +322,20 @@ async def test_get_history_is_a_deep_copy():
     await agent.replace_history(mine)
     mine[0]["content"][0]["text"] = "changed later"
     assert (await agent.get_history())[0]["content"][0]["text"] == "mine"
+
+
+# --------------------------------------------------------------------------- AbortSignal.timeout
+
+
+@pytest.mark.parametrize("bad", [-1, -0.5, float("nan"), float("inf"), 1e300, 10**400, "1", None, True, [1]])
+def test_abort_signal_timeout_rejects_bad_seconds_at_once(bad):
+    threads_before = threading.active_count()
+    with pytest.raises(ValueError, match="AbortSignal.timeout: seconds must be"):
+        AbortSignal.timeout(bad)
+    assert threading.active_count() == threads_before  # no timer thread left to crash later
+
+
+async def test_abort_signal_timeout_of_zero_aborts_at_once_with_a_timeout_reason():
+    signal = AbortSignal.timeout(0)
+    reason = await asyncio.wait_for(signal.wait(), 5)
+    assert signal.aborted and isinstance(reason, TimeoutError)
