@@ -213,6 +213,11 @@ class ScriptedModelClient:
             self._fn: Callable[[ModelRequest], Any] | None = turns
         elif isinstance(turns, Sequence) and not isinstance(turns, str | bytes):
             for i, item in enumerate(turns):
+                if isinstance(item, type) and issubclass(item, BaseException):
+                    raise TypeError(
+                        f"ScriptedModelClient: turn {i} is the exception class {item.__name__}; put an "
+                        f"instance in the script, e.g. {item.__name__}('...')"
+                    )
                 if not isinstance(item, AssistantModelMessage | BaseException) and not callable(item):
                     raise TypeError(
                         f"ScriptedModelClient: turn {i} is {type(item).__name__}; expected an "

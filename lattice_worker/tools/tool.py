@@ -202,7 +202,11 @@ class ToolDefinition:
             raise ConfigError(f"{where}: kind must be 'tool' or 'agent_tool', got {kind!r}")
 
         self._schema_validator: Any = None
-        if isinstance(input_model, type) and issubclass(input_model, BaseModel):
+        if (
+            isinstance(input_model, type)
+            and issubclass(input_model, BaseModel)
+            and input_model is not BaseModel
+        ):
             self.input_model: type[BaseModel] | None = input_model
             schema = input_model.model_json_schema()
         elif isinstance(input_model, Mapping):

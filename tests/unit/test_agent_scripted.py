@@ -119,3 +119,7 @@ def test_bad_scripts_are_rejected_at_construction():
         ScriptedModelClient([text_turn("ok"), "not a turn"])
     with pytest.raises(TypeError):
         ScriptedModelClient("text")
+    with pytest.raises(TypeError, match=r"turn 0 is the exception class ValueError; put an instance"):
+        ScriptedModelClient([ValueError])
+    with pytest.raises(TypeError, match="turns must be a list"):
+        ScriptedModelClient(turn for turn in [text_turn("generators are not replayable")])

@@ -65,6 +65,10 @@ def test_unknown_tool_option_raises_naming_the_key():
 def test_input_model_must_be_a_pydantic_model_or_schema_dict():
     with pytest.raises(ConfigError, match="pydantic BaseModel subclass or a JSON Schema dict"):
         tool("calc", "d", int, calc_handler)
+    with pytest.raises(ConfigError, match="pydantic BaseModel subclass or a JSON Schema dict"):
+        tool("calc", "d", BaseModel, calc_handler)  # the base class itself describes no input
+    with pytest.raises(ConfigError, match="pydantic BaseModel subclass or a JSON Schema dict"):
+        tool("calc", "d", CalcInput(expr="1"), calc_handler)  # an instance, not the class
     with pytest.raises(ConfigError, match='type "object"'):
         tool("calc", "d", {"type": "string"}, calc_handler)
     with pytest.raises(ConfigError, match="handler must be callable"):
