@@ -260,7 +260,7 @@ class AnthropicModelClient:
 
         Raises:
             ConfigError: a malformed request field (``thinking``, ``reasoning_effort``,
-                ``output_format``, ``timeout_ms``, ``max_tokens``).
+                ``output_format``, ``timeout_ms``, ``max_tokens``), or no API key at all.
             APIError: the provider answered with an error (after the SDK's retries),
                 could not be reached, or sent a malformed reply.
             ModelTimeoutError: ``timeout_ms`` passed (also a ``TimeoutError``).
@@ -294,6 +294,8 @@ class AnthropicModelClient:
             raise convert_sdk_error(exc) from exc
         except ValueError as exc:  # the SDK refuses long non-streaming requests up front
             raise ConfigError(f"AnthropicModelClient: {exc}") from exc
+        except TypeError as exc:
+            raise _credentials_error(exc) from exc
         data = message.to_dict(mode="json") if hasattr(message, "to_dict") else dict(message)
         content = [_clean_block(block) for block in data.get("content") or []]
         for block in content:
@@ -315,6 +317,8 @@ class AnthropicModelClient:
             stream = await sdk.messages.create(**params, stream=True)
         except anthropic.AnthropicError as exc:
             raise convert_sdk_error(exc) from exc
+        except TypeError as exc:
+            raise _credentials_error(exc) from exc
         try:
             async for event in stream:
                 raw = event.to_dict(mode="json") if hasattr(event, "to_dict") else dict(event)
@@ -335,6 +339,17 @@ class AnthropicModelClient:
             with contextlib.suppress(Exception):
                 await stream.close()
         return assembler.result()
+
+
+def _credentials_error(exc: TypeError) -> Exception:
+    """The SDK raises a bare ``TypeError`` when it has no credentials to send; say
+    what to set instead. Any other ``TypeError`` is returned unchanged."""
+    if "authentication" not in str(exc):
+        return exc
+    return ConfigError(
+        "AnthropicModelClient: no API key. Pass api_key= (create_agent(api_key=...)), or set "
+        "ANTHROPIC_API_KEY (or DEEPSEEK_API_KEY, which also selects DeepSeek's endpoint)."
+    )
 
 
 # -- request serialisation -----------------------------------------------------------------------

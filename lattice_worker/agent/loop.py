@@ -32,6 +32,7 @@ from ..errors import (
     APIError,
     ConcurrentQueryError,
     ConfigError,
+    LatticeError,
     MaxTurnsError,
     MissingOutputError,
     ModelTimeoutError,
@@ -563,8 +564,8 @@ async def run_query(agent: Agent, prompt: Any, q: QueryOptions) -> AsyncIterator
                 return
             exc = task.exception()
             if exc is not None:
-                if not isinstance(exc, APIError):
-                    # not a provider failure: likely a bug in a custom client -- keep the traceback
+                if not isinstance(exc, LatticeError):
+                    # not one of our deliberate errors: likely a bug in a custom client -- keep the traceback
                     logger.warning(
                         "model client raised %s; the query ends with subtype 'error'",
                         type(exc).__name__,
@@ -587,7 +588,9 @@ async def run_query(agent: Agent, prompt: Any, q: QueryOptions) -> AsyncIterator
             if problem is not None:
                 # Nothing of a malformed reply enters the history: the next request stays valid.
                 yield await run.finish(
-                    _Finish("error", error=APIError(f"the model client returned a malformed reply: {problem}"))
+                    _Finish(
+                        "error", error=APIError(f"the model client returned a malformed reply: {problem}")
+                    )
                 )
                 return
             content = message.content if message.content is not None else []

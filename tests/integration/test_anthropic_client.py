@@ -845,3 +845,22 @@ async def test_agent_options_reach_the_wire(server: FakeAnthropicServer) -> None
     assert "output_config" not in first
     assert second["thinking"] == {"type": "adaptive"}
     assert second["output_config"] == {"format": {"type": "json_schema", "schema": schema}}
+
+
+async def test_no_api_key_at_all_is_a_clear_config_error(
+    server: FakeAnthropicServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    for name in ("ANTHROPIC_API_KEY", "DEEPSEEK_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    client = AnthropicModelClient(base_url=server.url, max_retries=0)
+    for stream in (True, False):
+        with pytest.raises(ConfigError, match="no API key.*ANTHROPIC_API_KEY"):
+            await client.create_message(request(stream=stream))
+    assert server.requests == []
+    # through an Agent (the README quickstart without a key): an error result naming the fix, no traceback
+    agent = create_agent(model_client=client)
+    with caplog.at_level("WARNING", logger="lattice_worker.agent"):
+        result = await agent.prompt("What is 2 + 40?")
+    assert (result.subtype, result.error_type) == ("error", "ConfigError")
+    assert "ANTHROPIC_API_KEY" in (result.error or "")
+    assert not [r for r in caplog.records if r.name == "lattice_worker.agent" and r.exc_info]
