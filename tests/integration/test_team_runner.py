@@ -10,6 +10,7 @@ Every test runs against MemoryMailbox and RedisMailbox (real Redis on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import uuid
@@ -240,6 +241,101 @@ async def test_two_handoffs_overlap_with_concurrency_two_but_one_mailbox_stays_s
         ("b", "b-1 finished"),
         ("a", "a-2 finished"),
     ]
+
+
+GRACE_SECONDS = 0.25
+"""How long a member that started early keeps its work item open so that a runner
+which ignores its limits can show it (it starts more items meanwhile). Nothing
+asserts on time: a correct runner passes however slow the machine is."""
+
+
+def counting_tool(state: dict[str, int], expected: int, key: str = "all") -> Any:
+    """A ``work`` tool counting items of ``key`` running at once (``state[key]`` /
+    ``state[key + "_peak"]``); each stays open until ``expected`` items of ``key``
+    started or the grace period ends."""
+    everyone = asyncio.Event()
+
+    @tool(name="work", description="Do the work.")
+    async def work() -> str:
+        state[key] = state.get(key, 0) + 1
+        state[key + "_started"] = state.get(key + "_started", 0) + 1
+        state[key + "_peak"] = max(state.get(key + "_peak", 0), state[key])
+        if state[key + "_started"] >= expected:
+            everyone.set()
+        else:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(everyone.wait(), GRACE_SECONDS)
+        state[key] -= 1
+        return "ok"
+
+    return work
+
+
+def working_member(name: str, work: Any) -> Any:
+    """A spec member (a fresh session per item, so nothing but the runner keeps
+    its items apart) that calls ``work`` once, then replies with its task."""
+
+    def play(request: ModelRequest) -> AssistantModelMessage:
+        if len(request.messages) == 1:
+            return tool_turn(("work", {}))
+        return tool_turn(("team_reply", {"content": task_of(first_prompt(request)) + " done"}))
+
+    return define_agent(name=name, model_client=ScriptedModelClient(play), tools=[work])
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+async def test_max_concurrent_work_items_bounds_the_items_running_at_once(mailbox: Any, limit: int) -> None:
+    state: dict[str, int] = {}
+    work = counting_tool(state, expected=3)
+    lead_client = summarising_lead(*[(n, {"mode": "handoff", "task": f"{n}-1"}) for n in ("a", "b", "c")])
+    team = create_team(
+        name=f"tl{limit}",
+        lead=create_agent(name="lead", model_client=lead_client),
+        members=[team_member(name=n, agent=working_member(n, work)) for n in ("a", "b", "c")],
+        mailbox=mailbox,
+        runner={"max_concurrent_work_items": limit},
+    )
+    events = await collect(team, "go", stream=False)
+    assert events[-1].subtype == "success"
+    assert state["all_peak"] == limit  # reached, never exceeded
+    assert [(r["member"], r["content"]) for r in reports_of(lead_client.requests[1])] == [
+        ("a", "a-1 done"),
+        ("b", "b-1 done"),
+        ("c", "c-1 done"),
+    ]
+    running = peak = 0
+    for event in events:  # the runtime's own start/end events agree
+        if event.type == "team_agent":
+            running += 1 if event.subtype == "start" else -1
+            peak = max(peak, running)
+    assert peak == limit
+
+
+async def test_items_of_one_mailbox_never_overlap_even_with_free_slots(mailbox: Any) -> None:
+    state: dict[str, int] = {}
+    a_work = counting_tool(state, expected=2, key="a")
+    b_work = counting_tool(state, expected=1, key="b")
+    lead_client = summarising_lead(
+        ("a", {"mode": "handoff", "task": "a-1"}),
+        ("b", {"mode": "handoff", "task": "b-1"}),
+        ("a", {"mode": "handoff", "task": "a-2"}),
+    )
+    team = create_team(
+        name="tm1",
+        lead=create_agent(name="lead", model_client=lead_client),
+        members=[
+            team_member(name="a", agent=working_member("a", a_work)),
+            team_member(name="b", agent=working_member("b", b_work)),
+        ],
+        mailbox=mailbox,
+        runner={"max_concurrent_work_items": 5},
+    )
+    events = await collect(team, "go", stream=False)
+    assert state["a_peak"] == 1 and state["a_started"] == 2
+    a_agent = [(e.subtype, e.message_id) for e in events if e.type == "team_agent" and e.member == "a"]
+    first, second = a_agent[0][1], a_agent[2][1]
+    assert a_agent == [("start", first), ("end", first), ("start", second), ("end", second)]
+    assert [r["content"] for r in reports_of(lead_client.requests[1])] == ["a-1 done", "b-1 done", "a-2 done"]
 
 
 async def test_default_runner_is_serial_and_reports_keep_handoff_order(mailbox: Any) -> None:
