@@ -68,8 +68,9 @@ async def drain_team(
     ``emit`` receives team events; ``on_outcome(outcome)`` (sync or async) each
     :class:`WorkItemOutcome`.
 
-    Raises :class:`ConfigError` on a bad limit or an unknown member name
-    (before anything is claimed).
+    Raises :class:`ConfigError` on a bad limit, a ``members`` value that is not
+    a name or a list of names, or an unknown member name (before anything is
+    claimed).
     """
     where = f'team "{team.name}".drain'
     max_rounds = _positive(where, "max_rounds", max_rounds)
@@ -79,7 +80,13 @@ async def drain_team(
     else:
         if isinstance(members, str):
             members = [members]
-        selected = [team.member(name) for name in members]
+        if not isinstance(members, Iterable):
+            raise ConfigError(f"{where}: members must be a member name or a list of names, got {members!r}")
+        names = list(members)
+        for name in names:
+            if not isinstance(name, str):
+                raise ConfigError(f"{where}: members must be member names (str), got {name!r}")
+        selected = [team.member(name) for name in names]
     mailbox = team.mailbox
     processed = failed = rounds = 0
     while rounds < max_rounds and processed < max_messages:

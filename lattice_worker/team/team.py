@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 _TEAM_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _MAILBOX_METHODS = ("send", "inbox", "get", "claim_next", "update_status")
+_DRAIN_OPTIONS = ("emit", "tracer", "trace_context", "on_outcome")
 
 
 class Team:
@@ -178,9 +179,17 @@ class Team:
         See :func:`~lattice_worker.team.drain.drain_team`: each round claims at
         most one message from each member's own mailbox and prompts that member;
         nothing is rerouted. Stops after ``max_rounds`` rounds, ``max_messages``
-        messages, an empty round, or an abort. Raises :class:`ConfigError` on a
-        limit that is not a positive int or an unknown member name.
+        messages, an empty round, or an abort. ``options``: ``emit``, ``tracer``,
+        ``trace_context``, ``on_outcome`` (see ``drain_team``). Raises
+        :class:`ConfigError` on a limit that is not a positive int, an unknown
+        member name or an unknown option (before anything is claimed).
         """
+        for key in options:
+            if key not in _DRAIN_OPTIONS:
+                raise ConfigError(
+                    f'team "{self.name}".drain: unknown option "{key}"; expected max_rounds, max_messages, '
+                    f"signal, members, {', '.join(_DRAIN_OPTIONS)}"
+                )
         return await drain_team(
             self, max_rounds=max_rounds, max_messages=max_messages, signal=signal, members=members, **options
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -206,12 +207,24 @@ async def test_drain_of_selected_members_counts_failures_and_rejects_bad_limits(
     await mailbox.send("dr2::lead", "dr2::ok", "x")
     await mailbox.send("dr2::lead", "dr2::silent", "y")
 
-    for kwargs, word in (({"max_rounds": 0}, "max_rounds"), ({"max_messages": True}, "max_messages")):
-        with pytest.raises(ConfigError, match=word):
+    bad: list[tuple[dict[str, Any], str]] = [
+        ({"max_rounds": 0}, "max_rounds must be a positive integer, got 0"),
+        ({"max_rounds": -3}, "max_rounds must be a positive integer, got -3"),
+        ({"max_rounds": 1.5}, "max_rounds must be a positive integer, got 1.5"),
+        ({"max_messages": True}, "max_messages must be a positive integer, got True"),
+        ({"max_messages": "5"}, "max_messages must be a positive integer, got '5'"),
+        ({"max_messages": None}, "max_messages must be a positive integer, got None"),
+        ({"members": ["nobody"]}, 'no member "nobody"'),
+        ({"members": 5}, "members must be a member name or a list of names"),
+        ({"members": ["ok", 7]}, "members must be member names"),
+        ({"max_round": 3}, 'unknown option "max_round"'),
+    ]
+    for kwargs, message in bad:
+        with pytest.raises(ConfigError, match=re.escape(message)):
             await team.drain(**kwargs)
-    with pytest.raises(ConfigError, match='no member "nobody"'):
-        await team.drain(members=["nobody"])
-    assert len(await mailbox.inbox("dr2::ok", "pending")) == 1  # bad input claimed nothing
+    # bad input claimed nothing
+    assert [m.status for m in await mailbox.inbox("dr2::ok", "all")] == [MessageStatus.PENDING]
+    assert [m.status for m in await mailbox.inbox("dr2::silent", "all")] == [MessageStatus.PENDING]
 
     only_silent = await team.drain(members=["silent"])
     assert (only_silent.processed, only_silent.failed, only_silent.rounds) == (1, 1, 1)
@@ -252,3 +265,91 @@ async def test_agent_tool_over_a_team_asks_the_whole_team(mailbox: Any) -> None:
     assert (
         json.dumps(supervisor_client.requests[0].tools[0]["input_schema"]["required"]) == '["mode", "task"]'
     )
+
+
+def status_lead(member: str, task: str, prefix: str) -> ScriptedModelClient:
+    """Hands ``task`` off to ``member``, then answers ``prefix`` + ``status/error code`` of its report."""
+
+    def play(request: ModelRequest) -> AssistantModelMessage:
+        entries = reports_of(request)
+        if not entries:
+            return tool_turn((member, {"mode": "handoff", "task": task}))
+        entry = entries[0]
+        return text_turn(f"{prefix}{entry['status']}/{(entry.get('error') or {}).get('code')}")
+
+    return ScriptedModelClient(play)
+
+
+async def test_nested_team_failures_stay_isolated_and_reach_the_root_as_reports(mailbox: Any) -> None:
+    from lattice_worker import APIError, tool
+
+    @tool(name="dig", description="Dig.")
+    def dig() -> str:
+        return "deeper"
+
+    # 1. the inner member fails: the inner lead gets the failure report, decides, and its
+    #    answer is the (successful) reply of the inner team to the root
+    backend = create_agent(
+        name="backend",
+        model_client=ScriptedModelClient(lambda r: tool_turn(("dig", {}))),
+        tools=[dig],
+        max_turns=2,
+    )
+    engineering = create_team(
+        name="eng1",
+        lead=create_agent(name="head", model_client=status_lead("backend", "build", "backend was ")),
+        members=[team_member(name="backend", agent=backend)],
+        mailbox=mailbox,
+    )
+    company = create_team(
+        name="co1",
+        lead=create_agent(name="ceo", model_client=relaying_lead("engineering", "ship it", "CEO heard: ")),
+        members=[team_member(name="engineering", agent=engineering)],
+        mailbox=mailbox,
+    )
+    result = await company.prompt("go", stream=False)
+    assert result.subtype == "success"
+    assert result.result == "CEO heard: backend was failed/error_max_turns"
+    assert [m.status for m in await mailbox.inbox("eng1::backend", "all")] == [MessageStatus.FAILED]
+    assert [m.status for m in await mailbox.inbox("co1::engineering", "all")] == [MessageStatus.DONE]
+
+    # 2. the inner lead itself fails: the root's work item for the inner team fails with the
+    #    normalised error, a failure report goes upstream, and the root lead is resumed
+    inner_lead = ScriptedModelClient(
+        [
+            tool_turn(("backend", {"mode": "handoff", "task": "build"})),
+            APIError("head is down", status_code=500),
+        ]
+    )
+    ok_backend = create_agent(
+        name="backend2",
+        model_client=ScriptedModelClient(lambda r: tool_turn(("team_reply", {"content": "built"}))),
+    )
+    engineering2 = create_team(
+        name="eng2",
+        lead=create_agent(name="head2", model_client=inner_lead),
+        members=[team_member(name="backend", agent=ok_backend)],
+        mailbox=mailbox,
+    )
+    company2 = create_team(
+        name="co2",
+        lead=create_agent(
+            name="ceo2", model_client=status_lead("engineering", "ship it", "engineering was ")
+        ),
+        members=[team_member(name="engineering", agent=engineering2)],
+        mailbox=mailbox,
+    )
+    result = await company2.prompt("go", stream=False)
+    assert result.subtype == "success" and result.result == "engineering was failed/api_error"
+    (task,) = await mailbox.inbox("co2::engineering", "all")
+    assert task.status == MessageStatus.FAILED
+    (report,) = [m for m in await mailbox.inbox("co2::lead", "all") if m.reply_to == task.id]
+    assert report.metadata["kind"] == "failure"
+    assert report.metadata["error"] == {
+        "code": "api_error",
+        "message": "head is down",
+        "error_type": "APIError",
+    }
+    assert [m.status for m in await mailbox.inbox("eng2::backend", "all")] == [MessageStatus.DONE]
+    for box in ("co2::engineering", "eng2::backend", "co2::lead", "eng2::lead"):
+        assert await mailbox.inbox(box, "pending") == []
