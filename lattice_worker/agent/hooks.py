@@ -2,7 +2,9 @@
 
 Rules (from the spec):
 
-* Return, do not mutate. ``None`` keeps the value.
+* Return, do not mutate. ``None`` keeps the value. Hooks get deep copies, so
+  editing the context in place changes nothing (in a composite, each hook gets
+  its own copy of the value so far).
 * ``on_tool_result(ctx)`` runs for every tool result on its way back to the
   model (successes, failures, calls cancelled by an abort, calls blocked by a
   policy or a permission) and may return a replacement ``tool_result`` block --
@@ -21,6 +23,7 @@ Rules (from the spec):
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -96,10 +99,13 @@ class AgentHooks:
                 raise ConfigError(f"AgentHooks: {field} must be callable, got {type(fn).__name__}")
 
     async def run_tool_result(self, ctx: ToolResultHookContext) -> dict[str, Any]:
-        """Apply ``on_tool_result``; returns the block to send (validated)."""
+        """Apply ``on_tool_result``; returns the block to send (validated).
+
+        The hook gets deep copies of ``result`` and ``input``: editing them in place
+        changes nothing; ``None`` keeps ``ctx.result`` as it was."""
         if self.on_tool_result is None:
             return ctx.result
-        replaced = await _maybe_await(self.on_tool_result(ctx))
+        replaced = await _maybe_await(self.on_tool_result(_private_tool_result_context(ctx)))
         if replaced is None:
             return ctx.result
         return _check_tool_result_block(replaced, ctx.tool_use_id)
@@ -107,11 +113,22 @@ class AgentHooks:
     async def run_model_request(
         self, ctx: ModelRequestHookContext
     ) -> tuple[list[dict[str, Any]], str | None]:
-        """Apply ``on_model_request``; returns ``(messages, system_prompt)`` for this request."""
+        """Apply ``on_model_request``; returns ``(messages, system_prompt)`` for this request.
+
+        The hook gets a deep copy of ``messages``: editing it in place changes
+        nothing; ``None`` keeps ``ctx.messages`` as they were."""
         if self.on_model_request is None:
             return ctx.messages, ctx.system_prompt
-        replaced = await _maybe_await(self.on_model_request(ctx))
+        replaced = await _maybe_await(self.on_model_request(_private_model_request_context(ctx)))
         return _apply_model_request_result(replaced, ctx.messages, ctx.system_prompt)
+
+
+def _private_tool_result_context(ctx: ToolResultHookContext) -> ToolResultHookContext:
+    return dataclasses.replace(ctx, result=copy.deepcopy(ctx.result), input=copy.deepcopy(ctx.input))
+
+
+def _private_model_request_context(ctx: ModelRequestHookContext) -> ModelRequestHookContext:
+    return dataclasses.replace(ctx, messages=copy.deepcopy(ctx.messages))
 
 
 def _check_tool_result_block(block: Any, tool_use_id: str) -> dict[str, Any]:
@@ -211,7 +228,9 @@ def create_composite_agent_hooks(hooks: Sequence[AgentHooks | Mapping[str, Any] 
         current = ctx.result
         changed = False
         for fn in tool_fns:
-            out = await _maybe_await(fn(dataclasses.replace(ctx, result=current)))
+            out = await _maybe_await(
+                fn(_private_tool_result_context(dataclasses.replace(ctx, result=current)))
+            )
             if out is not None:
                 current = _check_tool_result_block(out, ctx.tool_use_id)
                 changed = True
@@ -222,7 +241,11 @@ def create_composite_agent_hooks(hooks: Sequence[AgentHooks | Mapping[str, Any] 
         changed = False
         for fn in request_fns:
             out = await _maybe_await(
-                fn(dataclasses.replace(ctx, messages=messages, system_prompt=system_prompt))
+                fn(
+                    _private_model_request_context(
+                        dataclasses.replace(ctx, messages=messages, system_prompt=system_prompt)
+                    )
+                )
             )
             if out is not None:
                 messages, system_prompt = _apply_model_request_result(out, messages, system_prompt)

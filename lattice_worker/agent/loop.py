@@ -241,7 +241,8 @@ class _QueryRun:
         system = agent._system_prompt()
         hooks = self.hooks
         if hooks is not None and hooks.on_model_request is not None:
-            ctx = ModelRequestHookContext(messages=_copy(messages), system_prompt=system, turn=self.turns)
+            # the hook gets its own deep copy (hooks.py); the history itself is never handed out
+            ctx = ModelRequestHookContext(messages=messages, system_prompt=system, turn=self.turns)
             messages, system = await hooks.run_model_request(ctx)
         request = ModelRequest(
             model=agent.options.model,
@@ -426,8 +427,8 @@ class _QueryRun:
                 ctx = ToolResultHookContext(
                     tool_name=str(call.get("name")),
                     tool_use_id=str(call.get("id")),
-                    input=_copy(call.get("input")),
-                    result=_copy(block),
+                    input=call.get("input"),  # the hook gets deep copies (hooks.py)
+                    result=block,
                     error=outcome.error,
                 )
                 block = await hooks.run_tool_result(ctx)
