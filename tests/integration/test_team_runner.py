@@ -867,3 +867,85 @@ async def test_closing_a_team_query_early_releases_the_lead_and_cancels_accepted
     assert member_client.requests == []
     await team.lead.replace_history([])
     assert (await team.prompt("second", stream=False)).result == "fine"  # the lead is free again
+
+
+async def test_abort_while_a_member_model_call_hangs_cancels_it_and_the_queued_item(mailbox: Any) -> None:
+    controller = AbortController()
+    started = asyncio.Event()
+    never = asyncio.Event()
+
+    async def hanging(request: ModelRequest) -> AssistantModelMessage:
+        started.set()
+        await never.wait()  # a member that never replies
+        return text_turn("unreachable")
+
+    member_client = ScriptedModelClient(hanging)
+    lead_client = ScriptedModelClient(
+        [tool_turn(("m", {"mode": "handoff", "task": "one"}), ("m", {"mode": "handoff", "task": "two"}))]
+    )
+    team = create_team(
+        name="t19",
+        lead=create_agent(name="lead", model_client=lead_client),
+        members=[team_member(name="m", agent=create_agent(name="m", model_client=member_client))],
+        mailbox=mailbox,
+    )
+
+    async def operator() -> None:
+        await started.wait()
+        controller.abort("operator stop")
+
+    stopper = asyncio.create_task(operator())
+    events = await asyncio.wait_for(collect(team, "go", stream=False, signal=controller.signal), timeout=30)
+    await stopper
+    assert events[-1].subtype == "error_abort" and "operator stop" in events[-1].error
+    assert len(member_client.requests) == 1 and len(lead_client.requests) == 1
+    assert [m.status for m in await mailbox.inbox("t19::m", "all")] == [
+        MessageStatus.CANCELLED,
+        MessageStatus.CANCELLED,
+    ]
+    cancelled = [e for e in events if e.type == "team_message" and e.subtype == "cancelled"]
+    assert len(cancelled) == 2 and all(e.error["code"] == "aborted" for e in cancelled)
+    assert await mailbox.inbox("t19::lead", "all") == []  # a cancelled item sends no report
+
+
+async def test_a_member_raising_inside_prompt_is_one_failed_item_in_both_modes(mailbox: Any) -> None:
+    class Exploding:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        async def prompt(self, text: str) -> str:
+            self.calls += 1
+            raise RuntimeError(f"exploded on {text}")
+
+    host = Exploding()
+    healthy = create_agent(name="ok", model_client=replying_client(lambda p: "fine"))
+    lead_client = ScriptedModelClient(
+        [
+            tool_turn(
+                ("boom", {"mode": "handoff", "task": "first"}),
+                ("ok", {"mode": "handoff", "task": "second"}),
+                ("boom", {"mode": "ask", "task": "third"}),
+            ),
+            lambda r: text_turn(json.dumps([(e["member"], e["status"]) for e in reports_of(r)])),
+        ]
+    )
+    team = create_team(
+        name="t20",
+        lead=create_agent(name="lead", model_client=lead_client),
+        members=[team_member(name="boom", agent=host), team_member(name="ok", agent=healthy)],
+        mailbox=mailbox,
+    )
+    result = await team.prompt("go", stream=False)
+    assert host.calls == 2
+    assert json.loads(result.result) == [["boom", "failed"], ["ok", "done"]]
+    ask_block = lead_client.requests[1].messages[-2]["content"][2]
+    assert ask_block["is_error"] is True
+    assert 'for member "boom" failed (runtime_error): exploded on third' in ask_block["content"]
+    boxes = {m.content: m.status for m in await mailbox.inbox("t20::boom", "all")}
+    assert boxes == {"first": MessageStatus.FAILED, "third": MessageStatus.FAILED}
+    reports = [m for m in await mailbox.inbox("t20::lead", "all") if m.metadata.get("kind") == "failure"]
+    assert sorted(m.metadata["error"]["message"] for m in reports) == [
+        "exploded on first",
+        "exploded on third",
+    ]
+    assert all(m.metadata["error"]["error_type"] == "RuntimeError" for m in reports)
