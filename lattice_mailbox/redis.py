@@ -12,7 +12,7 @@ touches one slot only::
 
     <prefix>:{tag}:name          string  the mailbox id that owns the tag
     <prefix>:{tag}:seq           counter send sequence (FIFO order)
-    <prefix>:{tag}:body          hash    message id -> body JSON (from, to, content,
+    <prefix>:{tag}:body          hash    message id -> body JSON (id, from, to, content,
                                          created_at, thread_id, work_item_id,
                                          reply_to, metadata; never changes)
     <prefix>:{tag}:state         hash    message id -> state JSON {s: status, q: seq,
@@ -54,6 +54,7 @@ import asyncio
 import hashlib
 import json
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -119,52 +120,53 @@ _SCRIPTS = {
 
 @dataclass(frozen=True, slots=True)
 class _Keys:
-    """Every key of one tag (see the module docstring)."""
+    """Every key of one tag (see the module docstring), pre-encoded to bytes."""
 
-    name: str
-    seq: str
-    body: str
-    state: str
-    leases: str
-    queues: dict[str, str]  # status value -> zset key
+    name: bytes
+    seq: bytes
+    body: bytes
+    state: bytes
+    leases: bytes
+    queues: dict[str, bytes]  # status value -> zset key
+    all_queues: tuple[bytes, ...]  # in STATUS_ORDER
+    claim: tuple[bytes, ...]  # KEYS of claim_next.lua
 
     @classmethod
     def build(cls, prefix: str, tag: str) -> _Keys:
         base = f"{prefix}:{{{tag}}}"
+        queues = {s.value: f"{base}:q:{s.value}".encode() for s in STATUS_ORDER}
+        name, body, state, leases = (f"{base}:{n}".encode() for n in ("name", "body", "state", "leases"))
         return cls(
-            name=f"{base}:name",
-            seq=f"{base}:seq",
-            body=f"{base}:body",
-            state=f"{base}:state",
-            leases=f"{base}:leases",
-            queues={s.value: f"{base}:q:{s.value}" for s in STATUS_ORDER},
+            name=name,
+            seq=f"{base}:seq".encode(),
+            body=body,
+            state=state,
+            leases=leases,
+            queues=queues,
+            all_queues=tuple(queues[s.value] for s in STATUS_ORDER),
+            claim=(name, queues["pending"], queues["processing"], leases, body, state),
         )
-
-    def queue_list(self) -> list[str]:
-        return [self.queues[s.value] for s in STATUS_ORDER]
 
 
 def _text(value: Any) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
-def _message(message_id: Any, body: Any, state: Any, *, claim_token: str | None = None) -> TeamMessage:
-    fields = json.loads(body)
+def _message(body: Any, state: Any) -> TeamMessage:
+    # The body JSON is a TeamMessage in wire form (validated by pydantic-core in
+    # one pass); the state JSON carries the mutable fields.
+    message = TeamMessage.model_validate_json(body)
     st = json.loads(state)
     lease = st.get("l")
-    return TeamMessage(
-        id=_text(message_id),
-        status=st["s"],
-        attempts=int(st["a"]),
-        claimed_by=st.get("w"),
-        lease_until=None if lease is None else int(lease),
-        claim_token=claim_token,
-        **fields,
-    )
+    message.status = MessageStatus(st["s"])
+    message.attempts = int(st["a"])
+    message.claimed_by = st.get("w")
+    message.lease_until = None if lease is None else int(lease)
+    return message
 
 
 def _messages(flat: list[Any]) -> list[TeamMessage]:
-    return [_message(flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]
+    return [_message(flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]
 
 
 def _check_prefix(prefix: Any) -> str:
@@ -211,6 +213,7 @@ class RedisMailbox:
             weakref.WeakKeyDictionary()
         )
         self._tag_keys: dict[str, _Keys] = {}
+        self._box_keys: dict[str, tuple[_Keys, bytes]] = {}  # validated mailbox id -> keys, UTF-8 id
 
     # -- connection + scripts -------------------------------------------------------
 
@@ -234,7 +237,19 @@ class RedisMailbox:
             keys = self._tag_keys[tag] = _Keys.build(self.prefix, tag)
         return keys
 
-    async def _eval(self, name: str, keys: list[str], args: list[Any]) -> Any:
+    def _box(self, mailbox_id: str) -> tuple[_Keys, bytes]:
+        """The keys and UTF-8 form of a mailbox id, validating the id the first
+        time it is seen (``TypeError``/``ValueError`` from :func:`check_name`)."""
+        found = self._box_keys.get(mailbox_id) if isinstance(mailbox_id, str) else None
+        if found is None:
+            check_name(mailbox_id)
+            found = (self._keys(mailbox_tag(mailbox_id)), mailbox_id.encode("utf-8"))
+            if len(self._box_keys) > 50_000:
+                self._box_keys.clear()
+            self._box_keys[mailbox_id] = found
+        return found
+
+    async def _eval(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         script = _SCRIPTS[name]
         client = self.client()
         try:
@@ -244,7 +259,11 @@ class RedisMailbox:
             return await client.evalsha(script.sha, len(keys), *keys, *args)
 
     async def _eval_many(
-        self, name: str, calls: list[tuple[list[str], list[Any]]], *, first: tuple[Any, ...] | None = None
+        self,
+        name: str,
+        calls: list[tuple[Sequence[Any], Sequence[Any]]],
+        *,
+        first: tuple[Any, ...] | None = None,
     ) -> list[Any]:
         """Run one script for many key sets in one pipelined round trip.
         ``first`` is an extra command ``(name, *args)`` sent ahead of them."""
@@ -312,6 +331,7 @@ class RedisMailbox:
         )
         message_id = new_message_id(out.to)
         fields = {
+            "id": message_id,
             "from": out.from_,
             "to": out.to,
             "content": out.content,
@@ -322,7 +342,7 @@ class RedisMailbox:
             "metadata": out.metadata,
         }
         body = json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
-        keys = self._keys(mailbox_tag(out.to))
+        keys, owner = self._box(out.to)
         (result,) = await self._eval_many(
             "send",
             [
@@ -340,7 +360,7 @@ class RedisMailbox:
             )
         if code != "OK":  # pragma: no cover - DUPLICATE needs a repeated random id
             raise MailboxError(f"send failed: {code}")
-        return TeamMessage(id=message_id, **fields)
+        return TeamMessage(**fields)
 
     async def inbox(
         self, mailbox_id: str, status: MessageStatus | str = "pending", *, limit: int | None = None
@@ -348,13 +368,12 @@ class RedisMailbox:
         """Messages of ``mailbox_id`` with ``status`` (or ``"all"``), oldest first,
         at most ``limit`` — a consistent snapshot read from the per-status index.
         Raises ``ValueError`` for an unknown status."""
-        check_name(mailbox_id)
+        keys, owner = self._box(mailbox_id)
         wanted = check_status_filter(status)
         limit = check_limit(limit)
-        keys = self._keys(mailbox_tag(mailbox_id))
-        queues = keys.queue_list() if wanted is None else [keys.queues[wanted.value]]
+        queues = keys.all_queues if wanted is None else (keys.queues[wanted.value],)
         flat = await self._eval(
-            "inbox", [keys.name, keys.body, keys.state, *queues], [mailbox_id, "" if limit is None else limit]
+            "inbox", [keys.name, keys.body, keys.state, *queues], [owner, "" if limit is None else limit]
         )
         return _messages(flat)
 
@@ -370,7 +389,7 @@ class RedisMailbox:
         body, state = await pipe.execute()
         if body is None or state is None:
             return None
-        return _message(message_id, body, state)
+        return _message(body, state)
 
     async def claim_next(
         self,
@@ -385,33 +404,31 @@ class RedisMailbox:
         nothing is pending or ``max_in_flight`` messages are in ``processing``.
         ``lease_s`` (seconds) sets ``lease_until`` (ms, server clock); without it the
         claim never expires. ``attempts`` counts claims."""
-        check_name(mailbox_id)
+        keys, owner = self._box(mailbox_id)
         ms = lease_ms(lease_s)
         worker_id = check_optional_name(worker_id, "worker_id")
         max_in_flight = check_positive_int(max_in_flight, "max_in_flight")
-        keys = self._keys(mailbox_tag(mailbox_id))
         token = new_token()
-        result = await self._eval(
-            "claim_next",
-            [
-                keys.name,
-                keys.queues["pending"],
-                keys.queues["processing"],
-                keys.leases,
-                keys.body,
-                keys.state,
-            ],
-            [
-                mailbox_id,
-                "" if ms is None else ms,
-                worker_id or "",
-                token,
-                "" if max_in_flight is None else max_in_flight,
-            ],
+        args = (
+            owner,
+            b"" if ms is None else ms,
+            worker_id or b"",
+            token,
+            b"" if max_in_flight is None else max_in_flight,
         )
-        if _text(result[0]) != "OK":
-            return None
-        return _message(result[1], result[2], result[3], claim_token=token)
+        try:  # the hot path: EVALSHA inline, one coroutine less
+            result = await self.client().evalsha(_SCRIPTS["claim_next"].sha, 6, *keys.claim, *args)
+        except NoScriptError:
+            result = await self._eval("claim_next", keys.claim, args)
+        if not isinstance(result, list):
+            return None  # 0: nothing pending, -1: at the in-flight limit
+        message = TeamMessage.model_validate_json(result[0])
+        message.status = S.PROCESSING
+        message.attempts = int(result[1])
+        message.claimed_by = worker_id
+        message.lease_until = int(result[2]) or None
+        message.claim_token = token
+        return message
 
     async def update_status(self, message_id: str, status: MessageStatus | str) -> bool:
         """Set a message's status per :mod:`lattice_mailbox.transitions` (one
@@ -425,7 +442,7 @@ class RedisMailbox:
         sources = " ".join(sorted(s.value for s in sources_for(target)))
         result = await self._eval(
             "update_status",
-            [keys.state, keys.leases, *keys.queue_list()],
+            [keys.state, keys.leases, *keys.all_queues],
             [message_id, target.value, sources, _STATUS_NAMES],
         )
         code = _text(result[0])
@@ -470,7 +487,7 @@ class RedisMailbox:
         keys = self._keys(tag)
         result = await self._eval(
             "complete",
-            [keys.state, keys.leases, keys.body, *keys.queue_list()],
+            [keys.state, keys.leases, keys.body, *keys.all_queues],
             [message_id, target.value, token, _STATUS_NAMES],
         )
         code = _text(result[0])
@@ -478,7 +495,7 @@ class RedisMailbox:
             raise ClaimTakenError(message_id)
         if code == "MISSING":
             raise ClaimMissingError(message_id)
-        return _message(message_id, result[1], result[2])
+        return _message(result[1], result[2])
 
     async def requeue_expired(
         self, *, max_attempts: int | None = None, now_ms: int | None = None
@@ -522,11 +539,10 @@ class RedisMailbox:
     async def counts(self, mailbox_id: str) -> dict[str, int]:
         """Number of messages per status value (all statuses, zeros included):
         one MULTI of ``ZCARD`` on the per-status indexes."""
-        check_name(mailbox_id)
-        keys = self._keys(mailbox_tag(mailbox_id))
+        keys, _ = self._box(mailbox_id)
         pipe = self.client().pipeline(transaction=True)
         pipe.get(keys.name)
-        for key in keys.queue_list():
+        for key in keys.all_queues:
             pipe.zcard(key)
         owner, *sizes = await pipe.execute()
         if owner is None or _text(owner) != mailbox_id:

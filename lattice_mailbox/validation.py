@@ -13,6 +13,7 @@ NUL...), line/paragraph separators and lone surrogates are refused.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -78,10 +79,19 @@ def check_name(value: Any, what: str = "mailbox id") -> str:
         raise ValueError(f"{what} must not be empty")
     if len(value) > MAX_ID_CHARS:
         raise ValueError(f"{what} is {len(value)} characters long; the limit is {MAX_ID_CHARS}")
+    bad = _refused_char(value)
+    if bad is not None:
+        raise ValueError(f"{what} {value!r} contains the control or separator character {bad!r}")
+    return value
+
+
+@functools.lru_cache(maxsize=4096)
+def _refused_char(value: str) -> str | None:
+    """The first refused character of ``value`` (cached: ids repeat a lot)."""
     for ch in value:
         if unicodedata.category(ch) in _REFUSED_CATEGORIES:
-            raise ValueError(f"{what} {value!r} contains the control or separator character {ch!r}")
-    return value
+            return ch
+    return None
 
 
 def check_optional_name(value: Any, what: str) -> str | None:

@@ -12,18 +12,21 @@
 -- ARGV[4]  new claim token
 -- ARGV[5]  max in flight, or "" for no limit
 --
--- Returns  {"OK", id, body JSON, state JSON}  (lease_until from the server clock, TIME)
--- Codes    {"EMPTY"}     nothing pending (or no message was ever sent to this mailbox id)
---          {"AT_LIMIT"}  the mailbox already has max-in-flight messages in processing
+-- Returns  {body JSON (holds the id), attempts, lease_until}  lease_until: ms on the server
+--          clock (TIME), 0 for a claim without a lease. The message is now processing, its
+--          claimed_by is ARGV[3] and its token ARGV[4]; the full state is in KEYS[6].
+--          (A compact reply on purpose: this is the hot path.)
+-- Codes    0   nothing pending (or no message was ever sent to this mailbox id)
+--          -1  the mailbox already has max-in-flight messages in processing
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return {'EMPTY'}
+  return 0
 end
 if ARGV[5] ~= '' and redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[5]) then
-  return {'AT_LIMIT'}
+  return -1
 end
 local head = redis.call('ZPOPMIN', KEYS[2])
 if #head == 0 then
-  return {'EMPTY'}
+  return 0
 end
 local id = head[1]
 local st = cjson.decode(redis.call('HGET', KEYS[6], id))
@@ -41,6 +44,5 @@ if ARGV[2] ~= '' then
   redis.call('ZADD', KEYS[4], st.l, id)
 end
 redis.call('ZADD', KEYS[3], st.q, id)
-local enc = cjson.encode(st)
-redis.call('HSET', KEYS[6], id, enc)
-return {'OK', id, redis.call('HGET', KEYS[5], id), enc}
+redis.call('HSET', KEYS[6], id, cjson.encode(st))
+return {redis.call('HGET', KEYS[5], id), st.a, st.l or 0}
