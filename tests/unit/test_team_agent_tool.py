@@ -187,7 +187,9 @@ async def test_parent_only_schema_validates_the_child_structured_result() -> Non
 
     bad = agent_tool("bad", _ending_child("b", {"files": 3}), output_schema=Findings)
     client, _ = await supervise(bad, {"mode": "ask", "task": "t"})
-    assert verbatim_error(results(client.requests[1])[0]).startswith("child_output_invalid: schema_mismatch: ")
+    assert verbatim_error(results(client.requests[1])[0]).startswith(
+        "child_output_invalid: schema_mismatch: "
+    )
 
     plain = agent_tool(
         "plain",
@@ -294,3 +296,29 @@ async def test_tool_result_is_error_reaches_the_model_verbatim_and_never_ends_th
     assert user.error == "child_output_invalid: x: y"
     assert [str(e) for e in seen] == ["child_output_invalid: x: y", "code_42: nope"]
     assert events[-1].subtype == "success" and events[-1].result == "recovered"  # end_turn was ignored
+
+
+async def test_live_agent_target_schema_is_inherited_and_block_prompts_pass_through() -> None:
+    payload = {"files": ["b.py"], "notes": "live"}
+    child_client = ScriptedModelClient(lambda r: tool_turn(("submit_output", payload)))
+    live = create_agent(name="live", output_schema=Findings, model_client=child_client)
+    inherited = agent_tool("live", live)
+    assert '"notes"' in inherited.description
+    client, _ = await supervise(inherited, {"mode": "ask", "task": "t"})
+    assert json.loads(results(client.requests[1])[0]["content"]) == payload
+    with pytest.raises(ConfigError, match="does not match"):
+        agent_tool("live2", live, output_schema=OtherShape)
+
+    blocks_client = ScriptedModelClient(lambda r: text_turn("saw blocks"))
+    typed = agent_tool(
+        "typed",
+        define_agent(name="b", model_client=blocks_client),
+        input_schema={"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]},
+        map_input=lambda data: [{"type": "text", "text": f"question: {data['q']}"}],
+    )
+    client, _ = await supervise(typed, {"q": "why"}, {"q": 3})
+    ok, invalid = results(client.requests[1])
+    assert ok["content"] == "saw blocks" and invalid["is_error"] is True
+    assert [r.messages[0]["content"] for r in blocks_client.requests] == [
+        [{"type": "text", "text": "question: why"}]
+    ]
