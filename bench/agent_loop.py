@@ -7,11 +7,15 @@ sleep), so what is measured is the loop itself: request assembly, response
 handling, tool dispatch and input validation, history bookkeeping, events.
 
 * ours: ``create_bare_agent(model_client=ScriptedModelClient(fn), tools=[add])``,
-  ``await agent.prompt("go", stream=False)``; a fresh Agent per run (created
-  outside the timed region), tracing off (no tracer configured).
+  ``await agent.prompt("go", stream=False)``; a fresh Agent (and client) per run,
+  created inside the timed region, tracing off (no tracer configured).
 * theirs: ``openai-agents`` ``Runner.run(agent, "go", max_turns=50)`` with an
   ``agents.models.interface.Model`` that returns canned ``ModelResponse`` items
-  and tracing disabled.
+  and tracing disabled (globally and in the ``RunConfig``).
+
+Both tools are ``async`` functions (openai-agents would run a sync function tool
+in a worker thread), both models compute the turn number the same way (a scan
+of the request's history), neither side sleeps or logs.
 
 Both sides run on the same event loop, interleaved run by run (so machine
 drift hits both equally), after a warm-up. Printed: the median per-turn cost of
@@ -85,14 +89,14 @@ def make_ours() -> Side:
             return AssistantModelMessage(content=[block], stop_reason="tool_use")
         return AssistantModelMessage(content=[{"type": "text", "text": FINAL_TEXT}], stop_reason="end_turn")
 
-    client = ScriptedModelClient(respond)
-    pending: list[Any] = []
-
     def prepare() -> None:
-        pending.append(create_bare_agent(model_client=client, tools=[add_tool], max_turns=50))
+        pass
 
     async def run() -> Any:
-        agent = pending.pop()
+        # Agent and client are built inside the timed region: Runner.run builds its
+        # per-run state inside it too. A fresh client per run keeps its request log
+        # (ScriptedModelClient.requests) from growing over the whole benchmark.
+        agent = create_bare_agent(model_client=ScriptedModelClient(respond), tools=[add_tool], max_turns=50)
         return await agent.prompt("go", stream=False)
 
     def check(result: Any) -> int:
@@ -119,8 +123,10 @@ def make_theirs() -> Side:
     calls = 0
 
     @function_tool
-    def add(a: int, b: int) -> str:
+    async def add(a: int, b: int) -> str:
         """Add two integers."""
+        # async like ours: openai-agents runs a sync function tool in a worker thread
+        # (asyncio.to_thread), a cost our side (an async handler) would not pay.
         nonlocal calls
         calls += 1
         return str(a + b)
