@@ -14,6 +14,7 @@ import pytest
 from pydantic import BaseModel
 
 from lattice_worker import (
+    AbortController,
     AbortSignal,
     APIError,
     AssistantModelMessage,
@@ -21,7 +22,9 @@ from lattice_worker import (
     ConfigError,
     ScriptedModelClient,
     ToolResult,
+    create_agent,
     create_bare_agent,
+    define_agent,
     define_history_store,
     text_turn,
     tool,
@@ -339,3 +342,65 @@ async def test_abort_signal_timeout_of_zero_aborts_at_once_with_a_timeout_reason
     signal = AbortSignal.timeout(0)
     reason = await asyncio.wait_for(signal.wait(), 5)
     assert signal.aborted and isinstance(reason, TimeoutError)
+
+
+# --------------------------------------------------------------------------- options of the wrong type
+
+WRONG_AGENT_OPTIONS = {
+    "api_key": 3,
+    "base_url": ["http://x"],
+    "name": 3,
+    "model": 3,
+    "system_prompt": ["a"],
+    "max_tokens": "10",
+    "max_turns": 2.0,
+    "thinking_config": "adaptive",
+    "reasoning_effort": "medium",
+    "request_timeout_ms": 1.5,
+    "output_schema": dict,
+    "tools": "calc",
+    "tool_batch_policy": 3,
+    "hooks": "x",
+    "auto_compact": "yes",
+    "tool_concurrency": {"modes": "all"},
+    "skills": "abc",
+    "workspace": True,
+    "permission": {"behavior": "allow"},
+    "model_client": "x",
+    "tracer": print,
+    "history_store": "x",
+}
+
+
+@pytest.mark.parametrize("factory", [create_agent, define_agent])
+@pytest.mark.parametrize(("option", "value"), sorted(WRONG_AGENT_OPTIONS.items()))
+def test_an_agent_option_of_the_wrong_type_is_a_config_error_naming_it(factory, option, value):
+    with pytest.raises(ConfigError, match=f'{factory.__name__}: option "{option}" expects'):
+        factory(**{option: value})
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("request_timeout_ms", 0),
+        ("request_timeout_ms", -1),
+        ("request_timeout_ms", 1.5),
+        ("request_timeout_ms", True),
+        ("request_timeout_ms", "100"),
+        ("stream", "yes"),
+        ("signal", AbortController()),
+        ("tracer", print),
+        ("output_format", "xml"),
+        ("thinking_config", {"type": "enabled", "budget_tokens": 0}),
+        ("reasoning_effort", "medium"),
+        ("trace_context", "x"),
+    ],
+)
+async def test_a_query_option_of_the_wrong_type_is_a_config_error_and_nothing_is_sent(option, value):
+    client = ScriptedModelClient([text_turn("never")])
+    agent = create_bare_agent(model_client=client)
+    with pytest.raises(ConfigError, match=f'prompt: option "{option}" expects'):
+        await agent.prompt("x", **{option: value})
+    with pytest.raises(ConfigError, match=f'prompt_sync: option "{option}" expects'):
+        await asyncio.to_thread(agent.prompt_sync, "x", **{option: value})
+    assert client.requests == [] and await agent.get_history() == []
