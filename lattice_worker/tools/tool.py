@@ -332,7 +332,7 @@ def normalize_tool_output(name: str, value: Any) -> ToolResult:
     """Turn a handler's return value into a :class:`ToolResult` (see module doc).
 
     Raises :class:`ToolExecutionError` for anything else (``None`` included), and
-    for an ``end_turn`` that is not a bool.
+    for an ``end_turn`` or ``is_error`` that is not a bool.
     """
     if isinstance(value, ToolResult):
         content = value.content
@@ -343,11 +343,12 @@ def normalize_tool_output(name: str, value: Any) -> ToolResult:
                 f'tool "{name}" returned ToolResult.content of type {type(content).__name__}; '
                 "expected a str or a list of content blocks"
             )
-        if not isinstance(value.end_turn, bool):
-            # "false" or 0 must not end a run by being truthy
-            raise ToolExecutionError(
-                f'tool "{name}" returned end_turn={value.end_turn!r}; end_turn must be True or False'
-            )
+        for flag in ("end_turn", "is_error"):
+            # "false" or 0 must not end a run (or fail a call) by being truthy
+            if not isinstance(getattr(value, flag), bool):
+                raise ToolExecutionError(
+                    f'tool "{name}" returned {flag}={getattr(value, flag)!r}; {flag} must be True or False'
+                )
         return value
     if isinstance(value, str):
         return ToolResult(content=value)
@@ -366,7 +367,7 @@ def normalize_tool_output(name: str, value: Any) -> ToolResult:
                 content=value["content"],
                 end_turn=value.get("end_turn", False),
                 structured_result=value.get("structured_result"),
-                is_error=bool(value.get("is_error", False)),
+                is_error=value.get("is_error", False),
             ),
         )
     raise ToolExecutionError(

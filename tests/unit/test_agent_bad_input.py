@@ -140,6 +140,7 @@ async def test_a_reply_with_only_thinking_is_kept_and_sent_back():
         ({"content": 5}, "ToolResult.content of type int"),
         (["a", "b"], "item 0 is not a content block"),
         ({"content": "done", "end_turn": "false"}, "end_turn must be True or False"),
+        ({"content": "done", "is_error": "no"}, "is_error must be True or False"),
         (ToolResult("done", end_turn=1), "end_turn must be True or False"),  # type: ignore[arg-type]
     ],
 )
