@@ -231,10 +231,33 @@ def _last_tool_result(request: ModelRequest) -> dict[str, Any] | None:
     return None
 
 
-def _reports(request: ModelRequest) -> list[dict[str, Any]]:
+def _is_prompt(message: dict[str, Any]) -> bool:
+    """A user message that is a caller's prompt (not tool results, not handoff reports)."""
     from lattice_worker.team import parse_report_message
 
-    for message in reversed(request.messages):
+    if message.get("role") != "user":
+        return False
+    content = message.get("content")
+    if isinstance(content, str):
+        return True
+    if not isinstance(content, list) or parse_report_message(message):
+        return False
+    return not any(isinstance(b, dict) and b.get("type") == "tool_result" for b in content)
+
+
+def _current_request(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages since the caller's latest prompt: a live lead keeps its history
+    across ``team.prompt`` calls, and only the current request counts."""
+    for i in range(len(messages) - 1, -1, -1):
+        if _is_prompt(messages[i]):
+            return messages[i:]
+    return messages
+
+
+def _reports(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    from lattice_worker.team import parse_report_message
+
+    for message in reversed(messages):
         entries = parse_report_message(message)
         if entries:
             return entries
@@ -242,15 +265,17 @@ def _reports(request: ModelRequest) -> list[dict[str, Any]]:
 
 
 def lead_script(request: ModelRequest) -> AssistantModelMessage:
-    """The scripted lead: hand off to both members, then summarise their reports."""
-    reports = _reports(request)
+    """The scripted lead: hand off to both members, then summarise their reports
+    (of the caller's latest prompt: earlier prompts in the history are done)."""
+    current = _current_request(request.messages)
+    reports = _reports(current)
     if reports:
         lines = []
         for report in reports:
             status = "" if report["status"] == "done" else f" ({report['status']})"
             lines.append(f"- {report['member']}{status}: {report['content']}")
         return text_turn("Summary of the team's findings:\n" + "\n".join(lines))
-    prompt = _text(request.messages[0]["content"]) if request.messages else ""
+    prompt = _text(current[0]["content"]) if current else ""
     directory, word = parse_request(prompt)
     if directory is None or word is None:
         return text_turn(

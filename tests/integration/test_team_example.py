@@ -130,3 +130,18 @@ def test_module_level_team_and_cli(
     out = capsys.readouterr().out
     assert "scripted (offline)" in out and "8 lines in 3 text files" in out
     assert example.main([str(tree / "nope")]) == 2
+
+
+async def test_the_same_team_answers_each_new_prompt_afresh(mailbox: Any, tree: Path) -> None:
+    # The lead session keeps its history across prompts; the scripted lead must act on
+    # the latest request, not replay the reports of the previous one.
+    client = ScriptedModelClient(example.scripted_demo_model)
+    demo = example.build_team(mailbox=mailbox, model_client=client)
+    first = await demo.prompt(example.demo_prompt(str(tree), "import"), stream=False)
+    second = await demo.prompt(example.demo_prompt(str(tree / "src"), "print"), stream=False)
+    assert '"import" occurs 4 times' in first.result
+    assert '"print" occurs 1 times in 1 of 2 text files' in second.result
+    assert "4 lines in 2 text files" in second.result
+    assert len(await mailbox.inbox("demo::searcher", "all")) == 2
+    unclear = await demo.prompt("hello", stream=False)
+    assert unclear.result.startswith("Please name a directory and a word")
