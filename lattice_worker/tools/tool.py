@@ -273,16 +273,22 @@ class ToolDefinition:
         return raw
 
     def check_concurrency_safe(self, parsed: Any) -> bool:
-        """``is_concurrency_safe(parsed)``; missing, false, or raising -> ``False``."""
+        """``is_concurrency_safe(parsed)``; missing, false, raising, or anything but
+        ``True`` -> ``False``. The check is synchronous: an ``async def`` check's
+        coroutine is closed unawaited and counts as ``False``."""
         check = self.is_concurrency_safe
         if check is None or check is False:
             return False
         if check is True:
             return True
         try:
-            return check(parsed) is True
+            answer = check(parsed)
         except Exception:
             return False
+        if inspect.iscoroutine(answer):
+            answer.close()  # no "never awaited" warning
+            return False
+        return answer is True
 
     async def invoke(self, parsed: Any, ctx: ToolContext) -> ToolResult:
         """Run the handler on already-parsed input and normalise its return value.

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Annotated
 
 import pytest
@@ -177,6 +178,24 @@ def test_concurrency_safety_check_rules():
     )
     assert (
         tool("a", "d", CalcInput, calc_handler, is_concurrency_safe=boom).check_concurrency_safe(None)
+        is False
+    )
+
+    async def async_check(_):
+        return True
+
+    made = []  # the check is synchronous: an async check counts as False and its coroutine is closed
+    checked = tool(
+        "a",
+        "d",
+        CalcInput,
+        calc_handler,
+        is_concurrency_safe=lambda i: made.append(async_check(i)) or made[-1],
+    )
+    assert checked.check_concurrency_safe(None) is False
+    assert inspect.getcoroutinestate(made[0]) == inspect.CORO_CLOSED  # no "never awaited" warning
+    assert (
+        tool("a", "d", CalcInput, calc_handler, is_concurrency_safe=lambda i: 1).check_concurrency_safe(None)
         is False
     )
     by_input = tool("a", "d", CalcInput, calc_handler, is_concurrency_safe=lambda i: i.expr == "safe")
