@@ -143,7 +143,10 @@ class MailboxToolState:
         if name == LEAD or name in self.member_names:
             return mailbox_id(self.team_name, name)
         valid = ", ".join([LEAD, *self.member_names])
-        raise TeamToolError(f'unknown recipient "{to}" in team "{self.team_name}"; valid recipients: {valid}')
+        raise TeamToolError(
+            f'team_send: unknown recipient "{to}" in team "{self.team_name}"; valid recipients: {valid}. '
+            "Nothing was sent."
+        )
 
     async def _target(self, message_id: str | None, tool_name: str) -> tuple[TeamMessage, str | None]:
         """The message a reply/follow-up addresses, and the token to close it with."""
@@ -289,10 +292,11 @@ class MailboxToolState:
         with ``team_reply`` / ``team_followup``)."""
         message = await self.mailbox.get(message_id)
         if message is None:
-            raise TeamToolError(f"team_read: no message with id {message_id!r}")
+            raise TeamToolError(f"team_read: no message with id {message_id!r}; nothing changed")
         if message.to != self.mailbox_id:
             raise TeamToolError(
-                f'team_read: message {message_id} is addressed to "{message.to}", not to your mailbox "{self.mailbox_id}"'
+                f'team_read: message {message_id} is addressed to "{message.to}", not to your mailbox '
+                f'"{self.mailbox_id}"; you can only read your own messages. Nothing changed.'
             )
         if message.status == MessageStatus.PENDING:
             try:
@@ -406,7 +410,7 @@ async def _inbox(data: TeamInboxInput, ctx: ToolContext) -> str:
         try:
             MessageStatus.parse(status)
         except ValueError as exc:
-            raise TeamToolError(f"team_inbox: {exc}") from None
+            raise TeamToolError(f'team_inbox: {exc} (or "all" for every status)') from None
     messages = await state.mailbox.inbox(state.mailbox_id, status)
     return json.dumps(
         {"mailbox": state.mailbox_id, "status": status, "messages": [_brief(m) for m in messages]}

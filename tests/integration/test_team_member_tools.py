@@ -466,3 +466,45 @@ async def test_messages_too_large_for_the_store_are_refused_before_anything_chan
         ("m", "done", None),
         ("h", "failed", "reply_failed"),
     ]
+
+
+async def test_bad_member_tool_calls_are_clear_error_results_and_change_nothing(mailbox: Any) -> None:
+    foreign = await mailbox.send("mt11::lead", "mt11::b", "b's private task")
+    a_client = ScriptedModelClient(
+        [
+            tool_turn(
+                ("team_send", {"to": "ghost", "content": "hi"}),
+                ("team_send", {"to": "other::b", "content": "hi"}),
+                ("team_inbox", {"status": "weird"}),
+                ("team_read", {"message_id": foreign.id}),
+                ("team_followup", {"content": "psst", "message_id": foreign.id}),
+            ),
+            tool_turn(("team_reply", {"content": "done"})),
+        ]
+    )
+    team = create_team(
+        name="mt11",
+        lead=create_agent(name="lead", model_client=lead_client(("a", {"mode": "handoff", "task": "ta"}))),
+        members=[
+            team_member(name="a", agent=create_agent(name="a", model_client=a_client)),
+            team_member(name="b", agent=create_agent(name="b", model_client=ScriptedModelClient([]))),
+        ],
+        mailbox=mailbox,
+    )
+    await team.prompt("go", stream=False)
+    ghost, other_team, bad_status, read_foreign, followup_foreign = tool_results(a_client.requests[1])
+    assert all(block["is_error"] for block in (ghost, other_team, bad_status, read_foreign, followup_foreign))
+    assert ghost["content"] == (
+        'Error: team_send: unknown recipient "ghost" in team "mt11"; valid recipients: lead, a, b. '
+        "Nothing was sent."
+    )
+    assert 'unknown recipient "other::b"' in other_team["content"]
+    assert "team_inbox: unknown message status 'weird'" in bad_status["content"]
+    assert '(or "all" for every status)' in bad_status["content"]
+    assert "not to your mailbox" in read_foreign["content"] and "Nothing changed" in read_foreign["content"]
+    assert "team_followup" in followup_foreign["content"] and "Nothing changed" in followup_foreign["content"]
+    assert (await mailbox.get(foreign.id)).status == MessageStatus.PENDING
+    assert [m.content for m in await mailbox.inbox("mt11::b", "all")] == ["b's private task"]
+    assert [(m.metadata["kind"], m.content) for m in await mailbox.inbox("mt11::lead", "all")] == [
+        ("reply", "done")
+    ]
