@@ -185,13 +185,17 @@ def check_send(
 ) -> Outgoing:
     """Validate every ``send`` argument and the size bound.
 
-    Raises ``TypeError``/``ValueError`` for bad fields and
+    Raises ``TypeError``/``ValueError`` for bad fields (including NUL
+    characters in ``content``, which PostgreSQL cannot store) and
     :class:`MessageTooLargeError` (a ``ValueError``) when the UTF-8 content
     plus the metadata JSON is over ``max_message_bytes`` bytes."""
     check_name(from_, "sender (from_)")
     check_name(to, "recipient mailbox id (to)")
     if not isinstance(content, str):
         raise TypeError(f"content must be a str, not {type(content).__name__}")
+    if "\x00" in content:
+        # PostgreSQL text cannot hold NUL; every store refuses it so a mailbox URL can change freely.
+        raise ValueError("message content must not contain NUL characters (\\x00)")
     thread_id = check_optional_name(thread_id, "thread_id")
     work_item_id = check_optional_name(work_item_id, "work_item_id")
     reply_to = check_optional_name(reply_to, "reply_to")

@@ -222,6 +222,19 @@ async def test_claim_with_a_lease_records_worker_deadline_and_attempts(store):
     assert (stored.claimed_by, stored.lease_until, stored.attempts) == ("w1", claimed.lease_until, 1)
 
 
+async def test_worker_ids_and_contents_round_trip_verbatim(store):
+    worker = 'wörker "7" {a}/b\\c 日本'
+    content = 'line 1\nline 2 "quoted" \\ {braces} / ü \u2028 \t end'
+    m = await store.send(
+        "t::lead", "t::w", content, metadata={"q": 'a"b', "nested": {"k": [None, True, 1.5]}}
+    )
+    c = await store.claim_next("t::w", lease_s=30, worker_id=worker)
+    assert (c.id, c.claimed_by, c.content) == (m.id, worker, content)
+    stored = await store.get(m.id)
+    assert (stored.claimed_by, stored.content, stored.metadata) == (worker, content, m.metadata)
+    assert [x.claimed_by for x in await store.inbox("t::w", "processing")] == [worker]
+
+
 async def test_concurrent_claims_in_one_event_loop_never_share_a_message(store):
     ids = {(await store.send("t::lead", "t::w", f"m{i}")).id for i in range(30)}
 
@@ -533,6 +546,8 @@ async def test_bad_mailbox_ids_are_refused_and_nothing_is_written(store):
         await store.send("t::lead", "t::ok", "x", metadata={"nan": float("nan")})
     with pytest.raises(ValueError, match="cannot be stored"):
         await store.send("t::lead", "t::ok", "bad \ud800 surrogate")
+    with pytest.raises(ValueError, match="NUL"):
+        await store.send("t::lead", "t::ok", "nul \x00 inside")
     assert await store.mailbox_ids() == []
     assert await store.inbox("t::ok", "all") == []
     ok = await store.send("t::lead", "x" * 512, "longest allowed id")
