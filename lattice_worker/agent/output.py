@@ -3,7 +3,8 @@
 Spec: AgentLattice "Agent Loop -- Structured output with submit_output".
 
 ``output_schema`` is either a pydantic ``BaseModel`` subclass or any object
-with ``parse(value) -> T`` (the spec's ``OutputSchema``). For a parse-object the
+with ``parse(value) -> T`` (the spec's ``OutputSchema``; ``parse`` may be
+``async``). For a parse-object the
 JSON Schema shown to the model comes from its ``model_json_schema()`` or
 ``json_schema()`` method, or a ``json_schema`` / ``schema`` dict attribute; without
 one the model is told only "an object".
@@ -16,6 +17,7 @@ pydantic instance).
 
 from __future__ import annotations
 
+import inspect
 import json
 from typing import Any
 
@@ -66,22 +68,39 @@ def _to_jsonable(value: Any) -> Any:
     return value
 
 
+def _invalid(exc: Exception) -> ToolExecutionError:
+    if isinstance(exc, ValidationError):
+        return ToolExecutionError(f"invalid output: {format_validation_error(exc)}")
+    return ToolExecutionError(f"invalid output: {type(exc).__name__}: {exc}")
+
+
 def parse_output(schema: Any, raw: Any) -> Any:
     """Validate a submission; returns the JSON-ready payload.
 
     Raises :class:`ToolExecutionError` with a readable message when it is invalid.
+    A parse-object whose ``parse`` is ``async`` gives back its awaitable as is;
+    :func:`parse_output_async` awaits it.
     """
     if isinstance(schema, type) and issubclass(schema, BaseModel):
         try:
             return schema.model_validate(raw).model_dump(mode="json")
         except ValidationError as exc:
-            raise ToolExecutionError(f"invalid output: {format_validation_error(exc)}") from None
+            raise _invalid(exc) from None
     try:
         return _to_jsonable(schema.parse(raw))
-    except ValidationError as exc:
-        raise ToolExecutionError(f"invalid output: {format_validation_error(exc)}") from None
     except Exception as exc:
-        raise ToolExecutionError(f"invalid output: {type(exc).__name__}: {exc}") from None
+        raise _invalid(exc) from None
+
+
+async def parse_output_async(schema: Any, raw: Any) -> Any:
+    """:func:`parse_output`, awaiting an ``async`` ``parse``; same errors."""
+    payload = parse_output(schema, raw)
+    if inspect.isawaitable(payload):
+        try:
+            payload = _to_jsonable(await payload)
+        except Exception as exc:
+            raise _invalid(exc) from None
+    return payload
 
 
 def build_submit_output_tool(schema: Any) -> ToolDefinition:
@@ -99,8 +118,8 @@ def build_submit_output_tool(schema: Any) -> ToolDefinition:
     if json_schema.get("type") != "object":
         raise ConfigError('output_schema: its JSON Schema must describe an object (type "object")')
 
-    def handler(raw: dict[str, Any]) -> ToolResult:
-        payload = parse_output(schema, raw)
+    async def handler(raw: dict[str, Any]) -> ToolResult:
+        payload = await parse_output_async(schema, raw)
         return ToolResult(content=SUBMITTED_TEXT, end_turn=True, structured_result=payload)
 
     # Validation happens in the handler (one code path for both schema kinds), so the
@@ -129,4 +148,5 @@ __all__ = [
     "is_output_schema",
     "output_json_schema",
     "parse_output",
+    "parse_output_async",
 ]

@@ -3,6 +3,7 @@ output with submit_output", "Hooks")."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -295,3 +296,28 @@ async def test_composite_hooks_chain_in_order_and_skip_none():
         create_composite_agent_hooks(AgentHooks())
     with pytest.raises(ConfigError, match="must be callable"):
         AgentHooks(on_tool_result="nope")
+
+
+async def test_an_async_parse_is_awaited_and_its_errors_go_back_to_the_model():
+    class AsyncSchema:
+        def json_schema(self):
+            return {"type": "object", "properties": {"n": {"type": "integer"}}}
+
+        async def parse(self, value):
+            await asyncio.sleep(0)
+            if value.get("n", 0) < 0:
+                raise ValueError("n must not be negative")
+            return {"n": value["n"]}
+
+    client = ScriptedModelClient(
+        [tool_turn((SUBMIT_OUTPUT_TOOL_NAME, {"n": -1})), tool_turn((SUBMIT_OUTPUT_TOOL_NAME, {"n": 2}))]
+    )
+    events = await run(create_bare_agent(model_client=client, output_schema=AsyncSchema()))
+    [rejected] = users(events)[0].message["content"]
+    assert rejected["is_error"] is True and "n must not be negative" in rejected["content"]
+    result = events[-1]
+    assert (result.subtype, result.structured_result, json.loads(result.result)) == (
+        "success",
+        {"n": 2},
+        {"n": 2},
+    )
