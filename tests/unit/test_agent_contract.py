@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 
 import pytest
@@ -328,3 +329,20 @@ def test_assistant_model_message_wire_dict_carries_provider_metadata():
         "model": "m",
     }
     assert AssistantModelMessage(content=[]).to_dict() == {"role": "assistant", "content": []}
+
+
+async def test_one_tracer_numbers_events_across_queries_and_each_query_is_its_own_run():
+    events: list[dict] = []
+    tracer = define_context_tracer(on_event=events.append)
+    agent = create_bare_agent(
+        model_client=ScriptedModelClient([text_turn("a"), text_turn("b")]), tracer=tracer
+    )
+    await agent.prompt("one")
+    await agent.prompt("two")
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    first_run, second_run = events[0]["run_id"], events[-1]["run_id"]
+    assert first_run != second_run
+    assert [e["type"] for e in events if e["run_id"] == second_run][0] == "run_start"
+    for event in events:
+        assert event["version"] == 1 and event["session_id"] == agent.session_id
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", event["timestamp"])
