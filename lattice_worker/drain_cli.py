@@ -154,6 +154,7 @@ def run_drain(
         try:
             return await drain_async(ctx, targets, max_rounds, max_messages, console)
         finally:
+            await ctx.flush_events()
             await runs.aclose()
             aclose = getattr(registry.mailbox, "aclose", None)
             if aclose is not None:

@@ -123,6 +123,7 @@ class DistributedLeadRuntime:
 async def dispatch_items(ctx: WorkerContext, run_id: str, team: Team, items: list[dict[str, Any]]) -> None:
     """Link the items to the run, add them to its wait set and ring the
     doorbells of the ones ``RunStore.add_items`` lets start now."""
+    await ctx.flush_events()  # the lead's events precede its members' in the stream
     await ctx.link_work_items(run_id, team.name, [it["work_item_id"] for it in items])
     rung = await ctx.runs.add_items(run_id, items, max_active=team.runner_options.max_concurrent_work_items)
     for item in rung:
@@ -139,13 +140,16 @@ def spawn_lead(ctx: WorkerContext, team: Team, run_id: str) -> Agent:
             f'team "{team.name}": the lead must be an AgentSpec (define_agent) to run distributed'
         )
     store = RedisHistoryStore(
-        ctx.settings.broker_url, ctx.history_key(run_id), fail_on_error=True, ttl_seconds=RUN_KEY_TTL_SECONDS
+        ctx.client, ctx.history_key(run_id), fail_on_error=True, ttl_seconds=RUN_KEY_TTL_SECONDS
     )
     options = spec.options.model_copy(update={"history_store": store})
     agent = Agent(options, bare=options.workspace is False)
-    tools = make_lead_member_tools(team)
-    if team.expose_lead_mailbox_tools:
-        tools += make_mailbox_tools()
+    tools = ctx.lead_tools.get(team.name)
+    if tools is None:  # stateless (the dispatcher is the query's runtime): built once per team
+        tools = make_lead_member_tools(team)
+        if team.expose_lead_mailbox_tools:
+            tools += make_mailbox_tools()
+        ctx.lead_tools[team.name] = tools
     agent.add_tools(tools)
     return agent
 
@@ -176,7 +180,10 @@ async def run_lead(ctx: WorkerContext, run_id: str) -> str:
     if not await ctx.runs.set_status(run_id, RunStatus.RUNNING, expect=RunStatus.QUEUED):
         logger.info("run_lead: run %s is %s, not queued; nothing to do", run_id, record.status.value)
         return "skipped"
-    return await _guarded(ctx, record, resume=False)
+    try:
+        return await _guarded(ctx, record, resume=False)
+    finally:
+        await ctx.flush_events()
 
 
 async def resume_lead(ctx: WorkerContext, run_id: str) -> str:
@@ -190,7 +197,10 @@ async def resume_lead(ctx: WorkerContext, run_id: str) -> str:
     record = await ctx.runs.get(run_id)
     if record is None:  # deleted meanwhile
         return "missing"
-    return await _guarded(ctx, record, resume=True)
+    try:
+        return await _guarded(ctx, record, resume=True)
+    finally:
+        await ctx.flush_events()
 
 
 async def _guarded(ctx: WorkerContext, record: RunRecord, *, resume: bool) -> str:
@@ -217,6 +227,7 @@ async def drive(ctx: WorkerContext, team: Team, record: RunRecord, agent: Agent,
     When the wait set is already empty at suspension (every item finished
     before the run could suspend), the run continues at once in this task."""
     run_id = record.run_id
+    ctx.note_parent(run_id, record.parent)
     while True:
         if await _parent_gone(ctx, record):
             await ctx.runs.cancel(run_id, reason="the parent run ended")
@@ -234,6 +245,7 @@ async def drive(ctx: WorkerContext, team: Team, record: RunRecord, agent: Agent,
         if final is None:  # pragma: no cover - the loop always ends with a result
             raise RuntimeError("the lead's query ended without a result")
         if final.subtype == "suspended":
+            await ctx.flush_events()  # before a resume elsewhere can add its own
             try:
                 suspended = await ctx.runs.suspend(run_id)
             except RunStateError as exc:
@@ -336,6 +348,7 @@ async def finish_run(ctx: WorkerContext, record: RunRecord, result: RunResult) -
     """Write the final result (record + ``run_result`` event); a child run then
     replies upstream. Returns False when the run had already finished or was
     cancelled (nothing written, no reply)."""
+    await ctx.flush_events()  # the run_result event comes last
     try:
         written = await ctx.runs.finish(record.run_id, result)
     except Exception:

@@ -32,6 +32,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
 from lattice_client.models import RunRecord, RunResult
 from lattice_mailbox.base import ClaimError, InvalidTransitionError
 from lattice_mailbox.message import MessageStatus, TeamMessage
@@ -88,6 +92,7 @@ async def deliver(ctx: WorkerContext, mailbox_id: str) -> str:
     try:
         return await process_claimed(ctx, team, member, claimed)
     finally:
+        await ctx.flush_events()
         if mode == "session":
             await _ring_if_pending(ctx, mailbox_id)
 
@@ -172,7 +177,7 @@ def session_agent(ctx: WorkerContext, member: TeamMember, mailbox_id: str) -> Ag
     (Redis list ``<prefix>:session:<mailbox_id>``), with the member's tools
     (mailbox tools included). Other options are the member agent's own."""
     base: Agent = member.agent
-    store = RedisHistoryStore(ctx.settings.broker_url, ctx.session_key(mailbox_id), fail_on_error=True)
+    store = RedisHistoryStore(ctx.client, ctx.session_key(mailbox_id), fail_on_error=True)
     options = base.options.model_copy(update={"history_store": store, "tools": list(base.tools)})
     return Agent(options, bare=base.bare)
 
@@ -181,8 +186,20 @@ async def complete_work_item(
     ctx: WorkerContext, run_id: str, team_name: str, work_item_id: str, outcome: WorkItemOutcome
 ) -> None:
     """Record ``outcome`` for the run; ring the doorbells of the run's items
-    that may start now and enqueue ``resume_lead`` when this was the last one."""
-    result = await ctx.runs.complete_item(run_id, work_item_id, outcome.to_dict())
+    that may start now and enqueue ``resume_lead`` when this was the last one.
+
+    The message is already finished in the mailbox at this point, so a Redis
+    hiccup here is retried (``complete_item`` is idempotent) rather than left
+    to Celery: a redelivered ``deliver`` would find nothing to claim."""
+    await ctx.flush_events()  # the member's events precede the resumed lead's
+    async for attempt in AsyncRetrying(
+        retry=retry_if_exception_type((RedisConnectionError, RedisTimeoutError)),
+        stop=stop_after_attempt(6),
+        wait=wait_exponential(multiplier=0.1, max=3),
+        reraise=True,
+    ):
+        with attempt:
+            result = await ctx.runs.complete_item(run_id, work_item_id, outcome.to_dict())
     for item in result.dispatch:
         ctx.ring(item["mailbox_id"])
     if result.resume:

@@ -85,8 +85,11 @@ async def sweep(
             return None
     try:
         report = SweepReport()
-        await _requeue(ctx, report)
-        await _lost_doorbells(ctx, report)
+        try:
+            await _requeue(ctx, report)
+            await _lost_doorbells(ctx, report)
+        finally:
+            await ctx.flush_events()
         return report
     finally:
         if not force:

@@ -29,6 +29,7 @@ key                                 type    content
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -36,6 +37,7 @@ import socket
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from importlib import resources
 from typing import Any
 
 from lattice_client.celery_config import DELIVER_TASK, RESUME_LEAD_TASK, RUN_LEAD_TASK, queue_name
@@ -48,6 +50,11 @@ logger = logging.getLogger("lattice_worker.runtime")
 
 TaskSender = Callable[[str, list[Any], str], None]
 """``send_task(task_name, args, queue)``: enqueue one Celery task (sync)."""
+
+_APPEND_EVENT_LUA = (
+    resources.files("lattice_client").joinpath("lua", "append_event.lua").read_text(encoding="utf-8")
+)
+"""The run store's own append script (same checks and stream format), pipelined by the event writer."""
 
 RUN_KEY_TTL_SECONDS = 7 * 24 * 3600
 """How long (seconds) a run's history, usage and work-item links are kept after their last write."""
@@ -69,6 +76,13 @@ class WorkerContext:
         runs: the :class:`~lattice_client.runs.RunStore`.
         send_task: how follow-up tasks are enqueued (see :data:`TaskSender`).
         worker_id: this process's id, recorded on claims.
+        served_queues: the queues this worker consumes, or ``None``. When set,
+            a follow-up task on one of them is *also* recorded in
+            :attr:`follow_ups`, for the running task to do at once (see
+            :func:`lattice_worker.tasks.run_step`). The task is still enqueued,
+            so a crash loses nothing; whichever copy runs second is a no-op
+            (claims and ``begin_resume`` are exactly-once).
+        follow_ups: ``(task name, argument)`` pairs recorded for inline execution.
     """
 
     settings: LatticeSettings
@@ -77,7 +91,16 @@ class WorkerContext:
     runs: RunStore
     send_task: TaskSender
     worker_id: str = field(default_factory=default_worker_id)
+    served_queues: frozenset[str] | None = None
+    follow_ups: list[tuple[str, str]] = field(default_factory=list, repr=False)
     _parents: dict[str, tuple[str, str, str] | None] = field(default_factory=dict, repr=False)
+    _client: Any = field(default=None, repr=False)
+    _client_loop: Any = field(default=None, repr=False)
+    _events: list[tuple[str, str, str]] = field(default_factory=list, repr=False)
+    _writer: Any = field(default=None, repr=False)
+    _append_script: Any = field(default=None, repr=False)
+    _append_script_client: Any = field(default=None, repr=False)
+    lead_tools: dict[str, list[Any]] = field(default_factory=dict, repr=False)
 
     @property
     def prefix(self) -> str:
@@ -101,24 +124,41 @@ class WorkerContext:
         """The Redis list holding a session member's conversation."""
         return f"{self.prefix}:session:{mailbox_id}"
 
+    def client(self) -> Any:
+        """A ``redis.asyncio`` client on the broker for the running loop, shared by
+        the history stores this context builds (one connection pool per loop,
+        not one per run). Bytes responses."""
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._client_loop is not loop:
+            from redis.asyncio import Redis
+
+            self._client = Redis.from_url(self.settings.broker_url)
+            self._client_loop = loop
+        return self._client
+
     async def redis(self) -> Any:
         """The broker's ``redis.asyncio`` client for the running loop (``decode_responses=True``)."""
         return await self.runs.redis()
 
     # -- enqueueing ---------------------------------------------------------------------
 
+    def _enqueue(self, task: str, arg: str, queue: str) -> None:
+        self.send_task(task, [arg], queue)
+        if self.served_queues is not None and queue in self.served_queues:
+            self.follow_ups.append((task, arg))
+
     def ring(self, mailbox_id: str) -> None:
         """Ring the doorbell of ``mailbox_id``: ``lattice.deliver`` on its member queue."""
         team, member = split_mailbox_id(mailbox_id)
-        self.send_task(DELIVER_TASK, [mailbox_id], queue_name(self.prefix, team, member))
+        self._enqueue(DELIVER_TASK, mailbox_id, queue_name(self.prefix, team, member))
 
     def enqueue_resume(self, run_id: str, team: str) -> None:
         """``lattice.resume_lead(run_id)`` on ``team``'s lead queue."""
-        self.send_task(RESUME_LEAD_TASK, [run_id], queue_name(self.prefix, team, "lead"))
+        self._enqueue(RESUME_LEAD_TASK, run_id, queue_name(self.prefix, team, "lead"))
 
     def enqueue_run_lead(self, run_id: str, team: str) -> None:
         """``lattice.run_lead(run_id)`` on ``team``'s lead queue (child runs)."""
-        self.send_task(RUN_LEAD_TASK, [run_id], queue_name(self.prefix, team, "lead"))
+        self._enqueue(RUN_LEAD_TASK, run_id, queue_name(self.prefix, team, "lead"))
 
     # -- work item links ----------------------------------------------------------------
 
@@ -152,10 +192,14 @@ class WorkerContext:
     # -- events and usage ---------------------------------------------------------------
 
     async def emit(self, run_id: str, event: Any) -> None:
-        """Append ``event`` (an SDK/team event model or dict) to the run's event
-        stream; for a child run (a nested team) also to every ancestor's stream,
-        wrapped as ``agent_message`` of the member the child run serves.
-        Token-level ``stream_event`` events (also wrapped ones) are not
+        """Queue ``event`` (an SDK/team event model or dict) for the run's event
+        stream; for a child run (a nested team) also for every ancestor's
+        stream, wrapped as ``agent_message`` of the member the child run serves.
+
+        Events are written in order by one background writer per context, in
+        pipelined batches (the script of ``RunStore.append_event``), so the
+        agent loop does not wait for each write; :meth:`flush_events` waits for
+        them. Token-level ``stream_event`` events (also wrapped ones) are not
         stored: they would multiply the stream's size for no reader's benefit.
         Stream failures are logged, never raised (events are observational)."""
         data = _event_dict(event)
@@ -165,15 +209,21 @@ class WorkerContext:
         depth = 0
         while current and depth < 16:
             try:
-                await self.runs.append_event(current, data)
-            except Exception:
+                payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=str)
+                keys = self.runs.keys(current)
+            except ValueError:
                 logger.warning(
-                    "could not append a %s event to run %s", data.get("type"), current, exc_info=True
+                    "could not queue a %s event for run %s", data.get("type"), current, exc_info=True
                 )
                 return
-            parent = await self._parent_of(current)
+            self._events.append((keys.record, keys.events, payload))
+            try:
+                parent = await self._parent_of(current)
+            except Exception:
+                logger.warning("could not read the parent of run %s", current, exc_info=True)
+                parent = None
             if parent is None:
-                return
+                break
             parent_run, parent_team, member = parent
             data = {
                 "type": "agent_message",
@@ -184,6 +234,45 @@ class WorkerContext:
             }
             current = parent_run
             depth += 1
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.get_running_loop().create_task(self._write_events())
+
+    async def _write_events(self) -> None:
+        while self._events:
+            batch, self._events = self._events, []
+            try:
+                client = self.client()
+                if self._append_script is None or self._append_script_client is not client:
+                    self._append_script = client.register_script(_APPEND_EVENT_LUA)
+                    self._append_script_client = client
+                async with client.pipeline(transaction=False) as pipe:
+                    for record_key, events_key, payload in batch:
+                        await self._append_script(
+                            keys=[record_key, events_key],
+                            args=[self.settings.max_run_events, payload],
+                            client=pipe,
+                        )
+                    results = await pipe.execute(raise_on_error=False)
+                failed = [r for r in results if isinstance(r, Exception)]
+                if failed:
+                    logger.warning("%d of %d run events not written: %s", len(failed), len(batch), failed[0])
+            except Exception:
+                logger.warning("could not write %d run events", len(batch), exc_info=True)
+
+    async def flush_events(self) -> None:
+        """Wait until every queued event is in its stream (or was reported lost)."""
+        while self._events or (self._writer is not None and not self._writer.done()):
+            if self._writer is None or self._writer.done():
+                self._writer = asyncio.get_running_loop().create_task(self._write_events())
+            await asyncio.shield(self._writer)
+
+    def note_parent(self, run_id: str, parent: Any) -> None:
+        """Seed the parent cache from a run record's ``parent`` (saves a read)."""
+        link = None
+        if parent is not None and getattr(parent, "run_id", None):
+            team, _, member = parent.mailbox_id.rpartition("::")
+            link = (parent.run_id, team, member)
+        self._parents[run_id] = link
 
     async def _parent_of(self, run_id: str) -> tuple[str, str, str] | None:
         if run_id in self._parents:

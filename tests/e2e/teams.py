@@ -16,7 +16,8 @@ task and then ``team_reply`` with the tool's output. ``work`` records what
 happens in Redis under the test's key prefix (``LATTICE_KEY_PREFIX``):
 
 * ``<prefix>:test:exec:<task>`` -- INCR per execution;
-* ``<prefix>:test:log`` -- RPUSH ``start:<task>`` / ``end:<task>``.
+* ``<prefix>:test:log`` -- RPUSH ``start:<task>`` / ``end:<task>``;
+* ``<prefix>:test:pids`` -- RPUSH ``<task>:<pid of the process that ran it>``.
 
 Task words change its behaviour: ``sleep=<s>`` sleeps ``s`` seconds;
 ``hang-first`` sleeps 60 s on its first execution only (to be killed);
@@ -152,6 +153,7 @@ async def work(task: str) -> str:
     try:
         count = client.incr(f"{prefix}:test:exec:{task}")
         client.rpush(f"{prefix}:test:log", f"start:{task}")
+        client.rpush(f"{prefix}:test:pids", f"{task}:{os.getpid()}")
         words = task.split()
         for word in words:
             if word.startswith("sleep="):

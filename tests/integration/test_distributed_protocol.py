@@ -381,3 +381,42 @@ async def test_registry_loads_nested_teams_and_lists_queues(env, prefix):
         reg.load("no_such_module_xyz:team")
     with pytest.raises(ConfigError, match="unknown team"):
         reg.load("not-registered")
+
+
+async def test_follow_ups_on_served_queues_run_inline_and_their_queued_copies_are_no_ops(env, raw, prefix):
+    from lattice_worker.tasks import run_step
+
+    ctx, broker = env
+    ctx.served_queues = frozenset(ctx.registry.queues(prefix, None))
+    try:
+        run_id = await submit(ctx, broker, "e2e", plan(("worker", "handoff", "a"), ("other", "ask", "b")))
+        broker.queue.pop(0)
+        # one task does the whole run: lead turn, both members, resume
+        assert await run_step(ctx, RUN_LEAD_TASK, run_id) == "suspended"
+        record = await ctx.runs.get(run_id)
+        assert record.status.value == "completed"
+        assert record.result.result == "final: ask:worked[b] | done:worked[a]"
+        # every step was still enqueued (crash safety); those copies now find nothing to do
+        assert sorted(n for n, _, _ in broker.queue) == [DELIVER_TASK, DELIVER_TASK, RESUME_LEAD_TASK]
+        await broker.drain()
+        assert sorted(out for _, _, out in broker.log) == ["idle", "idle", "skipped"]
+        assert executions(raw, prefix, "a") == 1 and executions(raw, prefix, "b") == 1
+    finally:
+        ctx.served_queues = None
+
+
+async def test_inline_follow_ups_stop_at_the_budget(env, raw, prefix):
+    from lattice_worker.tasks import run_step
+
+    ctx, broker = env
+    ctx.served_queues = frozenset(ctx.registry.queues(prefix, None))
+    try:
+        run_id = await submit(ctx, broker, "e2e", plan(("worker", "handoff", "a"), ("other", "handoff", "b")))
+        broker.queue.pop(0)
+        await run_step(ctx, RUN_LEAD_TASK, run_id, max_inline=1)
+        assert executions(raw, prefix, "a") == 1 and executions(raw, prefix, "b") == 0
+        assert ctx.follow_ups == []
+        await broker.drain()  # the queued copies finish the run
+        assert (await ctx.runs.get(run_id)).result.result == "final: done:worked[a] | done:worked[b]"
+    finally:
+        ctx.served_queues = None
