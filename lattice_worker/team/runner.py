@@ -169,6 +169,8 @@ class TeamRunner:
             # aborted before the member started: the accepted ask must not stay pending
             await self.cancel_items([_Item(member, message)], reason="the run was aborted")
             raise
+        except Exception as exc:  # the runtime could not run it (a mailbox error...): one failed item
+            outcome = await self._runtime_failure(_Item(member, message), exc)
         await self._consume_report(outcome)
         if outcome.status in ("failed", "cancelled"):
             raise TeamToolError(outcome.content)
@@ -509,7 +511,11 @@ def create_team_runner(
     ``options`` defaults to the team's own runner options;
     ``max_concurrent_work_items`` overrides it (a positive int, else
     :class:`ConfigError`). Use ``runner.query(prompt)`` like ``team.query``, or
-    pass the runner as a lead query's ``runtime``.
+    pass the runner as a lead query's ``runtime``. When you drive the lead
+    yourself, call ``await runner.cancel_pending(reason)`` once its query has
+    ended: a query that stops inside a tool batch (abort, interrupt, an
+    abandoned stream) never reaches ``after_tool_batch``, and only this marks
+    the handoffs it accepted ``cancelled`` (``runner.query`` does it for you).
     """
     opts = runner_options(options) if options is not None else team.runner_options
     if max_concurrent_work_items is not None:

@@ -949,3 +949,80 @@ async def test_a_member_raising_inside_prompt_is_one_failed_item_in_both_modes(m
         "exploded on third",
     ]
     assert all(m.metadata["error"]["error_type"] == "RuntimeError" for m in reports)
+
+
+async def test_a_mailbox_error_while_running_an_item_fails_that_item_only(mailbox: Any) -> None:
+    real_claim = mailbox.claim_next
+    broken_once = {"t21::a", "t21::b"}
+
+    async def flaky_claim(box: str, *args: Any, **kwargs: Any) -> Any:
+        if box in broken_once:  # fault injection on the real store: the first claim per box fails
+            broken_once.discard(box)
+            raise ConnectionError(f"store unreachable while claiming from {box}")
+        return await real_claim(box, *args, **kwargs)
+
+    mailbox.claim_next = flaky_claim
+    lead_client = ScriptedModelClient(
+        [
+            tool_turn(
+                ("a", {"mode": "handoff", "task": "ta"}),
+                ("b", {"mode": "ask", "task": "tb"}),
+                ("c", {"mode": "handoff", "task": "tc"}),
+            ),
+            lambda r: text_turn(json.dumps([(e["member"], e["status"]) for e in reports_of(r)])),
+        ]
+    )
+    team = create_team(
+        name="t21",
+        lead=create_agent(name="lead", model_client=lead_client),
+        members=[
+            team_member(name=n, agent=create_agent(name=n, model_client=replying_client(lambda p: "fine")))
+            for n in ("a", "b", "c")
+        ],
+        mailbox=mailbox,
+    )
+    result = await team.prompt("go", stream=False)
+    assert json.loads(result.result) == [["a", "failed"], ["c", "done"]]
+    ask_block = lead_client.requests[1].messages[-2]["content"][1]
+    assert ask_block["is_error"] is True
+    assert "store unreachable while claiming from t21::b" in ask_block["content"]
+    for box, status in (("t21::a", MessageStatus.FAILED), ("t21::b", MessageStatus.FAILED)):
+        (task,) = await mailbox.inbox(box, "all")
+        assert task.status == status
+        (report,) = [m for m in await mailbox.inbox("t21::lead", "all") if m.reply_to == task.id]
+        assert report.metadata["kind"] == "failure"
+        assert report.metadata["error"]["error_type"] == "ConnectionError"
+    assert [m.status for m in await mailbox.inbox("t21::c", "all")] == [MessageStatus.DONE]
+    for box in ("t21::a", "t21::b", "t21::c", "t21::lead"):
+        assert await mailbox.inbox(box, "pending") == []
+
+
+async def test_driving_the_lead_with_the_runner_as_runtime_then_cancel_pending(mailbox: Any) -> None:
+    from lattice_worker import create_team_runner
+
+    controller = AbortController()
+
+    @tool(name="stop", description="Abort the run.")
+    def stop() -> str:
+        controller.abort()
+        return "stopped"
+
+    member_client = replying_client(lambda p: "x")
+    lead = create_agent(
+        name="lead",
+        tools=[stop],
+        model_client=ScriptedModelClient([tool_turn(("m", {"mode": "handoff", "task": "t"}), ("stop", {}))]),
+    )
+    team = create_team(
+        name="t22",
+        lead=lead,
+        members=[team_member(name="m", agent=create_agent(name="m", model_client=member_client))],
+        mailbox=mailbox,
+    )
+    runner = create_team_runner(team, signal=controller.signal)
+    result = await lead.prompt("go", runtime=runner, signal=controller.signal, stream=False)
+    assert result.subtype == "error_abort"
+    assert [m.status for m in await mailbox.inbox("t22::m", "all")] == [MessageStatus.PENDING]
+    await runner.cancel_pending("the host stopped the run")  # as create_team_runner documents
+    assert [m.status for m in await mailbox.inbox("t22::m", "all")] == [MessageStatus.CANCELLED]
+    assert member_client.requests == []
