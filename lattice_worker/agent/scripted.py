@@ -79,6 +79,8 @@ def text_turn(
     ``thinking`` adds a leading thinking block with ``thinking_signature``.
     ``delay`` (seconds) makes the turn a callable that sleeps first.
     """
+    if not isinstance(text, str):
+        raise TypeError(f"text_turn: text must be a str, got {type(text).__name__}")
     content: list[dict[str, Any]] = []
     if thinking is not None:
         content.append({"type": "thinking", "thinking": thinking, "signature": thinking_signature})
@@ -109,11 +111,16 @@ def tool_turn(
     content: list[dict[str, Any]] = []
     if text:
         content.append({"type": "text", "text": text})
-    for call in calls:
+    for i, call in enumerate(calls):
+        if not isinstance(call, tuple) or len(call) not in (2, 3) or not isinstance(call[0], str):
+            raise TypeError(
+                f"tool_turn: call {i} must be a tuple (name, input) or (name, input, id) with a str name, "
+                f"got {call!r:.80}"
+            )
         if len(call) == 3:
-            name, inp, tid = call  # type: ignore[misc]
+            name, inp, tid = call
         else:
-            name, inp = call  # type: ignore[misc]
+            name, inp = call
             tid = new_tool_use_id()
         content.append({"type": "tool_use", "id": tid, "name": name, "input": inp})
     msg = AssistantModelMessage(

@@ -123,3 +123,8 @@ def test_bad_scripts_are_rejected_at_construction():
         ScriptedModelClient([ValueError])
     with pytest.raises(TypeError, match="turns must be a list"):
         ScriptedModelClient(turn for turn in [text_turn("generators are not replayable")])
+    for bad in [("calc",), "calc", ("calc", {}, "id", "extra"), (5, {})]:
+        with pytest.raises(TypeError, match=r"tool_turn: call 0 must be a tuple \(name, input\)"):
+            tool_turn(bad)
+    with pytest.raises(TypeError, match="text_turn: text must be a str"):
+        text_turn(5)
