@@ -230,7 +230,7 @@ async def drive(ctx: WorkerContext, team: Team, record: RunRecord, agent: Agent,
     ctx.note_parent(run_id, record.parent)
     while True:
         if await _parent_gone(ctx, record):
-            await ctx.runs.cancel(run_id, reason="the parent run ended")
+            await cancel_run(ctx, run_id, "the parent run ended")
             return "cancelled"
         runtime = DistributedLeadRuntime(ctx, team, run_id)
         final: Any = None
@@ -268,6 +268,21 @@ async def drive(ctx: WorkerContext, team: Team, record: RunRecord, agent: Agent,
         )
         await finish_run(ctx, record, result)
         return status
+
+
+async def cancel_run(ctx: WorkerContext, run_id: str, reason: str) -> list[str]:
+    """Cancel a run as the client does: the run record, then the mailbox message
+    of every unfinished work item (those already finished are left alone).
+    Returns the ids of the messages moved to ``cancelled``."""
+    cancelled = []
+    for item in await ctx.runs.cancel(run_id, reason=reason):
+        message_id = str(item.get("message_id"))
+        try:
+            if await ctx.mailbox.update_status(message_id, MessageStatus.CANCELLED):
+                cancelled.append(message_id)
+        except ValueError:  # already finished
+            continue
+    return cancelled
 
 
 async def _parent_gone(ctx: WorkerContext, record: RunRecord) -> bool:
@@ -363,6 +378,7 @@ async def finish_run(ctx: WorkerContext, record: RunRecord, result: RunResult) -
 
 __all__ = [
     "ASK_PLACEHOLDER",
+    "cancel_run",
     "DistributedLeadRuntime",
     "ask_tool_result",
     "dispatch_items",

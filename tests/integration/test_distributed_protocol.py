@@ -193,7 +193,7 @@ async def test_failed_member_is_isolated_and_reported(env, raw, prefix):
 async def test_members_run_concurrently_and_the_last_completion_resumes_once(env, raw, prefix):
     ctx, broker = env
     run_id = await submit(
-        ctx, broker, "e2e", plan(*[("worker", "handoff", f"t{i} sleep=0.05") for i in range(4)])
+        ctx, broker, "e2e", plan(*[("worker", "handoff", f"t{i} barrier=4") for i in range(4)])
     )
     await broker.drain(concurrent=True)
     record = await ctx.runs.get(run_id)
@@ -420,3 +420,23 @@ async def test_inline_follow_ups_stop_at_the_budget(env, raw, prefix):
         assert (await ctx.runs.get(run_id)).result.result == "final: done:worked[a] | done:worked[b]"
     finally:
         ctx.served_queues = None
+
+
+async def test_a_child_run_stops_when_its_parent_run_was_cancelled(env, raw, prefix):
+    ctx, broker = env
+    inner = plan(("backend", "handoff", "slow part"))
+    run_id = await submit(ctx, broker, "e2e_company", plan(("eng", "handoff", inner)))
+    # run until the child run waits for its backend member
+    while broker.queue and not any(q.endswith(".e2e_eng.backend") for _, _, q in broker.queue):
+        name, args, _ = broker.queue.pop(0)
+        await broker.run_one(name, args)
+    [child] = await ctx.runs.list_runs("e2e_eng")
+    assert child.status.value == "suspended"
+    assert await lead_run.cancel_run(ctx, run_id, "stop") != []  # the eng message, as the client does
+    await broker.drain()
+    assert (await ctx.runs.get(child.run_id)).status.value == "cancelled"
+    assert (await ctx.runs.get(run_id)).status.value == "cancelled"
+    [eng_message] = await ctx.mailbox.inbox("e2e_company::eng", "all")
+    assert eng_message.status.value == "cancelled"
+    # nothing was replied upstream to the cancelled parent
+    assert [m.status.value for m in await ctx.mailbox.inbox("e2e_company::lead", "all")] == []
