@@ -241,10 +241,11 @@ async def drive(ctx: WorkerContext, team: Team, record: RunRecord, agent: Agent,
                     await ctx.emit(run_id, event)
                 continue
             await ctx.emit(run_id, event)
-        usage = await ctx.add_usage(run_id, getattr(final, "usage", None))
         if final is None:  # pragma: no cover - the loop always ends with a result
             raise RuntimeError("the lead's query ended without a result")
-        if final.subtype == "suspended":
+        suspending = final.subtype == "suspended"
+        usage = await ctx.add_usage(run_id, final.usage, total=not suspending)
+        if suspending:
             await ctx.flush_events()  # before a resume elsewhere can add its own
             try:
                 suspended = await ctx.runs.suspend(run_id)

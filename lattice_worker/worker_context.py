@@ -287,19 +287,33 @@ class WorkerContext:
         self._parents[run_id] = link
         return link
 
-    async def add_usage(self, run_id: str, usage: dict[str, Any] | None) -> dict[str, int]:
-        """Add one lead segment's usage to the run's total; returns the total."""
+    async def add_usage(
+        self, run_id: str, usage: dict[str, Any] | None, *, total: bool = False
+    ) -> dict[str, int]:
+        """Add one lead segment's token usage to the run's total (nothing is
+        written for an all-zero usage). With ``total=True`` returns the run's
+        total so far (every key of ``usage`` present, zeros included), else ``{}``."""
+        counts = {
+            str(k): v for k, v in (usage or {}).items() if isinstance(v, int) and not isinstance(v, bool)
+        }
+        nonzero = {k: v for k, v in counts.items() if v}
+        if not nonzero and not total:
+            return {}
         client = await self.redis()
         key = self.usage_key(run_id)
         async with client.pipeline(transaction=True) as pipe:
-            for name, value in (usage or {}).items():
-                if isinstance(value, int) and not isinstance(value, bool):
-                    pipe.hincrby(key, name, value)
-            pipe.expire(key, RUN_KEY_TTL_SECONDS)
-            pipe.hgetall(key)
+            for name, value in nonzero.items():
+                pipe.hincrby(key, name, value)
+            if nonzero:
+                pipe.expire(key, RUN_KEY_TTL_SECONDS)
+            if total:
+                pipe.hgetall(key)
             out = await pipe.execute()
-        total = out[-1] or {}
-        return {str(k): int(v) for k, v in total.items()}
+        if not total:
+            return {}
+        summed = {name: 0 for name in counts}
+        summed.update({str(k): int(v) for k, v in (out[-1] or {}).items()})
+        return summed
 
 
 def _is_stream_delta(data: dict[str, Any]) -> bool:

@@ -440,3 +440,53 @@ async def test_a_child_run_stops_when_its_parent_run_was_cancelled(env, raw, pre
     assert eng_message.status.value == "cancelled"
     # nothing was replied upstream to the cancelled parent
     assert [m.status.value for m in await ctx.mailbox.inbox("e2e_company::lead", "all")] == []
+
+
+async def test_the_lease_is_renewed_while_the_member_works(env, raw, prefix):
+    ctx, broker = env
+    ctx.settings = ctx.settings.with_overrides(lease_seconds=0.3)
+    run_id = await submit(ctx, broker, "e2e", plan(("worker", "handoff", "long sleep=1.2")))
+    name, args, _ = broker.queue.pop(0)
+    await broker.run_one(name, args)
+    stop = asyncio.Event()
+    requeued: list[str] = []
+
+    async def reaper_loop() -> None:
+        while not stop.is_set():
+            report = await reaper.sweep(ctx, force=True)
+            requeued.extend(report.requeued + report.failed)
+            await asyncio.sleep(0.05)
+
+    sweeper = asyncio.create_task(reaper_loop())
+    try:
+        assert await member_run.deliver(ctx, "e2e::worker") == "done"
+    finally:
+        stop.set()
+        await sweeper
+    assert requeued == []  # four leases long, never expired
+    [message] = await ctx.mailbox.inbox("e2e::worker", "all")
+    assert (message.status.value, message.attempts) == ("done", 1)
+    await broker.drain()
+    assert (await ctx.runs.get(run_id)).result.result == "final: done:worked[long sleep=1.2]"
+
+
+async def test_a_member_that_lost_its_claim_is_aborted_and_its_outcome_discarded(env, raw, prefix):
+    ctx, broker = env
+    ctx.settings = ctx.settings.with_overrides(lease_seconds=0.3)
+    run_id = await submit(ctx, broker, "e2e", plan(("worker", "handoff", "slow sleep=1")))
+    name, args, _ = broker.queue.pop(0)
+    await broker.run_one(name, args)
+    broker.queue.clear()
+    first = asyncio.create_task(member_run.deliver(ctx, "e2e::worker"))
+    await asyncio.sleep(0.1)  # the member is working (sleeping in its tool)
+    # the store expires the claim (as if renewals had stalled) and another worker re-claims
+    moved = await ctx.mailbox.requeue_expired(now_ms=2**50)
+    assert [m.status.value for m in moved] == ["pending"]
+    successor = await ctx.mailbox.claim_next("e2e::worker", lease_s=30, worker_id="successor")
+    assert successor.attempts == 2
+    assert await first == "lost"
+    # the first worker wrote nothing: the message is still the successor's, no reply upstream
+    current = await ctx.mailbox.get(successor.id)
+    assert (current.status.value, current.claimed_by) == ("processing", "successor")
+    assert await ctx.mailbox.inbox("e2e::lead", "all") == []
+    assert [it["outcome"] for it in await ctx.runs.items(run_id)] == [None]
