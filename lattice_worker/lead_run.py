@@ -29,6 +29,7 @@ run with ``parent``) replies upstream when it ends (:mod:`lattice_worker.member_
 from __future__ import annotations
 
 import logging
+from contextvars import ContextVar
 from typing import Any
 
 from lattice_client.errors import RunStateError
@@ -56,6 +57,62 @@ ASK_PLACEHOLDER = (
     "its answer replaces this text before your next turn)"
 )
 """The ``ask`` tool result persisted while the member works; replaced on resume."""
+
+
+_current_run: ContextVar[str | None] = ContextVar("lattice_current_run", default=None)
+"""The run whose lead query is running in this task (set by :func:`drive`)."""
+
+
+class RunLinkingMailbox:
+    """The mailbox the lead's member tools send through: before a work item's
+    message is sent (and so becomes claimable by any worker), the work item is
+    linked to the current run (``<prefix>:workitem:<id>``) and the run id is
+    added to the message metadata. Everything else is the wrapped store."""
+
+    def __init__(self, inner: Any, ctx: WorkerContext, team_name: str) -> None:
+        self.inner = inner
+        self.ctx = ctx
+        self.team_name = team_name
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def send(
+        self,
+        from_: str,
+        to: str,
+        content: str,
+        *,
+        thread_id: str | None = None,
+        work_item_id: str | None = None,
+        reply_to: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> TeamMessage:
+        run_id = _current_run.get()
+        if run_id and work_item_id:
+            await self.ctx.link_work_items(run_id, self.team_name, [work_item_id])
+            metadata = {**(metadata or {}), "run_id": run_id}
+        return await self.inner.send(
+            from_,
+            to,
+            content,
+            thread_id=thread_id,
+            work_item_id=work_item_id,
+            reply_to=reply_to,
+            metadata=metadata,
+        )
+
+
+class _LeadTeamView:
+    """The team as the lead's member tools see it: the same team, but sending
+    through a :class:`RunLinkingMailbox`."""
+
+    def __init__(self, team: Team, mailbox: RunLinkingMailbox) -> None:
+        self._team = team
+        self.mailbox = mailbox
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._team, name)
 
 
 def _public(message: TeamMessage) -> dict[str, Any]:
@@ -121,13 +178,21 @@ class DistributedLeadRuntime:
 
 
 async def dispatch_items(ctx: WorkerContext, run_id: str, team: Team, items: list[dict[str, Any]]) -> None:
-    """Link the items to the run, add them to its wait set and ring the
-    doorbells of the ones ``RunStore.add_items`` lets start now."""
+    """Add the batch's items to the run's wait set and ring the doorbells of
+    the ones ``RunStore.add_items`` lets start now (their messages were linked
+    to the run when they were sent, see :class:`RunLinkingMailbox`)."""
     await ctx.flush_events()  # the lead's events precede its members' in the stream
-    await ctx.link_work_items(run_id, team.name, [it["work_item_id"] for it in items])
     rung = await ctx.runs.add_items(run_id, items, max_active=team.runner_options.max_concurrent_work_items)
     for item in rung:
         ctx.ring(item["mailbox_id"])
+    # A member may have finished an item before it was registered (its message
+    # is claimable from the moment it is sent): complete those now.
+    early = await ctx.early_outcomes([it["work_item_id"] for it in items])
+    for work_item_id, outcome in early.items():
+        result = await ctx.runs.complete_item(run_id, work_item_id, outcome)
+        from .member_run import apply_completion
+
+        apply_completion(ctx, run_id, team.name, result)
 
 
 def spawn_lead(ctx: WorkerContext, team: Team, run_id: str) -> Agent:
@@ -146,7 +211,8 @@ def spawn_lead(ctx: WorkerContext, team: Team, run_id: str) -> Agent:
     agent = Agent(options, bare=options.workspace is False)
     tools = ctx.lead_tools.get(team.name)
     if tools is None:  # stateless (the dispatcher is the query's runtime): built once per team
-        tools = make_lead_member_tools(team)
+        view = _LeadTeamView(team, RunLinkingMailbox(team.mailbox, ctx, team.name))
+        tools = make_lead_member_tools(view)  # type: ignore[arg-type]
         if team.expose_lead_mailbox_tools:
             tools += make_mailbox_tools()
         ctx.lead_tools[team.name] = tools
@@ -234,13 +300,17 @@ async def drive(ctx: WorkerContext, team: Team, record: RunRecord, agent: Agent,
             return "cancelled"
         runtime = DistributedLeadRuntime(ctx, team, run_id)
         final: Any = None
-        async for event in agent.query(prompt, runtime=runtime):
-            if getattr(event, "type", None) == "result":
-                final = event
-                if event.subtype != "suspended":
-                    await ctx.emit(run_id, event)
-                continue
-            await ctx.emit(run_id, event)
+        token = _current_run.set(run_id)
+        try:
+            async for event in agent.query(prompt, runtime=runtime):
+                if getattr(event, "type", None) == "result":
+                    final = event
+                    if event.subtype != "suspended":
+                        await ctx.emit(run_id, event)
+                    continue
+                await ctx.emit(run_id, event)
+        finally:
+            _current_run.reset(token)
         if final is None:  # pragma: no cover - the loop always ends with a result
             raise RuntimeError("the lead's query ended without a result")
         suspending = final.subtype == "suspended"
@@ -379,6 +449,7 @@ async def finish_run(ctx: WorkerContext, record: RunRecord, result: RunResult) -
 
 __all__ = [
     "ASK_PLACEHOLDER",
+    "RunLinkingMailbox",
     "cancel_run",
     "DistributedLeadRuntime",
     "ask_tool_result",

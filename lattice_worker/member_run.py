@@ -192,6 +192,28 @@ async def complete_work_item(
     hiccup here is retried (``complete_item`` is idempotent) rather than left
     to Celery: a redelivered ``deliver`` would find nothing to claim."""
     await ctx.flush_events()  # the member's events precede the resumed lead's
+    data = outcome.to_dict()
+    result = await _complete_item(ctx, run_id, work_item_id, data)
+    if not result.recorded:
+        # The message was claimed before the lead registered its item (its task
+        # batch was still running): leave the outcome where the lead looks right
+        # after registering, then try again. Both sides write before they read,
+        # so at least one of them completes the item (completion is idempotent).
+        await ctx.save_early_outcome(work_item_id, data)
+        result = await _complete_item(ctx, run_id, work_item_id, data)
+    apply_completion(ctx, run_id, team_name, result)
+
+
+def apply_completion(ctx: WorkerContext, run_id: str, team_name: str, result: Any) -> None:
+    """Act on a ``CompleteResult``: ring the doorbells of the items it lets start
+    and enqueue ``resume_lead`` when it emptied a suspended run's wait set."""
+    for item in result.dispatch:
+        ctx.ring(item["mailbox_id"])
+    if result.resume:
+        ctx.enqueue_resume(run_id, team_name)
+
+
+async def _complete_item(ctx: WorkerContext, run_id: str, work_item_id: str, data: dict[str, Any]) -> Any:
     async for attempt in AsyncRetrying(
         retry=retry_if_exception_type((RedisConnectionError, RedisTimeoutError)),
         stop=stop_after_attempt(6),
@@ -199,11 +221,8 @@ async def complete_work_item(
         reraise=True,
     ):
         with attempt:
-            result = await ctx.runs.complete_item(run_id, work_item_id, outcome.to_dict())
-    for item in result.dispatch:
-        ctx.ring(item["mailbox_id"])
-    if result.resume:
-        ctx.enqueue_resume(run_id, team_name)
+            return await ctx.runs.complete_item(run_id, work_item_id, data)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 async def _cancel_message(ctx: WorkerContext, team: Team, message: TeamMessage, record: RunRecord) -> str:
@@ -382,6 +401,7 @@ async def _fail_upstream(
 
 
 __all__ = [
+    "apply_completion",
     "child_run_id",
     "complete_work_item",
     "deliver",

@@ -21,6 +21,7 @@ key                                 type    content
 ``P:run:{run:<id>}:history``        list    the lead's conversation (one JSON message per element)
 ``P:run:{run:<id>}:usage``          hash    token usage summed over the run's lead segments
 ``P:workitem:<work_item_id>``       string  JSON ``{"run_id", "team"}``: the run waiting for the item
+``P:workitem:<id>:early``           string  an item's outcome, when it finished before its run registered it
 ``P:session:<mailbox_id>``          list    a session member's conversation
 ``P:reaper:lock``                   string  the reaper guard (``SET NX PX``)
 ``P:reaper:rung:<mailbox_id>``      string  "re-rung recently" marker of the lost-doorbell check
@@ -120,6 +121,10 @@ class WorkerContext:
         """The Redis string linking a work item to its run."""
         return f"{self.prefix}:workitem:{work_item_id}"
 
+    def early_outcome_key(self, work_item_id: str) -> str:
+        """Where a member leaves the outcome of an item finished before its run registered it."""
+        return f"{self.prefix}:workitem:{work_item_id}:early"
+
     def session_key(self, mailbox_id: str) -> str:
         """The Redis list holding a session member's conversation."""
         return f"{self.prefix}:session:{mailbox_id}"
@@ -188,6 +193,20 @@ class WorkerContext:
         except (ValueError, KeyError, TypeError):
             logger.warning("malformed work item link %s: %r", work_item_id, raw)
             return None
+
+    async def save_early_outcome(self, work_item_id: str, outcome: dict[str, Any]) -> None:
+        """Keep the outcome of an item its run has not registered yet (see
+        :func:`lattice_worker.member_run.complete_work_item`)."""
+        client = await self.redis()
+        await client.set(self.early_outcome_key(work_item_id), json.dumps(outcome), ex=RUN_KEY_TTL_SECONDS)
+
+    async def early_outcomes(self, work_item_ids: list[str]) -> dict[str, dict[str, Any]]:
+        """``{work_item_id: outcome}`` of the given items that finished before registration."""
+        if not work_item_ids:
+            return {}
+        client = await self.redis()
+        raw = await client.mget([self.early_outcome_key(w) for w in work_item_ids])
+        return {w: json.loads(r) for w, r in zip(work_item_ids, raw, strict=True) if r}
 
     # -- events and usage ---------------------------------------------------------------
 

@@ -490,3 +490,26 @@ async def test_a_member_that_lost_its_claim_is_aborted_and_its_outcome_discarded
     assert (current.status.value, current.claimed_by) == ("processing", "successor")
     assert await ctx.mailbox.inbox("e2e::lead", "all") == []
     assert [it["outcome"] for it in await ctx.runs.items(run_id)] == [None]
+
+
+async def test_an_item_finished_before_its_run_registered_it_still_completes(env, raw, prefix, monkeypatch):
+    """Another worker's doorbell may claim a task message the moment it is sent,
+    while the lead's tool batch is still running (before the item is in the wait set)."""
+    ctx, broker = env
+    original = lead_run.dispatch_items
+
+    async def claimed_in_between(ctx_, run_id, team, items):
+        for item in items:  # another worker got there first
+            assert await member_run.deliver(ctx_, item["mailbox_id"]) == "done"
+        await original(ctx_, run_id, team, items)
+
+    monkeypatch.setattr(lead_run, "dispatch_items", claimed_in_between)
+    run_id = await submit(ctx, broker, "e2e", plan(("worker", "handoff", "early"), ("other", "ask", "eager")))
+    name, args, _ = broker.queue.pop(0)
+    # the lead sees both items already finished when it tries to suspend: it goes on at once
+    assert await broker.run_one(name, args) == "completed"
+    record = await ctx.runs.get(run_id)
+    assert record.result.result == "final: ask:worked[eager] | done:worked[early]"
+    [message] = await ctx.mailbox.inbox("e2e::worker", "all")
+    assert message.metadata["run_id"] == run_id  # linked before it was sent
+    assert executions(raw, prefix, "early") == 1
