@@ -112,7 +112,7 @@ async def _ring_if_pending(ctx: WorkerContext, mailbox_id: str) -> None:
 async def process_claimed(ctx: WorkerContext, team: Team, member: TeamMember, message: TeamMessage) -> str:
     """Run ``member`` on the claimed ``message`` and complete its work item
     (see :func:`deliver`; also used by ``lattice drain``)."""
-    link = await ctx.run_of(message.work_item_id)
+    link = _run_link(message) or await ctx.run_of(message.work_item_id)
     run_id = link[0] if link else None
     record = await ctx.runs.get(run_id) if run_id else None
     token = message.claim_token
@@ -170,6 +170,14 @@ async def process_claimed(ctx: WorkerContext, team: Team, member: TeamMember, me
     if link is not None:
         await complete_work_item(ctx, link[0], link[1], message.work_item_id or "", outcome)
     return outcome.status
+
+
+def _run_link(message: TeamMessage) -> tuple[str, str] | None:
+    # lead task messages of a distributed run carry it (lead_run.RunLinkingMailbox)
+    run_id, team = message.metadata.get("run_id"), message.metadata.get("team")
+    if isinstance(run_id, str) and run_id and isinstance(team, str) and team:
+        return run_id, team
+    return None
 
 
 def session_agent(ctx: WorkerContext, member: TeamMember, mailbox_id: str) -> Agent:

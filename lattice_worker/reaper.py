@@ -17,6 +17,10 @@ A sweep:
 2. Lost doorbells: for every member mailbox of the published teams whose oldest
    ``pending`` message has waited longer than one lease, the doorbell is rung
    again (at most once per lease per mailbox, marker ``<prefix>:reaper:rung:<mailbox>``).
+3. Stale resumes: a run of the :data:`STALE_SCAN_LIMIT` most recent ones that
+   has been ``resuming`` for longer than one lease (its resume was to run in
+   a worker that died) gets ``lattice.resume_lead`` again (at most once per
+   lease, marker ``<prefix>:reaper:resumed:<run_id>``).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from lattice_client.celery_config import RESUME_LEAD_TASK, queue_name
 from lattice_mailbox.message import MessageStatus, TeamMessage
 
 from .registry import teams_key
@@ -38,6 +43,9 @@ from .team.work import WorkItemOutcome
 from .worker_context import WorkerContext
 
 logger = logging.getLogger("lattice_worker.reaper")
+
+STALE_SCAN_LIMIT = 500
+"""How many of the most recent runs the stale-resume check looks at per sweep."""
 
 LOCK_HOLD_MS = 60_000
 """Upper bound (ms) a sweep may hold the lock before another reaper may start one."""
@@ -53,11 +61,13 @@ return 0
 @dataclass
 class SweepReport:
     """What one sweep did: ``requeued`` / ``failed`` message ids (expired
-    leases), ``rerung`` mailbox ids (lost doorbells)."""
+    leases), ``rerung`` mailbox ids (lost doorbells), ``resumed`` run ids
+    (stale resumes)."""
 
     requeued: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     rerung: list[str] = field(default_factory=list)
+    resumed: list[str] = field(default_factory=list)
 
 
 def lock_key(prefix: str) -> str:
@@ -88,6 +98,7 @@ async def sweep(
         try:
             await _requeue(ctx, report)
             await _lost_doorbells(ctx, report)
+            await _stale_resumes(ctx, report)
         finally:
             await ctx.flush_events()
         return report
@@ -199,6 +210,21 @@ async def _lost_doorbells(ctx: WorkerContext, report: SweepReport) -> None:
             )
             ctx.ring(mailbox_id)
             report.rerung.append(mailbox_id)
+
+
+async def _stale_resumes(ctx: WorkerContext, report: SweepReport) -> None:
+    lease_ms = int(ctx.settings.lease_seconds * 1000)
+    now_ms = int(time.time() * 1000)
+    client = await ctx.redis()
+    for record in await ctx.runs.list_runs(limit=STALE_SCAN_LIMIT):
+        if record.status.value != "resuming" or record.updated_at > now_ms - lease_ms:
+            continue
+        if await client.set(f"{ctx.prefix}:reaper:resumed:{record.run_id}", "1", nx=True, px=lease_ms):
+            logger.warning(
+                "run %s has been resuming for over a lease; enqueueing its resume again", record.run_id
+            )
+            ctx.send_task(RESUME_LEAD_TASK, [record.run_id], queue_name(ctx.prefix, record.team, "lead"))
+            report.resumed.append(record.run_id)
 
 
 class Reaper:

@@ -51,18 +51,20 @@ _BODIES: dict[str, Callable[[WorkerContext, str], Awaitable[str]]] = {
 
 async def run_step(ctx: WorkerContext, task: str, arg: str, *, max_inline: int = MAX_INLINE_STEPS) -> str:
     """Run the body of ``task`` on ``arg``, then the follow-ups it recorded in
-    ``ctx.follow_ups`` (steps on queues this worker consumes; their queued
-    copies exist too), oldest first, up to ``max_inline`` of them. Returns the
-    first body's outcome word."""
+    ``ctx.follow_ups`` (steps on queues this worker consumes), oldest first, up
+    to ``max_inline`` of them; follow-ups not done (budget spent, or an error)
+    are enqueued. Returns the first body's outcome word."""
     ctx.follow_ups.clear()
-    outcome = await _BODIES[task](ctx, arg)
-    done = 0
-    while ctx.follow_ups and done < max_inline:
-        name, value = ctx.follow_ups.pop(0)
-        inline = await _BODIES[name](ctx, value)
-        done += 1
-        logger.info("inline %s(%s) -> %s", name, value, inline)
-    ctx.follow_ups.clear()
+    try:
+        outcome = await _BODIES[task](ctx, arg)
+        done = 0
+        while ctx.follow_ups and done < max_inline:
+            name, value, _, _ = ctx.follow_ups.pop(0)
+            inline = await _BODIES[name](ctx, value)
+            done += 1
+            logger.info("inline %s(%s) -> %s", name, value, inline)
+    finally:
+        ctx.publish_follow_ups()  # whatever was not done here goes to the queues
     return outcome
 
 

@@ -33,8 +33,13 @@ def test_g_flower_lists_the_workers_and_deliver_tasks(deployment: Deployment):
         env={"FLOWER_UNAUTHENTICATED_API": "true"},
     )
     wait_for(lambda: _get(f"{base}/healthcheck"), 45, "Flower to answer")
-    worker = d.worker("tests.e2e.teams:team", "--concurrency", "1")
-    node = wait_for(lambda: _node_name(worker.log()), 10, "the worker's node name")
+    # the lead and the members on separate workers, so doorbells travel through the broker
+    leads = d.worker("tests.e2e.teams:team", "--member", "lead", "--concurrency", "1")
+    members = d.worker(
+        "tests.e2e.teams:team", "--member", "worker", "--member", "other", "--concurrency", "1"
+    )
+    lead_node = wait_for(lambda: _node_name(leads.log()), 10, "the lead worker's node name")
+    node = wait_for(lambda: _node_name(members.log()), 10, "the member worker's node name")
     result = d.client.submit(
         "tests.e2e.teams:team", plan(("worker", "handoff", "seen"), ("other", "handoff", "too"))
     )
@@ -45,11 +50,14 @@ def test_g_flower_lists_the_workers_and_deliver_tasks(deployment: Deployment):
         if response is None or response.status_code != 200:
             return None
         data = response.json()
-        return data if node in data else None
+        return data if node in data and lead_node in data else None
 
-    data = wait_for(workers, 30, f"Flower's /api/workers to list {node}")
-    queues = {q["name"] for q in data[node].get("active_queues", [])}
-    assert {f"{d.prefix}.e2e.lead", f"{d.prefix}.e2e.worker", f"{d.prefix}.e2e.other"} <= queues
+    data = wait_for(workers, 30, f"Flower's /api/workers to list {lead_node} and {node}")
+    assert {q["name"] for q in data[lead_node].get("active_queues", [])} == {f"{d.prefix}.e2e.lead"}
+    assert {q["name"] for q in data[node].get("active_queues", [])} == {
+        f"{d.prefix}.e2e.worker",
+        f"{d.prefix}.e2e.other",
+    }
 
     def deliver_tasks() -> list | None:
         response = _get(f"{base}/api/tasks")
