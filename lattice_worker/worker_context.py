@@ -32,6 +32,7 @@ key                                 type    content
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
@@ -41,6 +42,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
+
+from redis.exceptions import NoScriptError
 
 from lattice_client.celery_config import DELIVER_TASK, RESUME_LEAD_TASK, RUN_LEAD_TASK, queue_name
 from lattice_client.runs import RunStore
@@ -57,6 +60,7 @@ _APPEND_EVENT_LUA = (
     resources.files("lattice_client").joinpath("lua", "append_event.lua").read_text(encoding="utf-8")
 )
 """The run store's own append script (same checks and stream format), pipelined by the event writer."""
+_APPEND_EVENT_SHA = hashlib.sha1(_APPEND_EVENT_LUA.encode("utf-8")).hexdigest()
 
 RUN_KEY_TTL_SECONDS = 7 * 24 * 3600
 """How long (seconds) a run's history, usage and work-item links are kept after their last write."""
@@ -107,8 +111,6 @@ class WorkerContext:
     _client_loop: Any = field(default=None, repr=False)
     _events: list[tuple[str, str, str]] = field(default_factory=list, repr=False)
     _writer: Any = field(default=None, repr=False)
-    _append_script: Any = field(default=None, repr=False)
-    _append_script_client: Any = field(default=None, repr=False)
     lead_tools: dict[str, list[Any]] = field(default_factory=dict, repr=False)
 
     @property
@@ -278,21 +280,29 @@ class WorkerContext:
             self._writer = asyncio.get_running_loop().create_task(self._write_events())
 
     async def _write_events(self) -> None:
+        await asyncio.sleep(0)  # let the events of this loop iteration gather into one batch
         while self._events:
             batch, self._events = self._events, []
             try:
                 client = self.client()
-                if self._append_script is None or self._append_script_client is not client:
-                    self._append_script = client.register_script(_APPEND_EVENT_LUA)
-                    self._append_script_client = client
-                async with client.pipeline(transaction=False) as pipe:
-                    for record_key, events_key, payload in batch:
-                        await self._append_script(
-                            keys=[record_key, events_key],
-                            args=[self.settings.max_run_events, payload],
-                            client=pipe,
-                        )
-                    results = await pipe.execute(raise_on_error=False)
+                for attempt in range(2):
+                    async with client.pipeline(transaction=False) as pipe:
+                        for record_key, events_key, payload in batch:
+                            pipe.evalsha(
+                                _APPEND_EVENT_SHA,
+                                2,
+                                record_key,
+                                events_key,
+                                self.settings.max_run_events,
+                                payload,
+                            )
+                        results = await pipe.execute(raise_on_error=False)
+                    if attempt == 0 and any(isinstance(r, NoScriptError) for r in results):
+                        await client.script_load(
+                            _APPEND_EVENT_LUA
+                        )  # first use on this server: retry the batch
+                        continue
+                    break
                 failed = [r for r in results if isinstance(r, Exception)]
                 if failed:
                     logger.warning("%d of %d run events not written: %s", len(failed), len(batch), failed[0])
