@@ -1,7 +1,16 @@
 """agent-lattice: agents, tools, hooks, teams (DESIGN §9 public names).
 
 Keep this a plain explicit list; each area appends its own exports.
+
+``AnthropicModelClient`` is exported lazily (module ``__getattr__``): importing
+the ``anthropic`` SDK costs about a second, which ``import lattice_worker``
+does not pay until the name is first used.
 """
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .agent.anthropic_client import AnthropicModelClient
 
 # --- agent loop (lattice_worker.agent) and tools (lattice_worker.tools)
 from .agent.abort import AbortController, AbortSignal
@@ -49,6 +58,7 @@ __all__ = [
     "AgentHooks",
     "AgentOptions",
     "AgentSpec",
+    "AnthropicModelClient",
     "AssistantMessage",
     "AssistantModelMessage",
     "ModelClient",
@@ -153,3 +163,12 @@ __all__ += [
     "create_team_runner",
     "team_member",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # lazy exports: the anthropic SDK is imported on first use only
+    if name == "AnthropicModelClient":
+        from .agent.anthropic_client import AnthropicModelClient
+
+        return AnthropicModelClient
+    raise AttributeError(f"module 'lattice_worker' has no attribute {name!r}")

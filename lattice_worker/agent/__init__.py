@@ -1,8 +1,12 @@
 """The agent loop: agents, options, events, the model boundary, scripted model.
 
 Spec: AgentLattice "Agent Loop", "Streaming Events", "Configuration". The
-Anthropic client lives in :mod:`.anthropic_client` (imported lazily).
+Anthropic client lives in :mod:`.anthropic_client`; ``AnthropicModelClient``
+is exported here lazily (module ``__getattr__``), so importing this package
+does not import the ``anthropic`` SDK until the name is used.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from .abort import AbortController, AbortSignal
 from .agent import Agent, AgentSpec, create_agent, create_bare_agent, define_agent, is_agent_spec
@@ -23,6 +27,9 @@ from .output import SUBMIT_OUTPUT_TOOL_NAME
 from .scripted import ScriptedModelClient, ScriptExhaustedError, error_turn, text_turn, tool_turn
 from .tool_batch import PermissionRequest, ToolBatchPolicyContext
 
+if TYPE_CHECKING:
+    from .anthropic_client import AnthropicModelClient
+
 __all__ = [
     "SUBMIT_OUTPUT_TOOL_NAME",
     "AbortController",
@@ -31,6 +38,7 @@ __all__ = [
     "AgentHooks",
     "AgentOptions",
     "AgentSpec",
+    "AnthropicModelClient",
     "AssistantMessage",
     "AssistantModelMessage",
     "AutoCompactOptions",
@@ -62,3 +70,12 @@ __all__ = [
     "text_turn",
     "tool_turn",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # lazy export: the anthropic SDK is imported on first use only
+    if name == "AnthropicModelClient":
+        from .anthropic_client import AnthropicModelClient
+
+        return AnthropicModelClient
+    raise AttributeError(f"module 'lattice_worker.agent' has no attribute {name!r}")
