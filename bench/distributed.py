@@ -109,7 +109,7 @@ def _noop_app() -> Celery:
 noop_app = _noop_app()
 
 
-@noop_app.task(name="bench.noop", ignore_result=False)
+@noop_app.task(name="bench.noop", ignore_result=False, shared=False)
 def noop() -> str:
     return "ok"
 

@@ -69,6 +69,9 @@ async def run_step(ctx: WorkerContext, task: str, arg: str, *, max_inline: int =
 
 
 _RETRY = {
+    # registered on this app only: Celery would otherwise add "shared" tasks to every app
+    # created in the process (the client's apps only send tasks by name)
+    "shared": False,
     "autoretry_for": (RedisConnectionError, RedisTimeoutError),
     "retry_backoff": True,
     "retry_backoff_max": 10,
