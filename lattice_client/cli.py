@@ -224,7 +224,7 @@ def submit(
     team: Annotated[
         str,
         typer.Argument(
-            help="The team: its registered name (e.g. example) or a 'package.module:attribute' reference (e.g. examples.team:team)."
+            help="The team: its registered name (e.g. demo) or a 'package.module:attribute' reference (e.g. examples.team:team)."
         ),
     ],
     prompt: Annotated[str, typer.Argument(help="What to ask the team's lead.")],
@@ -379,15 +379,16 @@ def status(
 @app.command()
 def inbox(
     ctx: typer.Context,
-    mailbox: Annotated[
-        str, typer.Argument(help="The mailbox id, '<team>::<member>' (e.g. example::searcher).")
-    ],
+    mailbox: Annotated[str, typer.Argument(help="The mailbox id, '<team>::<member>' (e.g. demo::searcher).")],
     status_: Annotated[
         str, typer.Option("--status", "-s", help=f"Which messages: {_STATUS_CHOICES}.")
     ] = "pending",
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
-    """List the messages of one mailbox, oldest first."""
+    """List the messages of one mailbox, oldest first.
+
+    Example (the example team, examples.team:team, is named demo): lattice inbox demo::searcher --status all
+    """
     from lattice_mailbox import MessageStatus
 
     if status_ != "all":

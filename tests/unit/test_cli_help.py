@@ -81,3 +81,21 @@ def test_every_command_has_a_help_a_newcomer_can_follow(command, expected):
     assert "Traceback" not in text
     for word in expected:
         assert word.lower() in text.lower(), (command, word, text)
+
+
+def test_help_examples_name_the_example_team_by_its_real_name():
+    """Team names and mailbox ids in help texts are those of examples/team.py (named ``demo``)."""
+    from examples.team import TEAM_NAME, team
+
+    members = {m.name for m in team.members} | {"lead"}
+    texts = {command: plain(runner.invoke(app, [command, "--help"]).output) for command in COMMANDS}
+    assert f"e.g. {TEAM_NAME})" in texts["submit"]
+    mailbox_ids = {
+        (command, found) for command, text in texts.items() for found in re.findall(r"\b\w+::\w+\b", text)
+    }
+    assert ("inbox", f"{TEAM_NAME}::searcher") in mailbox_ids
+    for command, mailbox_id in mailbox_ids:
+        team_name, _, member = mailbox_id.partition("::")
+        assert (team_name, member in members) == (TEAM_NAME, True), (command, mailbox_id)
+    for command, text in texts.items():
+        assert not re.search(r"e\.g\. example\b(?!s\.)", text), (command, text)
