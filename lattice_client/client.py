@@ -26,7 +26,6 @@ import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import Future
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 from celery import Celery
 from pydantic import BaseModel, Field
@@ -75,13 +74,6 @@ class StatusReport(BaseModel):
     team: str | None = None
     mailboxes: dict[str, dict[str, int]] = Field(default_factory=dict)
     runs: list[RunRecord] = Field(default_factory=list)
-
-
-def _mailbox_kwargs(settings: LatticeSettings) -> dict[str, Any]:
-    scheme = urlsplit(settings.mailbox_url).scheme.lower()
-    if scheme in ("redis", "rediss", "unix"):
-        return {"prefix": settings.key_prefix, "max_message_bytes": settings.max_message_bytes}
-    return {}
 
 
 def _resolve_settings(
@@ -160,10 +152,17 @@ class AsyncLatticeClient:
 
     @property
     def mailbox(self) -> Any:
-        """The mailbox store (``mailbox_from_url(settings.mailbox_url, prefix=...)``), built on first use."""
+        """The mailbox store, built on first use: ``mailbox_from_url(settings.mailbox_url,
+        prefix=settings.key_prefix, max_message_bytes=settings.max_message_bytes)`` (on
+        SQL stores the key prefix selects the tables, see
+        :func:`lattice_mailbox.sql_table_prefix`)."""
         with self._lock:
             if self._mailbox is None:
-                self._mailbox = mailbox_from_url(self.settings.mailbox_url, **_mailbox_kwargs(self.settings))
+                self._mailbox = mailbox_from_url(
+                    self.settings.mailbox_url,
+                    prefix=self.settings.key_prefix,
+                    max_message_bytes=self.settings.max_message_bytes,
+                )
             return self._mailbox
 
     @property

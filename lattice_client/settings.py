@@ -60,7 +60,12 @@ class LatticeSettings(BaseSettings):
 
     key_prefix: str = "lattice"
     """Prefix of every Redis key and Celery queue name (``[A-Za-z0-9_.-]+``), so
-    two deployments sharing one Redis never meet. Env: ``LATTICE_KEY_PREFIX``."""
+    two deployments sharing one Redis never meet. SQL mailboxes
+    (``sqlite:///``, ``postgresql://``) name their tables from it
+    (:func:`lattice_mailbox.sql_table_prefix`: ``lattice`` -> ``lattice_messages``;
+    other characters than ``[a-z0-9_]`` become ``_`` plus a short hash), so two
+    deployments sharing one database never meet either.
+    Env: ``LATTICE_KEY_PREFIX``."""
 
     lease_seconds: float = Field(default=30.0, gt=0)
     """Claim lease in **seconds** (float, > 0): how long a member may hold a
@@ -76,8 +81,9 @@ class LatticeSettings(BaseSettings):
     Env: ``LATTICE_REAPER_INTERVAL_SECONDS``."""
 
     max_message_bytes: int = Field(default=1024 * 1024, ge=1)
-    """Upper bound in **bytes** of one mailbox message body and of a submitted
-    prompt (default 1 MiB). Env: ``LATTICE_MAX_MESSAGE_BYTES``."""
+    """Upper bound in **bytes** of one mailbox message body (content + metadata
+    JSON, on every mailbox store) and of a submitted prompt (default 1 MiB).
+    Env: ``LATTICE_MAX_MESSAGE_BYTES``."""
 
     max_run_events: int = Field(default=10_000, ge=10)
     """Approximate length bound (entries) of each run's event stream (Redis

@@ -45,12 +45,9 @@ def settings() -> LatticeSettings:
 
 
 def make_mailbox(s: LatticeSettings) -> Any:
-    """The mailbox store of ``s`` (``mailbox_url``, key prefix, size bound)."""
-    url = s.mailbox_url
-    scheme = url.partition("://")[0].lower()
-    if scheme in ("redis", "rediss", "unix"):
-        return mailbox_from_url(url, prefix=s.key_prefix, max_message_bytes=s.max_message_bytes)
-    return mailbox_from_url(url)
+    """The mailbox store of ``s`` (``mailbox_url``, key prefix, size bound), built
+    exactly as the client builds it (on SQL stores the key prefix selects the tables)."""
+    return mailbox_from_url(s.mailbox_url, prefix=s.key_prefix, max_message_bytes=s.max_message_bytes)
 
 
 def registry() -> TeamRegistry:
