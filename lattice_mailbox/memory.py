@@ -12,25 +12,23 @@ from __future__ import annotations
 import heapq
 import threading
 from dataclasses import dataclass, field
-from typing import Any
 
 from .base import ClaimMissingError, ClaimTakenError
 from .message import MessageStatus, TeamMessage
-from .transitions import ALLOWED, check_transition, invalid_transition
+from .transitions import check_transition
 from .validation import (
     DEFAULT_MAX_MESSAGE_BYTES,
-    check_limit,
+    CheckedSend,
+    Outgoing,
+    check_claim,
+    check_complete,
+    check_extend,
+    check_inbox,
     check_max_message_bytes,
     check_name,
-    check_now_ms,
-    check_optional_name,
-    check_positive_int,
-    check_send,
-    check_status_filter,
-    check_token,
-    lease_ms,
+    check_prefix_filter,
+    check_requeue,
     message_id_tag,
-    new_message_id,
     new_token,
     now_ms,
 )
@@ -51,7 +49,7 @@ class _Box:
     pending_heap: list[tuple[int, str]] = field(default_factory=list)  # lazily cleaned
 
 
-class MemoryMailbox:
+class MemoryMailbox(CheckedSend):
     """In-memory :class:`~lattice_mailbox.base.LeasedMailbox`.
 
     ``max_message_bytes`` bounds content + metadata JSON (bytes, default 1 MiB).
@@ -67,49 +65,17 @@ class MemoryMailbox:
 
     # -- the five protocol methods -------------------------------------------------
 
-    async def send(
-        self,
-        from_: str,
-        to: str,
-        content: str,
-        *,
-        thread_id: str | None = None,
-        work_item_id: str | None = None,
-        reply_to: str | None = None,
-        metadata: dict[str, Any] | None = None,
-    ) -> TeamMessage:
-        """Append a ``pending`` message to mailbox ``to``; returns it
-        (``created_at`` in ms, ``thread_id`` defaulting to its id).
-        Raises ``TypeError``/``ValueError``/``MessageTooLargeError`` before storing anything."""
-        out = check_send(
-            from_,
-            to,
-            content,
-            thread_id=thread_id,
-            work_item_id=work_item_id,
-            reply_to=reply_to,
-            metadata=metadata,
-            max_message_bytes=self.max_message_bytes,
-        )
-        message_id = new_message_id(out.to)
-        message = TeamMessage(
-            id=message_id,
-            from_=out.from_,
-            to=out.to,
-            content=out.content,
-            created_at=now_ms(),
-            thread_id=out.thread_id or message_id,
-            work_item_id=out.work_item_id,
-            reply_to=out.reply_to,
-            metadata=out.metadata,
-        )
+    # ``send`` (argument checks) comes from CheckedSend; it stores through _append.
+
+    async def _append(self, out: Outgoing) -> TeamMessage:
+        message = out.new_message()
         with self._lock:
             self._seq += 1
             seq = self._seq
-            self._records[message_id] = _Record(message, seq)
+            self._records[message.id] = _Record(message, seq)
             box = self._boxes.setdefault(out.to, _Box())
-            box.by_status[S.PENDING][seq] = message_id
-            heapq.heappush(box.pending_heap, (seq, message_id))
+            box.by_status[S.PENDING][seq] = message.id
+            heapq.heappush(box.pending_heap, (seq, message.id))
             return message.model_copy(deep=True)
 
     async def inbox(
@@ -118,8 +84,7 @@ class MemoryMailbox:
         """Messages of ``mailbox_id`` with ``status`` (or ``"all"``), oldest first,
         at most ``limit``. Raises ``ValueError`` for an unknown status."""
         check_name(mailbox_id)
-        wanted = check_status_filter(status)
-        limit = check_limit(limit)
+        wanted, limit = check_inbox(status, limit)
         with self._lock:
             box = self._boxes.get(mailbox_id)
             if box is None:
@@ -155,9 +120,7 @@ class MemoryMailbox:
         pending or ``max_in_flight`` messages are already in ``processing``.
         ``lease_s`` (seconds) sets ``lease_until`` (ms); without it the claim never expires."""
         check_name(mailbox_id)
-        ms = lease_ms(lease_s)
-        worker_id = check_optional_name(worker_id, "worker_id")
-        max_in_flight = check_positive_int(max_in_flight, "max_in_flight")
+        ms, worker_id, max_in_flight = check_claim(lease_s, worker_id, max_in_flight)
         with self._lock:
             box = self._boxes.get(mailbox_id)
             if box is None:
@@ -202,9 +165,7 @@ class MemoryMailbox:
     async def extend_lease(self, message_id: str, token: str, lease_s: float) -> int:
         """Push the lease to now + ``lease_s`` seconds; returns the new
         ``lease_until`` (ms). Raises :class:`ClaimTakenError` / :class:`ClaimMissingError`."""
-        check_token(token)
-        ms = lease_ms(lease_s, required=True)
-        assert ms is not None
+        ms = check_extend(token, lease_s)
         with self._lock:
             record = self._claimed(message_id, token)
             record.message.lease_until = now_ms() + ms
@@ -216,11 +177,7 @@ class MemoryMailbox:
         message again. Raises ``ValueError`` (unknown status),
         :class:`InvalidTransitionError` (target ``processing``),
         :class:`ClaimTakenError` or :class:`ClaimMissingError`."""
-        target = MessageStatus.parse(status)
-        check_token(token)
-        message_id_tag(message_id)
-        if target not in ALLOWED[S.PROCESSING]:
-            raise invalid_transition(message_id, S.PROCESSING, target)
+        target, _ = check_complete(message_id, token, status)
         with self._lock:
             record = self._records.get(message_id)
             if (
@@ -240,8 +197,7 @@ class MemoryMailbox:
         """Move every ``processing`` message whose ``lease_until`` <= now (ms) back to
         ``pending``, or to ``failed`` when ``attempts >= max_attempts``; returns the
         moved messages with their new status, oldest first per mailbox."""
-        max_attempts = check_positive_int(max_attempts, "max_attempts")
-        now = check_now_ms(now_ms)
+        max_attempts, now = check_requeue(max_attempts, now_ms)
         now = _now() if now is None else now
         moved: list[TeamMessage] = []
         with self._lock:
@@ -269,8 +225,7 @@ class MemoryMailbox:
     async def mailbox_ids(self, prefix: str | None = None) -> list[str]:
         """Every mailbox that received a message, sorted; only those starting
         with ``prefix`` when given."""
-        if prefix is not None and not isinstance(prefix, str):
-            raise TypeError(f"prefix must be a str or None, not {type(prefix).__name__}")
+        check_prefix_filter(prefix)
         with self._lock:
             return sorted(m for m in self._boxes if prefix is None or m.startswith(prefix))
 

@@ -66,24 +66,22 @@ from redis.exceptions import NoScriptError
 
 from .base import ClaimMissingError, ClaimTakenError, MailboxError
 from .message import MessageStatus, TeamMessage
-from .transitions import ALLOWED, STATUS_ORDER, invalid_transition, sources_for
+from .transitions import STATUS_ORDER, invalid_transition, sources_for
 from .validation import (
     DEFAULT_MAX_MESSAGE_BYTES,
-    check_limit,
+    CheckedSend,
+    Outgoing,
+    check_claim,
+    check_complete,
+    check_extend,
+    check_inbox,
     check_max_message_bytes,
     check_name,
-    check_now_ms,
-    check_optional_name,
-    check_positive_int,
-    check_send,
-    check_status_filter,
-    check_token,
-    lease_ms,
+    check_prefix_filter,
+    check_requeue,
     mailbox_tag,
     message_id_tag,
-    new_message_id,
     new_token,
-    now_ms,
 )
 
 S = MessageStatus
@@ -165,6 +163,22 @@ def _message(body: Any, state: Any) -> TeamMessage:
     return message
 
 
+def _body(message: TeamMessage) -> str:
+    """The body JSON of a new message: its fields that never change."""
+    fields = {
+        "id": message.id,
+        "from": message.from_,
+        "to": message.to,
+        "content": message.content,
+        "created_at": message.created_at,
+        "thread_id": message.thread_id,
+        "work_item_id": message.work_item_id,
+        "reply_to": message.reply_to,
+        "metadata": message.metadata,
+    }
+    return json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
+
+
 def _messages(flat: list[Any]) -> list[TeamMessage]:
     return [_message(flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]
 
@@ -177,7 +191,7 @@ def _check_prefix(prefix: Any) -> str:
     return prefix
 
 
-class RedisMailbox:
+class RedisMailbox(CheckedSend):
     """Redis :class:`~lattice_mailbox.base.LeasedMailbox` (see the module docstring).
 
     ``url_or_client``: a ``redis://``/``rediss://``/``unix://`` URL (a client is
@@ -303,52 +317,19 @@ class RedisMailbox:
 
     # -- the five protocol methods -------------------------------------------------
 
-    async def send(
-        self,
-        from_: str,
-        to: str,
-        content: str,
-        *,
-        thread_id: str | None = None,
-        work_item_id: str | None = None,
-        reply_to: str | None = None,
-        metadata: dict[str, Any] | None = None,
-    ) -> TeamMessage:
-        """Append a ``pending`` message to mailbox ``to`` (one atomic script);
-        returns it (``created_at`` ms, ``thread_id`` defaulting to its id).
-        Raises ``TypeError``/``ValueError``/:class:`MessageTooLargeError` before
-        writing anything, ``redis.exceptions.ConnectionError`` on network failure
-        (the message is then either fully written or absent)."""
-        out = check_send(
-            from_,
-            to,
-            content,
-            thread_id=thread_id,
-            work_item_id=work_item_id,
-            reply_to=reply_to,
-            metadata=metadata,
-            max_message_bytes=self.max_message_bytes,
-        )
-        message_id = new_message_id(out.to)
-        fields = {
-            "id": message_id,
-            "from": out.from_,
-            "to": out.to,
-            "content": out.content,
-            "created_at": now_ms(),
-            "thread_id": out.thread_id or message_id,
-            "work_item_id": out.work_item_id,
-            "reply_to": out.reply_to,
-            "metadata": out.metadata,
-        }
-        body = json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
-        keys, owner = self._box(out.to)
+    # ``send`` (argument checks) comes from CheckedSend: one atomic script, so a
+    # network failure (``redis.exceptions.ConnectionError``) leaves the message
+    # fully written or absent.
+
+    async def _append(self, out: Outgoing) -> TeamMessage:
+        message = out.new_message()
+        keys, _ = self._box(out.to)
         (result,) = await self._eval_many(
             "send",
             [
                 (
                     [keys.name, keys.seq, keys.body, keys.state, keys.queues["pending"]],
-                    [out.to, message_id, body],
+                    [out.to, message.id, _body(message)],
                 )
             ],
             first=("SADD", self._registry, out.to),
@@ -360,7 +341,7 @@ class RedisMailbox:
             )
         if code != "OK":  # pragma: no cover - DUPLICATE needs a repeated random id
             raise MailboxError(f"send failed: {code}")
-        return TeamMessage(**fields)
+        return message
 
     async def inbox(
         self, mailbox_id: str, status: MessageStatus | str = "pending", *, limit: int | None = None
@@ -369,8 +350,7 @@ class RedisMailbox:
         at most ``limit`` — a consistent snapshot read from the per-status index.
         Raises ``ValueError`` for an unknown status."""
         keys, owner = self._box(mailbox_id)
-        wanted = check_status_filter(status)
-        limit = check_limit(limit)
+        wanted, limit = check_inbox(status, limit)
         queues = keys.all_queues if wanted is None else (keys.queues[wanted.value],)
         flat = await self._eval(
             "inbox", [keys.name, keys.body, keys.state, *queues], [owner, "" if limit is None else limit]
@@ -405,9 +385,7 @@ class RedisMailbox:
         ``lease_s`` (seconds) sets ``lease_until`` (ms, server clock); without it the
         claim never expires. ``attempts`` counts claims."""
         keys, owner = self._box(mailbox_id)
-        ms = lease_ms(lease_s)
-        worker_id = check_optional_name(worker_id, "worker_id")
-        max_in_flight = check_positive_int(max_in_flight, "max_in_flight")
+        ms, worker_id, max_in_flight = check_claim(lease_s, worker_id, max_in_flight)
         token = new_token()
         args = (
             owner,
@@ -457,8 +435,7 @@ class RedisMailbox:
     async def extend_lease(self, message_id: str, token: str, lease_s: float) -> int:
         """Push the lease to server now + ``lease_s`` seconds; returns the new
         ``lease_until`` (ms). Raises :class:`ClaimTakenError` / :class:`ClaimMissingError`."""
-        check_token(token)
-        ms = lease_ms(lease_s, required=True)
+        ms = check_extend(token, lease_s)
         tag = message_id_tag(message_id)
         if tag is None:
             raise ClaimMissingError(message_id)
@@ -477,11 +454,7 @@ class RedisMailbox:
         returns the message again. Raises ``ValueError`` (unknown status),
         :class:`InvalidTransitionError` (target ``processing``),
         :class:`ClaimTakenError` or :class:`ClaimMissingError`."""
-        target = MessageStatus.parse(status)
-        check_token(token)
-        tag = message_id_tag(message_id)
-        if target not in ALLOWED[S.PROCESSING]:
-            raise invalid_transition(message_id, S.PROCESSING, target)
+        target, tag = check_complete(message_id, token, status)
         if tag is None:
             raise ClaimMissingError(message_id)
         keys = self._keys(tag)
@@ -504,8 +477,7 @@ class RedisMailbox:
         default the server clock) back to ``pending``, or to ``failed`` when
         ``attempts >= max_attempts``. One script per mailbox of the registry,
         pipelined. Returns the moved messages with their new status."""
-        max_attempts = check_positive_int(max_attempts, "max_attempts")
-        now = check_now_ms(now_ms)
+        max_attempts, now = check_requeue(max_attempts, now_ms)
         args = ["" if now is None else now, "" if max_attempts is None else max_attempts, _REQUEUE_BATCH]
         tags = sorted({mailbox_tag(m) for m in await self._registered()})
         moved: list[TeamMessage] = []
@@ -552,8 +524,7 @@ class RedisMailbox:
     async def mailbox_ids(self, prefix: str | None = None) -> list[str]:
         """Every mailbox id a ``send`` was addressed to, sorted; only those
         starting with ``prefix`` when given."""
-        if prefix is not None and not isinstance(prefix, str):
-            raise TypeError(f"prefix must be a str or None, not {type(prefix).__name__}")
+        check_prefix_filter(prefix)
         return sorted(m for m in await self._registered() if prefix is None or m.startswith(prefix))
 
     async def _registered(self) -> list[str]:

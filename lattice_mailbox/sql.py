@@ -58,22 +58,20 @@ from sqlalchemy.pool import StaticPool
 
 from .base import ClaimMissingError, ClaimTakenError
 from .message import MessageStatus, TeamMessage
-from .transitions import ALLOWED, check_transition, invalid_transition, sources_for
+from .transitions import check_transition, sources_for
 from .validation import (
     DEFAULT_MAX_MESSAGE_BYTES,
+    CheckedSend,
     Outgoing,
-    check_limit,
+    check_claim,
+    check_complete,
+    check_extend,
+    check_inbox,
     check_max_message_bytes,
     check_name,
-    check_now_ms,
-    check_optional_name,
-    check_positive_int,
-    check_send,
-    check_status_filter,
-    check_token,
-    lease_ms,
+    check_prefix_filter,
+    check_requeue,
     message_id_tag,
-    new_message_id,
     new_token,
     now_ms,
 )
@@ -206,7 +204,7 @@ def _message(row: Row[Any], *, claim_token: str | None = None) -> TeamMessage:
     )
 
 
-class SQLMailbox:
+class SQLMailbox(CheckedSend):
     """SQL :class:`~lattice_mailbox.base.LeasedMailbox` (see the module docstring).
 
     ``url``: ``sqlite:///path``, ``sqlite://`` (memory), ``postgresql://...`` or
@@ -317,52 +315,19 @@ class SQLMailbox:
 
     # -- the five protocol methods -------------------------------------------------
 
-    async def send(
-        self,
-        from_: str,
-        to: str,
-        content: str,
-        *,
-        thread_id: str | None = None,
-        work_item_id: str | None = None,
-        reply_to: str | None = None,
-        metadata: dict[str, Any] | None = None,
-    ) -> TeamMessage:
-        """Append a ``pending`` message to mailbox ``to`` (one transaction);
-        returns it (``created_at`` ms, ``thread_id`` defaulting to its id).
-        Raises ``TypeError``/``ValueError``/:class:`MessageTooLargeError` before
-        writing anything."""
-        out = check_send(
-            from_,
-            to,
-            content,
-            thread_id=thread_id,
-            work_item_id=work_item_id,
-            reply_to=reply_to,
-            metadata=metadata,
-            max_message_bytes=self.max_message_bytes,
-        )
+    # ``send`` (argument checks) comes from CheckedSend; one transaction writes the message.
+
+    async def _append(self, out: Outgoing) -> TeamMessage:
         return await self._call(self._send, out)
 
     def _send(self, out: Outgoing) -> TeamMessage:
-        message_id = new_message_id(out.to)
-        message = TeamMessage(
-            id=message_id,
-            from_=out.from_,
-            to=out.to,
-            content=out.content,
-            created_at=now_ms(),
-            thread_id=out.thread_id or message_id,
-            work_item_id=out.work_item_id,
-            reply_to=out.reply_to,
-            metadata=out.metadata,
-        )
+        message = out.new_message()
         with self._write() as conn:
             self._register(conn, out.to)
             conn.execute(
                 self._q.insert,
                 {
-                    "id": message_id,
+                    "id": message.id,
                     "mailbox": out.to,
                     "sender": out.from_,
                     "content": out.content,
@@ -386,8 +351,7 @@ class SQLMailbox:
         """Messages of ``mailbox_id`` with ``status`` (or ``"all"``), oldest first,
         at most ``limit``. Raises ``ValueError`` for an unknown status."""
         check_name(mailbox_id)
-        wanted = check_status_filter(status)
-        limit = check_limit(limit)
+        wanted, limit = check_inbox(status, limit)
         return await self._call(self._inbox, mailbox_id, wanted, limit)
 
     def _inbox(self, mailbox_id: str, wanted: MessageStatus | None, limit: int | None) -> list[TeamMessage]:
@@ -425,9 +389,7 @@ class SQLMailbox:
         ``lease_s`` (seconds) sets ``lease_until`` (ms); without it the claim never
         expires. ``attempts`` counts claims."""
         check_name(mailbox_id)
-        ms = lease_ms(lease_s)
-        worker_id = check_optional_name(worker_id, "worker_id")
-        max_in_flight = check_positive_int(max_in_flight, "max_in_flight")
+        ms, worker_id, max_in_flight = check_claim(lease_s, worker_id, max_in_flight)
         return await self._call(self._claim, mailbox_id, ms, worker_id, max_in_flight)
 
     def _claim(
@@ -483,8 +445,7 @@ class SQLMailbox:
     async def extend_lease(self, message_id: str, token: str, lease_s: float) -> int:
         """Push the lease to now + ``lease_s`` seconds; returns the new
         ``lease_until`` (ms). Raises :class:`ClaimTakenError` / :class:`ClaimMissingError`."""
-        check_token(token)
-        ms = lease_ms(lease_s, required=True)
+        ms = check_extend(token, lease_s)
         message_id_tag(message_id)
         return await self._call(self._extend, message_id, token, ms)
 
@@ -508,11 +469,7 @@ class SQLMailbox:
         call returns the message again. Raises ``ValueError`` (unknown status),
         :class:`InvalidTransitionError` (target ``processing``),
         :class:`ClaimTakenError` or :class:`ClaimMissingError`."""
-        target = MessageStatus.parse(status)
-        check_token(token)
-        message_id_tag(message_id)
-        if target not in ALLOWED[S.PROCESSING]:
-            raise invalid_transition(message_id, S.PROCESSING, target)
+        target, _ = check_complete(message_id, token, status)
         return await self._call(self._complete, message_id, token, target)
 
     def _complete(self, message_id: str, token: str, target: MessageStatus) -> TeamMessage:
@@ -535,15 +492,14 @@ class SQLMailbox:
         returns the moved messages with their new status (in batches of 500
         rows per transaction; rows another transaction holds are left for the
         next sweep on PostgreSQL)."""
-        max_attempts = check_positive_int(max_attempts, "max_attempts")
-        now = check_now_ms(now_ms)
+        max_attempts, now = check_requeue(max_attempts, now_ms)
         return await self._call(self._requeue, max_attempts, now)
 
     def _requeue(self, max_attempts: int | None, now: int | None) -> list[TeamMessage]:
         t = self._messages
         moved: list[TeamMessage] = []
         while True:
-            cutoff = _clock() if now is None else now
+            cutoff = now_ms() if now is None else now
             with self._write() as conn:
                 rows = conn.execute(
                     select(t)
@@ -595,8 +551,7 @@ class SQLMailbox:
     async def mailbox_ids(self, prefix: str | None = None) -> list[str]:
         """Every mailbox id a message was sent to, sorted; only those starting
         with ``prefix`` when given."""
-        if prefix is not None and not isinstance(prefix, str):
-            raise TypeError(f"prefix must be a str or None, not {type(prefix).__name__}")
+        check_prefix_filter(prefix)
         return await self._call(self._mailbox_ids, prefix)
 
     def _mailbox_ids(self, prefix: str | None) -> list[str]:
@@ -610,10 +565,6 @@ class SQLMailbox:
     async def aclose(self) -> None:
         """Close every pooled connection."""
         await asyncio.to_thread(self.engine.dispose)
-
-
-def _clock() -> int:
-    return now_ms()
 
 
 __all__ = ["SQLMailbox", "normalize_url"]

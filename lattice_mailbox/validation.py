@@ -1,4 +1,5 @@
-"""Input checks, message ids and the clock shared by every store.
+"""Input checks, message ids and the clock shared by every store, and
+:class:`CheckedSend`, the ``send`` every store inherits.
 
 Every store runs these checks *before* it writes anything, so bad input gets a
 clear error (``TypeError`` for a wrong type, ``ValueError`` for a bad value)
@@ -25,7 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .base import MessageTooLargeError
-from .message import MessageStatus
+from .message import MessageStatus, TeamMessage
+from .transitions import ALLOWED, invalid_transition
 
 MAX_ID_CHARS = 512
 """Longest accepted mailbox id, worker id or thread/work-item/reply id (characters)."""
@@ -108,13 +110,7 @@ def check_status_filter(status: Any) -> MessageStatus | None:
 
 def check_limit(limit: Any) -> int | None:
     """``None`` or a positive ``int`` (``ValueError``/``TypeError`` otherwise)."""
-    if limit is None:
-        return None
-    if isinstance(limit, bool) or not isinstance(limit, int):
-        raise TypeError(f"limit must be an int or None, not {type(limit).__name__}")
-    if limit < 1:
-        raise ValueError(f"limit must be >= 1, got {limit}")
-    return limit
+    return check_positive_int(limit, "limit")
 
 
 def check_positive_int(value: Any, what: str) -> int | None:
@@ -158,6 +154,61 @@ def check_token(token: Any) -> str:
     return token
 
 
+def check_prefix_filter(prefix: Any) -> str | None:
+    """The ``prefix`` of ``mailbox_ids``: ``None`` or a string (``TypeError`` otherwise)."""
+    if prefix is not None and not isinstance(prefix, str):
+        raise TypeError(f"prefix must be a str or None, not {type(prefix).__name__}")
+    return prefix
+
+
+# -- the argument checks of one store method each (the mailbox id is checked by the store) --
+
+
+def check_inbox(status: Any, limit: Any) -> tuple[MessageStatus | None, int | None]:
+    """``inbox``: the status filter (``None`` for ``"all"``) and the limit.
+    ``ValueError`` for an unknown status; see :func:`check_limit`."""
+    return check_status_filter(status), check_limit(limit)
+
+
+def check_claim(
+    lease_s: Any, worker_id: Any, max_in_flight: Any
+) -> tuple[int | None, str | None, int | None]:
+    """``claim_next``: the lease in milliseconds (``None``: never expires), the
+    worker id and the in-flight limit, checked in that order."""
+    return (
+        lease_ms(lease_s),
+        check_optional_name(worker_id, "worker_id"),
+        check_positive_int(max_in_flight, "max_in_flight"),
+    )
+
+
+def check_extend(token: Any, lease_s: Any) -> int:
+    """``extend_lease``: the token, then the (required) lease in milliseconds."""
+    check_token(token)
+    ms = lease_ms(lease_s, required=True)
+    assert ms is not None
+    return ms
+
+
+def check_complete(message_id: Any, token: Any, status: Any) -> tuple[MessageStatus, str | None]:
+    """``complete``: the target status and the tag of ``message_id`` (``None``
+    when malformed). Raises ``ValueError`` for an unknown status, ``TypeError``
+    for a non-string token or id, and :class:`InvalidTransitionError` when the
+    target cannot follow ``processing``."""
+    target = MessageStatus.parse(status)
+    check_token(token)
+    tag = message_id_tag(message_id)
+    if target not in ALLOWED[MessageStatus.PROCESSING]:
+        raise invalid_transition(message_id, MessageStatus.PROCESSING, target)
+    return target, tag
+
+
+def check_requeue(max_attempts: Any, now: Any) -> tuple[int | None, int | None]:
+    """``requeue_expired``: ``max_attempts`` (``None`` or >= 1) and ``now_ms``
+    (``None`` or an int of milliseconds)."""
+    return check_positive_int(max_attempts, "max_attempts"), check_now_ms(now)
+
+
 @dataclass(frozen=True, slots=True)
 class Outgoing:
     """A validated ``send`` request; ``metadata_json`` is its canonical JSON."""
@@ -170,6 +221,23 @@ class Outgoing:
     reply_to: str | None
     metadata: dict[str, Any]
     metadata_json: str
+
+    def new_message(self) -> TeamMessage:
+        """The ``pending`` message this request creates: a fresh id
+        (:func:`new_message_id`), ``created_at`` now (ms), ``thread_id``
+        defaulting to the message's own id."""
+        message_id = new_message_id(self.to)
+        return TeamMessage(
+            id=message_id,
+            from_=self.from_,
+            to=self.to,
+            content=self.content,
+            created_at=now_ms(),
+            thread_id=self.thread_id or message_id,
+            work_item_id=self.work_item_id,
+            reply_to=self.reply_to,
+            metadata=self.metadata,
+        )
 
 
 def check_send(
@@ -218,6 +286,47 @@ def check_send(
     )
 
 
+class CheckedSend:
+    """Mixin giving a store the protocol's ``send``: the arguments are checked
+    (:func:`check_send`, against ``self.max_message_bytes``) before the store's
+    ``_append(out)`` writes the message and returns it."""
+
+    max_message_bytes: int
+
+    async def send(
+        self,
+        from_: str,
+        to: str,
+        content: str,
+        *,
+        thread_id: str | None = None,
+        work_item_id: str | None = None,
+        reply_to: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> TeamMessage:
+        """Append a ``pending`` message to mailbox ``to``; returns it
+        (``created_at`` in ms, ``thread_id`` defaulting to its id).
+
+        Raises ``TypeError``/``ValueError``/:class:`MessageTooLargeError` before
+        writing anything; a store's own failure (network, database) leaves the
+        message either fully written or absent."""
+        out = check_send(
+            from_,
+            to,
+            content,
+            thread_id=thread_id,
+            work_item_id=work_item_id,
+            reply_to=reply_to,
+            metadata=metadata,
+            max_message_bytes=self.max_message_bytes,
+        )
+        return await self._append(out)
+
+    async def _append(self, out: Outgoing) -> TeamMessage:
+        """Store the message ``out`` describes (see :meth:`Outgoing.new_message`)."""
+        raise NotImplementedError
+
+
 def check_max_message_bytes(value: Any) -> int:
     """The size bound must be a positive ``int`` of bytes."""
     checked = check_positive_int(value, "max_message_bytes")
@@ -229,13 +338,20 @@ def check_max_message_bytes(value: Any) -> int:
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
     "MAX_ID_CHARS",
+    "CheckedSend",
     "Outgoing",
+    "check_claim",
+    "check_complete",
+    "check_extend",
+    "check_inbox",
     "check_limit",
     "check_max_message_bytes",
     "check_name",
     "check_now_ms",
     "check_optional_name",
     "check_positive_int",
+    "check_prefix_filter",
+    "check_requeue",
     "check_send",
     "check_status_filter",
     "check_token",
