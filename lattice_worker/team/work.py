@@ -286,16 +286,14 @@ async def run_work_item(
     takes_tools = agent is not None or kind in ("spec", "agent")
     is_report = message.metadata.get("kind") in REPORT_KINDS
 
-    await sink(
-        TeamAgentEvent(
-            subtype="start",
-            team=team_name,
-            member=member.name,
-            mailbox=own_mailbox,
-            message_id=message.id,
-            work_item_id=message.work_item_id,
-        )
-    )
+    agent_event = {
+        "team": team_name,
+        "member": member.name,
+        "mailbox": own_mailbox,
+        "message_id": message.id,
+        "work_item_id": message.work_item_id,
+    }
+    await sink(TeamAgentEvent(subtype="start", **agent_event))
 
     options: dict[str, Any] = dict(query_options or {})
     if signal is not None:
@@ -316,24 +314,13 @@ async def run_work_item(
             prompt = member_prompt(team_name, member, message)
         else:
             prompt = message.content
-        if takes_tools or kind == "team":
-            async with aclosing(_iterate_query(target, prompt, options)) as stream:
-                async for event in stream:
-                    if _result_field(event, "type") == "result":
-                        result = event
-                    await sink(
-                        AgentMessageEvent(
-                            team=team_name,
-                            member=member.name,
-                            mailbox=own_mailbox,
-                            message=_event_dict(event),
-                        )
-                    )
-        elif callable(getattr(target, "prompt", None)):
-            value = target.prompt(prompt)  # a host AgentLike: only the prompt is passed
+        queried = takes_tools or kind == "team"  # gets the query options; a host AgentLike gets none
+        host_prompt = None if queried else getattr(target, "prompt", None)
+        if callable(host_prompt):
+            value = host_prompt(prompt)  # a host AgentLike: only the prompt is passed
             result = await value if inspect.isawaitable(value) else value
         else:
-            async with aclosing(_iterate_query(target, prompt, {})) as stream:
+            async with aclosing(_iterate_query(target, prompt, options if queried else {})) as stream:
                 async for event in stream:
                     if _result_field(event, "type") == "result":
                         result = event
@@ -352,23 +339,14 @@ async def run_work_item(
         exc_failure = failure_from_exception(exc)
 
     subtype = _result_field(result, "subtype") if result is not None else None
-    await sink(
-        TeamAgentEvent(
-            subtype="end",
-            team=team_name,
-            member=member.name,
-            mailbox=own_mailbox,
-            message_id=message.id,
-            work_item_id=message.work_item_id,
-            result=subtype if subtype is not None else ("error" if exc_failure else None),
-        )
-    )
+    end = subtype if subtype is not None else ("error" if exc_failure else None)
+    await sink(TeamAgentEvent(subtype="end", result=end, **agent_event))
 
     structured = _result_field(result, "structured_result") if result is not None else None
     replied = state.current_replied
     if replied is not None:
         return WorkItemOutcome(
-            message=message.model_copy(update={"status": MessageStatus.DONE, "claim_token": None}),
+            message=_ended(message, MessageStatus.DONE),
             status="done",
             content=replied.content,
             structured_result=structured
@@ -410,36 +388,25 @@ async def run_work_item(
                 failure["message"] = f"the member's final answer is too large to send upstream: {exc.detail}"
             return await _fail(mailbox, sink, team_name, member.name, message, token, failure, kind="failure")
         return WorkItemOutcome(
-            message=message.model_copy(update={"status": MessageStatus.DONE, "claim_token": None}),
+            message=_ended(message, MessageStatus.DONE),
             status="done",
             content=reply.content,
             structured_result=structured,
             report=reply,
         )
     if state.followups:
-        try:
-            await set_message_status(mailbox, message.id, MessageStatus.READ, token)
-        except ClaimError as exc:
-            return _claim_lost(message, exc)
-        except (InvalidTransitionError, LookupError) as exc:
-            return _unfinished(message, exc)
+        opened = await _set_status(mailbox, message, MessageStatus.READ, token)
+        if isinstance(opened, WorkItemOutcome):
+            return opened
         last = state.followups[-1]
         return WorkItemOutcome(
-            message=message.model_copy(update={"status": MessageStatus.READ, "claim_token": None}),
-            status="open",
-            content=last.content,
-            structured_result=structured,
-            report=last,
+            message=opened, status="open", content=last.content, structured_result=structured, report=last
         )
     if is_report:
         # Information for the member (a reply to its own message...): no answer required.
-        try:
-            await set_message_status(mailbox, message.id, MessageStatus.DONE, token)
-        except ClaimError as exc:
-            return _claim_lost(message, exc)
-        except (InvalidTransitionError, LookupError) as exc:
-            return _unfinished(message, exc)
-        done = message.model_copy(update={"status": MessageStatus.DONE, "claim_token": None})
+        done = await _set_status(mailbox, message, MessageStatus.DONE, token)
+        if isinstance(done, WorkItemOutcome):
+            return done
         await sink(TeamMessageEvent(subtype="done", team=team_name, message=done.to_json_dict()))
         return WorkItemOutcome(message=done, status="done", content=text, structured_result=structured)
     failure = no_reply_failure(member.name)
@@ -448,26 +415,44 @@ async def run_work_item(
     return await _fail(mailbox, sink, team_name, member.name, message, token, failure, kind="diagnostic")
 
 
-def _claim_lost(message: TeamMessage, exc: BaseException) -> WorkItemOutcome:
+def _ended(message: TeamMessage, status: MessageStatus) -> TeamMessage:
+    """The outcome's copy of ``message``: its final ``status``, no claim token."""
+    return message.model_copy(update={"status": status, "claim_token": None})
+
+
+def _claim_lost(message: TeamMessage, exc: BaseException, content: str | None = None) -> WorkItemOutcome:
+    """``failed`` with code ``claim_lost``: this attempt wrote nothing."""
     failure = failure_from_exception(exc)
     failure["code"] = "claim_lost"
     return WorkItemOutcome(
         message=message.model_copy(update={"claim_token": None}),
         status="failed",
-        content=f"this attempt lost its claim and wrote nothing: {exc}",
+        content=content or f"this attempt lost its claim and wrote nothing: {exc}",
         error=failure,
     )
 
 
 def _unfinished(message: TeamMessage, exc: BaseException) -> WorkItemOutcome:
-    failure = failure_from_exception(exc)
-    failure["code"] = "claim_lost"
-    return WorkItemOutcome(
-        message=message.model_copy(update={"claim_token": None}),
-        status="failed",
-        content=f"message {message.id} was changed by someone else while the member worked; nothing written: {exc}",
-        error=failure,
+    return _claim_lost(
+        message,
+        exc,
+        f"message {message.id} was changed by someone else while the member worked; nothing written: {exc}",
     )
+
+
+async def _set_status(
+    mailbox: TeamMailbox, message: TeamMessage, status: MessageStatus, token: str | None
+) -> TeamMessage | WorkItemOutcome:
+    """Move ``message`` to ``status`` (fenced when ``token`` is given) and return
+    its ended copy, or the ``claim_lost`` outcome when the claim was taken or the
+    message was changed by someone else (then nothing was written)."""
+    try:
+        await set_message_status(mailbox, message.id, status, token)
+    except ClaimError as exc:
+        return _claim_lost(message, exc)
+    except (InvalidTransitionError, LookupError) as exc:
+        return _unfinished(message, exc)
+    return _ended(message, status)
 
 
 async def _cancel(
@@ -478,13 +463,9 @@ async def _cancel(
     token: str | None,
     failure: dict[str, Any],
 ) -> WorkItemOutcome:
-    try:
-        await set_message_status(mailbox, message.id, MessageStatus.CANCELLED, token)
-    except ClaimError as exc:
-        return _claim_lost(message, exc)
-    except (InvalidTransitionError, LookupError) as exc:
-        return _unfinished(message, exc)
-    cancelled = message.model_copy(update={"status": MessageStatus.CANCELLED, "claim_token": None})
+    cancelled = await _set_status(mailbox, message, MessageStatus.CANCELLED, token)
+    if isinstance(cancelled, WorkItemOutcome):
+        return cancelled
     await sink(
         TeamMessageEvent(subtype="cancelled", team=team, message=cancelled.to_json_dict(), error=failure)
     )
@@ -504,13 +485,9 @@ async def _fail(
 ) -> WorkItemOutcome:
     """Mark ``message`` failed (fenced first), send the upstream failure report
     (``kind`` = ``"failure"`` or ``"diagnostic"``) and emit ``failed``."""
-    try:
-        await set_message_status(mailbox, message.id, MessageStatus.FAILED, token)
-    except ClaimError as exc:
-        return _claim_lost(message, exc)
-    except (InvalidTransitionError, LookupError) as exc:
-        return _unfinished(message, exc)
-    failed = message.model_copy(update={"status": MessageStatus.FAILED, "claim_token": None})
+    failed = await _set_status(mailbox, message, MessageStatus.FAILED, token)
+    if isinstance(failed, WorkItemOutcome):
+        return failed
     text = f'Work item {message.work_item_id} for member "{member}" failed ({failure["code"]}): {failure["message"]}'
     report = await mailbox.send(
         mailbox_id(team, member),
