@@ -162,14 +162,7 @@ class MailboxToolState:
             if self.current.id in self.replies:
                 raise TeamToolError(f"{tool_name}: message {self.current.id} is already closed by team_reply")
             return self.current, self.token
-        message = await self.mailbox.get(message_id)
-        if message is None:
-            raise TeamToolError(f"{tool_name}: no message with id {message_id!r}; nothing changed")
-        if message.to != self.mailbox_id:
-            raise TeamToolError(
-                f'{tool_name}: message {message_id} is addressed to "{message.to}", not to your mailbox '
-                f'"{self.mailbox_id}"; you can only answer messages you claimed. Nothing changed.'
-            )
+        message = await self._own_message(message_id, tool_name, "you can only answer messages you claimed")
         if message.status != MessageStatus.READ:
             raise TeamToolError(
                 f"{tool_name}: message {message_id} is {message.status.value}; you can only answer the message "
@@ -177,8 +170,39 @@ class MailboxToolState:
             )
         return message, None
 
+    async def _own_message(self, message_id: str, tool_name: str, rule: str) -> TeamMessage:
+        """The message ``message_id`` of the caller's own mailbox; otherwise a
+        :class:`TeamToolError` (unknown id, or addressed elsewhere: ``rule`` says why)."""
+        message = await self.mailbox.get(message_id)
+        if message is None:
+            raise TeamToolError(f"{tool_name}: no message with id {message_id!r}; nothing changed")
+        if message.to != self.mailbox_id:
+            raise TeamToolError(
+                f'{tool_name}: message {message_id} is addressed to "{message.to}", not to your mailbox '
+                f'"{self.mailbox_id}"; {rule}. Nothing changed.'
+            )
+        return message
+
+    def _upstream(self, kind: str, status: str) -> dict[str, Any]:
+        """The metadata of a reply / follow-up (``kind``) leaving its message ``status``."""
+        return {"kind": kind, "member": self.self_name, "status": status, "team": self.team_name}
+
+    async def _send_upstream(
+        self, target: TeamMessage, content: str, metadata: dict[str, Any]
+    ) -> TeamMessage:
+        """Send ``content`` back to ``target``'s sender (same thread and work item, ``reply_to`` = target)."""
+        return await self.mailbox.send(
+            self.mailbox_id,
+            target.from_,
+            content,
+            thread_id=target.thread_id,
+            work_item_id=target.work_item_id,
+            reply_to=target.id,
+            metadata=metadata,
+        )
+
     def _check_fits(
-        self, tool_name: str, to: str, content: str, target: TeamMessage, metadata: dict[str, Any]
+        self, tool_name: str, target: TeamMessage, content: str, metadata: dict[str, Any]
     ) -> None:
         """Refuse an upstream message the store would reject for its size *before*
         anything changes (a reply must not close its message and then fail to send)."""
@@ -186,9 +210,9 @@ class MailboxToolState:
         if not isinstance(limit, int) or isinstance(limit, bool):
             return
         try:
-            check_send(
+            check_send(  # the arguments _send_upstream will pass
                 self.mailbox_id,
-                to,
+                target.from_,
                 content,
                 thread_id=target.thread_id,
                 work_item_id=target.work_item_id,
@@ -227,15 +251,10 @@ class MailboxToolState:
         (``reply_to`` = the target, same thread and work item). A reply too large
         for the store is refused before the target is closed."""
         target, token = await self._target(message_id, "team_reply")
-        metadata: dict[str, Any] = {
-            "kind": "reply",
-            "member": self.self_name,
-            "status": "done",
-            "team": self.team_name,
-        }
+        metadata = self._upstream("reply", "done")
         if structured_result is not None:
             metadata["structured_result"] = structured_result
-        self._check_fits("team_reply", target.from_, content, target, metadata)
+        self._check_fits("team_reply", target, content, metadata)
         try:
             await set_message_status(self.mailbox, target.id, MessageStatus.DONE, token)
         except ClaimError as exc:
@@ -246,15 +265,7 @@ class MailboxToolState:
             raise TeamToolError(
                 f"team_reply: cannot close message {target.id}: {exc}; nothing was sent"
             ) from None
-        reply = await self.mailbox.send(
-            self.mailbox_id,
-            target.from_,
-            content,
-            thread_id=target.thread_id,
-            work_item_id=target.work_item_id,
-            reply_to=target.id,
-            metadata=metadata,
-        )
+        reply = await self._send_upstream(target, content, metadata)
         self.replies[target.id] = reply
         done = target.model_copy(update={"status": MessageStatus.DONE, "claim_token": None})
         await emit_event(
@@ -268,17 +279,9 @@ class MailboxToolState:
     async def followup(self, content: str, message_id: str | None) -> TeamMessage:
         """``team_followup``: send progress upstream; the target stays open."""
         target, _ = await self._target(message_id, "team_followup")
-        metadata = {"kind": "followup", "member": self.self_name, "status": "open", "team": self.team_name}
-        self._check_fits("team_followup", target.from_, content, target, metadata)
-        message = await self.mailbox.send(
-            self.mailbox_id,
-            target.from_,
-            content,
-            thread_id=target.thread_id,
-            work_item_id=target.work_item_id,
-            reply_to=target.id,
-            metadata=metadata,
-        )
+        metadata = self._upstream("followup", "open")
+        self._check_fits("team_followup", target, content, metadata)
+        message = await self._send_upstream(target, content, metadata)
         self.followups.append(message)
         await emit_event(
             self.emit,
@@ -290,14 +293,7 @@ class MailboxToolState:
         """``team_read``: return a message of the caller's mailbox; a ``pending``
         one is claimed for this run by moving it to ``read`` (open, answerable
         with ``team_reply`` / ``team_followup``)."""
-        message = await self.mailbox.get(message_id)
-        if message is None:
-            raise TeamToolError(f"team_read: no message with id {message_id!r}; nothing changed")
-        if message.to != self.mailbox_id:
-            raise TeamToolError(
-                f'team_read: message {message_id} is addressed to "{message.to}", not to your mailbox '
-                f'"{self.mailbox_id}"; you can only read your own messages. Nothing changed.'
-            )
+        message = await self._own_message(message_id, "team_read", "you can only read your own messages")
         if message.status == MessageStatus.PENDING:
             try:
                 await self.mailbox.update_status(message_id, MessageStatus.READ)
