@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 import json
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -43,7 +43,18 @@ class AgentToolInput(BaseModel):
     acceptance_criteria: list[str] | None = Field(default=None, description="Checks the answer must pass.")
 
 
-def _task_text(data: AgentToolInput) -> str:
+class TaskFields(Protocol):
+    """The task fields shared by :class:`AgentToolInput` and the lead's member tools' input."""
+
+    task: str
+    expected_output: str | None
+    acceptance_criteria: list[str] | None
+
+
+def format_task(data: TaskFields) -> str:
+    """The prompt (or member message) for a delegated task: the task, then the
+    expected output and acceptance criteria when given (spec "Supervisor
+    delegation > Tool input")."""
     parts = [data.task.strip()]
     if data.expected_output:
         parts.append(f"Expected output: {data.expected_output.strip()}")
@@ -350,7 +361,7 @@ def agent_tool(
                 )
             if data.mode == "observe":
                 raise ToolExecutionError(f'{where}: mode "observe" is unsupported here; use mode "ask"')
-            return await run(_task_text(data), ctx)
+            return await run(format_task(data), ctx)
 
         handler = standard_handler
         input_model = AgentToolInput

@@ -21,6 +21,7 @@ from lattice_mailbox.base import MessageTooLargeError
 from lattice_mailbox.message import TeamMessage
 
 from ..tools.tool import ToolContext, ToolDefinition, ToolResult
+from .agent_tool import format_task
 from .ids import lead_mailbox_id, mailbox_id, new_work_item_id
 from .member import TeamMember
 from .member_tools import TeamToolError
@@ -63,17 +64,6 @@ class MemberCallInput(BaseModel):
     acceptance_criteria: list[str] | None = Field(
         default=None, description="Checks the answer must pass, one per item."
     )
-
-
-def format_task(data: MemberCallInput) -> str:
-    """The message content for a member task: the task, then the expected output
-    and acceptance criteria when given."""
-    parts = [data.task.strip()]
-    if data.expected_output:
-        parts.append(f"Expected output: {data.expected_output.strip()}")
-    if data.acceptance_criteria:
-        parts.append("Acceptance criteria:\n" + "\n".join(f"- {c.strip()}" for c in data.acceptance_criteria))
-    return "\n\n".join(parts)
 
 
 def handoff_receipt(member: TeamMember, message: TeamMessage) -> dict[str, Any]:
