@@ -171,6 +171,14 @@ def _guard() -> Iterator[None]:
         _fail(f"{type(exc).__name__}: {_describe(exc)}")
 
 
+def _ensure_cwd_importable() -> None:
+    # As on the worker side: the console script's sys.path[0] is its own directory, and a
+    # team reference usually names a module in the current directory.
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+
+
 def _client(options: _Options) -> Any:
     from .client import LatticeClient
 
@@ -243,12 +251,24 @@ def submit(
         str | None,
         typer.Option("--metadata", help="A JSON object kept on the run record, e.g. '{\"ticket\": 42}'."),
     ] = None,
+    allow_unregistered: Annotated[
+        bool,
+        typer.Option(
+            "--allow-unregistered",
+            help="Accept a team name no worker has registered yet (workers start later); "
+            "a misspelt name then waits in Redis forever.",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
     """Submit a run to a team's lead queue; print its run id (and, with --wait, its result).
 
-    A worker for the team must be running (lattice worker TEAM_REF) for the run
-    to make progress; the task waits in Redis until one is.
+    TEAM is a name a worker has registered (workers register their teams when
+    they start) or a 'package.module:attribute' reference to a Team; anything
+    else is refused with nothing queued (--allow-unregistered accepts a name
+    before its workers start). A worker for the team must be running
+    (lattice worker TEAM_REF) for the run to make progress; the task waits in
+    Redis until one is.
 
     Example: lattice submit examples.team:team "Look through ./docs for the word lease" --wait --timeout 120
     """
@@ -266,7 +286,10 @@ def submit(
     with _guard():
         client = _client(options)
         try:
-            handle = client.submit(team, prompt, run_id=run_id, metadata=meta)
+            _ensure_cwd_importable()
+            handle = client.submit(
+                team, prompt, run_id=run_id, metadata=meta, require_registered=not allow_unregistered
+            )
             if not wait:
                 if as_json:
                     out.print_json(json.dumps({"run_id": handle.run_id}))
@@ -345,6 +368,7 @@ def status(
         options = _options(ctx)
         client = _client(options)
         try:
+            _ensure_cwd_importable()
             report = client.status(team, limit=limit)
         finally:
             client.close()

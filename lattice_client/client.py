@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import re
+import sys
 import threading
 import uuid
 import weakref
@@ -180,16 +181,29 @@ class AsyncLatticeClient:
 
     # -- submit -----------------------------------------------------------------------------------
 
-    async def resolve_team(self, team: str) -> tuple[str, str | None]:
+    async def registered_teams(self) -> dict[str, str]:
+        """The registry hash ``<prefix>:teams``: team ref or name -> team name
+        (``{}`` before any worker of this key prefix has started)."""
+        client = await self.runs.redis()
+        raw = await client.hgetall(self.teams_key)
+        return {_text(k): _text(v) for k, v in raw.items()}
+
+    async def resolve_team(self, team: str, *, require_registered: bool = True) -> tuple[str, str | None]:
         """``(team name, team ref or None)`` for a registered name or a
         ``"package.module:attribute"`` reference.
 
-        The registry hash ``<prefix>:teams`` (written by workers) is asked first.
-        An unregistered reference is imported lazily and its object's ``name``
-        is used (an object without one, that is callable, is called first). An
-        unregistered plain name is accepted as is (its workers may start later).
-        Raises ``ValueError`` for an empty name, whitespace, or a reference that
-        cannot be imported or has no team name.
+        The registry hash ``<prefix>:teams`` (written by every worker at
+        start-up) is asked first. A reference no worker registered is imported
+        here, lazily; its object must be a ``Team`` (or a zero-argument callable
+        returning one) and the team's ``name`` is used. A plain name no worker
+        registered is refused, because its run would wait on a queue nobody
+        consumes -- unless ``require_registered=False`` (for services that submit
+        before any worker has started: the name is then taken as is).
+
+        Raises ``ValueError`` (nothing is written) for an empty name, whitespace
+        or ``':'`` in a name, an unregistered name (with
+        ``require_registered=True``), or a reference that cannot be imported or
+        is not a ``Team``.
         """
         if not isinstance(team, str) or not team.strip():
             raise ValueError("team must be a non-empty team name or a 'package.module:attribute' reference")
@@ -197,12 +211,15 @@ class AsyncLatticeClient:
         registered = await client.hget(self.teams_key, team)
         is_ref = ":" in team
         if registered:
-            name = registered.decode() if isinstance(registered, bytes) else str(registered)
-            return name, team if is_ref else None
+            return _text(registered), team if is_ref else None
         if is_ref:
             return _import_team_name(team), team
         if not _TEAM_NAME.fullmatch(team):
             raise ValueError(f"invalid team name {team!r}: no whitespace or ':' allowed")
+        if require_registered:
+            raise ValueError(
+                _unregistered_message(team, self.settings.key_prefix, await self.registered_teams())
+            )
         return team, None
 
     async def submit(
@@ -212,18 +229,24 @@ class AsyncLatticeClient:
         *,
         run_id: str | None = None,
         metadata: dict[str, Any] | None = None,
+        require_registered: bool = True,
     ) -> AsyncRunHandle:
         """Create a run of ``team`` on ``prompt`` and send ``lattice.run_lead``
         to the queue ``<prefix>.<team>.lead``.
 
-        ``team``: a registered team name or a ``"package.module:attribute"``
-        reference (see :meth:`resolve_team`). ``run_id``: your own id (1-128
-        characters of ``[A-Za-z0-9_.:-]``; default a fresh ``run_<hex>``).
-        ``metadata``: a JSON-serialisable dict kept on the run record.
+        ``team``: a team name registered by a running (or earlier) worker, or a
+        ``"package.module:attribute"`` reference to a ``Team`` (see
+        :meth:`resolve_team`). ``require_registered=False`` also accepts a plain
+        name no worker has registered yet -- the escape hatch for services that
+        submit before their workers start; the run then waits in Redis until a
+        worker for that name consumes its queue (a misspelt name waits forever).
+        ``run_id``: your own id (1-128 characters of ``[A-Za-z0-9_.:-]``;
+        default a fresh ``run_<hex>``). ``metadata``: a JSON-serialisable dict
+        kept on the run record.
 
-        Raises ``ValueError`` for bad input (empty prompt, prompt over
-        ``settings.max_message_bytes`` bytes, duplicate or malformed run id,
-        metadata not a JSON object) with nothing written. When the task cannot be
+        Raises ``ValueError`` for bad input (unknown team, empty prompt, prompt
+        over ``settings.max_message_bytes`` bytes, duplicate or malformed run id,
+        metadata not a JSON object) with nothing written and no task sent. When the task cannot be
         sent (broker down), the run is finished as ``failed`` with the error and
         the error is raised.
         """
@@ -239,7 +262,7 @@ class AsyncLatticeClient:
                 raise ValueError(f"metadata must be a dict, got {type(metadata).__name__}")
             dumps(metadata, "metadata")
         run_id = check_run_id(run_id) if run_id is not None else f"run_{uuid.uuid4().hex}"
-        name, ref = await self.resolve_team(team)
+        name, ref = await self.resolve_team(team, require_registered=require_registered)
         await self.runs.create(run_id, name, prompt, team_ref=ref, metadata=metadata)
         queue = queue_name(self.settings.key_prefix, name, "lead")
         try:
@@ -403,6 +426,33 @@ class AsyncLatticeClient:
     close = aclose
 
 
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _unregistered_message(team: str, prefix: str, registered: dict[str, str]) -> str:
+    names = sorted(set(registered.values()))
+    known = ", ".join(names[:20]) + (", ..." if len(names) > 20 else "") if names else "none yet"
+    hint = ""
+    if "." in team:
+        hint = f" A reference needs ':attribute', e.g. '{team}:team'."
+    return (
+        f"unknown team {team!r}: no worker has registered a team of that name under key prefix "
+        f"{prefix!r} (registered: {known}), and it is not a 'package.module:attribute' reference.{hint} "
+        "Check the name, start a worker for the team first (lattice worker package.module:attribute), "
+        "or submit with require_registered=False (CLI: --allow-unregistered) to queue it for workers "
+        "that start later."
+    )
+
+
+def _loaded_team_class() -> type | None:
+    # The Team class, if the worker side is loaded (an object of that class implies it is):
+    # the thin client never imports lattice_worker itself.
+    module = sys.modules.get("lattice_worker.team.team")
+    team_class = getattr(module, "Team", None)
+    return team_class if isinstance(team_class, type) else None
+
+
 def _import_team_name(ref: str) -> str:
     if not _REF.fullmatch(ref):
         raise ValueError(f"invalid team reference {ref!r}: expected 'package.module:attribute'")
@@ -415,11 +465,21 @@ def _import_team_name(ref: str) -> str:
         raise ValueError(
             f"team reference {ref!r} is not registered by any worker and cannot be imported here: {exc}"
         ) from None
+    team_class = _loaded_team_class()
+    if not (team_class is not None and isinstance(obj, team_class)) and callable(obj):
+        try:
+            obj = obj()
+        except Exception as exc:
+            raise ValueError(f"team reference {ref!r}: calling {attribute} failed: {exc!r}") from None
+        team_class = _loaded_team_class()
+    if team_class is None or not isinstance(obj, team_class):
+        raise ValueError(
+            f"team reference {ref!r} is a {type(obj).__name__}, not a Team "
+            "(create_team(...), or a zero-argument callable returning one)"
+        )
     name = getattr(obj, "name", None)
-    if not isinstance(name, str) and callable(obj):
-        name = getattr(obj(), "name", None)
     if not isinstance(name, str) or not name:
-        raise ValueError(f"team reference {ref!r} does not name a team (no 'name' attribute)")
+        raise ValueError(f"team reference {ref!r} names a team without a name")
     return name
 
 
@@ -539,10 +599,24 @@ class LatticeClient:
         return self._loop.run(fn(*args, **kwargs))
 
     def submit(
-        self, team: str, prompt: str, *, run_id: str | None = None, metadata: dict[str, Any] | None = None
+        self,
+        team: str,
+        prompt: str,
+        *,
+        run_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        require_registered: bool = True,
     ) -> RunHandle:
-        """Create a run and enqueue its lead task; see :meth:`AsyncLatticeClient.submit`."""
-        handle = self._call(self.aio.submit, team, prompt, run_id=run_id, metadata=metadata)
+        """Create a run and enqueue its lead task; see :meth:`AsyncLatticeClient.submit`
+        (``require_registered=False`` accepts a team name no worker has registered yet)."""
+        handle = self._call(
+            self.aio.submit,
+            team,
+            prompt,
+            run_id=run_id,
+            metadata=metadata,
+            require_registered=require_registered,
+        )
         return RunHandle(self, handle.run_id)
 
     def handle(self, run_id: str) -> RunHandle:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import threading
 import time
 import uuid
@@ -28,9 +29,20 @@ REDIS_URL = "redis://127.0.0.1:6379/0"
 runner = CliRunner()
 
 
+def register_teams(prefix: str, *names: str) -> None:
+    """Write the team registry hash as the workers of that deployment do at start-up."""
+    sync = redis.Redis.from_url(REDIS_URL)
+    try:
+        sync.hset(f"{prefix}:teams", mapping={name: name for name in names})
+    finally:
+        sync.close()
+
+
 @pytest.fixture
 def prefix():
+    """A fresh key prefix whose workers have registered the team ``example``."""
     name = f"test-{uuid.uuid4().hex[:12]}"
+    register_teams(name, "example")
     yield name
     sync = redis.Redis.from_url(REDIS_URL)
     try:
@@ -87,6 +99,60 @@ def test_submit_prints_the_run_id_and_enqueues_the_lead_task(prefix):
     again = lattice(prefix, "submit", "example", "again", "--run-id", "cli-run-1")
     assert again.exit_code == EXIT_ERROR
     assert "already exists" in again.output
+
+
+@pytest.mark.parametrize(
+    ("team", "expected"),
+    [
+        ("nosuchteam", "unknown team 'nosuchteam'"),
+        ("examples.team", "needs ':attribute', e.g. 'examples.team:team'"),
+        ("examples.team:TEAM_NAME", "is a str, not a Team"),
+    ],
+)
+def test_submit_refuses_a_team_no_worker_registered_and_queues_nothing(prefix, team, expected):
+    result = lattice(prefix, "submit", team, "hi")
+    assert result.exit_code == EXIT_ERROR, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and expected in errors[0], result.output
+    if ":" not in team:
+        assert "--allow-unregistered" in errors[0]
+    assert result.stdout.strip() == ""  # no run id printed
+    raw = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        assert sorted(raw.scan_iter(match=f"{prefix}:*")) == [f"{prefix}:teams"]  # nothing written, no task
+    finally:
+        raw.close()
+
+
+def test_submit_allow_unregistered_queues_a_name_before_its_workers_start(prefix):
+    result = lattice(prefix, "submit", "latecomer", "hi", "--run-id", "early-1", "--allow-unregistered")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == "early-1"
+    raw = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        assert raw.llen(f"{prefix}:{prefix}.latecomer.lead") == 1
+        assert raw.hget(f"{prefix}:run:{{run:early-1}}", "team") == "latecomer"
+    finally:
+        raw.close()
+
+
+def test_submit_imports_an_unregistered_reference_from_the_current_directory(prefix, tmp_path, monkeypatch):
+    module = f"lattice_cli_team_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(
+        "from lattice_worker import ScriptedModelClient, define_agent, text_turn\n"
+        "from lattice_worker.team import create_team\n"
+        "team = create_team(name='cwdteam', lead=define_agent(name='lead', "
+        "model_client=ScriptedModelClient([text_turn('ok')])), members=[])\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    result = lattice(prefix, "submit", f"{module}:team", "hi", "--run-id", "from-cwd")
+    assert result.exit_code == 0, result.output
+    raw = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        assert raw.llen(f"{prefix}:{prefix}.cwdteam.lead") == 1
+    finally:
+        raw.close()
 
 
 def test_submit_wait_prints_the_result(prefix):

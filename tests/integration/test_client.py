@@ -47,11 +47,52 @@ def _cleanup(*prefixes: str) -> None:
         sync.close()
 
 
+REGISTERED = ("example", "other")
+
+
+def register_teams(prefix: str, *names: str) -> None:
+    """Write the team registry hash as the workers of that deployment do at start-up."""
+    sync = redis.Redis.from_url(REDIS_URL)
+    try:
+        sync.hset(f"{prefix}:teams", mapping={name: name for name in names})
+    finally:
+        sync.close()
+
+
+def written(raw: redis.Redis, prefix: str) -> list[str]:
+    """Every key under ``prefix`` but the workers' team registry."""
+    return sorted(k for k in raw.scan_iter(match=f"{prefix}:*") if k != f"{prefix}:teams")
+
+
 @pytest.fixture
 def prefix():
+    """A fresh key prefix whose workers have registered the teams ``example`` and ``other``."""
     name = f"test-{uuid.uuid4().hex[:12]}"
+    register_teams(name, *REGISTERED)
     yield name
     _cleanup(name)
+
+
+TEAM_MODULE = """
+from lattice_worker import ScriptedModelClient, define_agent, text_turn
+from lattice_worker.team import create_team, team_member
+
+
+def build():
+    lead = define_agent(name="lead", model_client=ScriptedModelClient([text_turn("ok")]))
+    helper = define_agent(name="helper", model_client=ScriptedModelClient([text_turn("ok")]))
+    return create_team(name="beta", lead=lead, members=[team_member(name="helper", agent=helper)])
+
+
+team = build()
+
+
+class _NotATeam:
+    name = "gamma"
+
+
+not_a_team = _NotATeam()
+"""
 
 
 @pytest.fixture
@@ -132,11 +173,9 @@ def test_submit_resolves_refs_through_the_worker_registry(client, raw, prefix):
     assert len(queue_messages(raw, prefix, f"{prefix}.alpha.lead")) == 2
 
 
-def test_an_unregistered_ref_is_imported_lazily(client, raw, prefix, tmp_path, monkeypatch):
+def test_an_unregistered_ref_to_a_team_is_imported_lazily(client, raw, prefix, tmp_path, monkeypatch):
     module = f"lattice_test_team_{uuid.uuid4().hex[:8]}"
-    (tmp_path / f"{module}.py").write_text(
-        "class _Team:\n    name = 'beta'\n\nteam = _Team()\n\ndef build():\n    return _Team()\n"
-    )
+    (tmp_path / f"{module}.py").write_text(TEAM_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))
     handle = client.submit(f"{module}:team", "hi")
     record = client.get_run(handle.run_id)
@@ -144,6 +183,56 @@ def test_an_unregistered_ref_is_imported_lazily(client, raw, prefix, tmp_path, m
     assert len(queue_messages(raw, prefix, f"{prefix}.beta.lead")) == 1
     # a zero-argument factory works too
     assert client.get_run(client.submit(f"{module}:build", "hi").run_id).team == "beta"
+    # an object with a name that is not a Team is refused, nothing written, no task sent
+    before = written(raw, prefix)
+    with pytest.raises(ValueError, match=r"is a _NotATeam, not a Team"):
+        client.submit(f"{module}:not_a_team", "hi")
+    assert written(raw, prefix) == before
+    assert queue_messages(raw, prefix, f"{prefix}.gamma.lead") == []
+
+
+@pytest.mark.parametrize(
+    ("team", "match"),
+    [
+        ("nosuchteam", r"unknown team 'nosuchteam': no worker has registered .*registered: example, other"),
+        ("examples.team", r"unknown team 'examples.team'.*needs ':attribute', e.g. 'examples.team:team'"),
+        ("examples.team:TEAM_NAME", r"'examples.team:TEAM_NAME' is a str, not a Team"),
+        ("examples.team:no_such_attribute", "cannot be imported"),
+    ],
+)
+def test_a_team_neither_registered_nor_a_team_reference_is_refused(client, raw, prefix, team, match):
+    with pytest.raises(ValueError, match=match) as refused:
+        client.submit(team, "hi")
+    assert written(raw, prefix) == []  # no run record, no index, no queue: no task sent
+    if ":" not in team:
+        assert "require_registered=False" in str(refused.value) and "--allow-unregistered" in str(
+            refused.value
+        )
+
+
+def test_require_registered_false_queues_a_name_before_its_workers_start(client, raw, prefix):
+    with pytest.raises(ValueError, match="unknown team 'latecomer'"):
+        client.submit("latecomer", "hi")
+    handle = client.submit("latecomer", "early", require_registered=False)
+    record = client.get_run(handle.run_id)
+    assert (record.team, record.team_ref, record.status) == ("latecomer", None, RunStatus.QUEUED)
+    assert len(queue_messages(raw, prefix, f"{prefix}.latecomer.lead")) == 1
+    # malformed names stay refused
+    with pytest.raises(ValueError, match="invalid team name"):
+        client.submit("has space", "hi", require_registered=False)
+    # once a worker registered the team, the default submit takes it
+    register_teams(prefix, "latecomer")
+    client.submit("latecomer", "later")
+    assert len(queue_messages(raw, prefix, f"{prefix}.latecomer.lead")) == 2
+
+
+async def test_async_client_refuses_unregistered_names_too(prefix, raw):
+    async with AsyncLatticeClient(REDIS_URL, key_prefix=prefix) as c:
+        with pytest.raises(ValueError, match="unknown team 'nosuchteam'"):
+            await c.submit("nosuchteam", "hi")
+        handle = await c.submit("nosuchteam", "hi", require_registered=False)
+        assert (await handle.get()).team == "nosuchteam"
+        assert await c.registered_teams() == {"example": "example", "other": "other"}
 
 
 @pytest.mark.parametrize(
@@ -162,7 +251,7 @@ def test_an_unregistered_ref_is_imported_lazily(client, raw, prefix, tmp_path, m
 def test_bad_submit_input_writes_nothing(client, raw, prefix, team, prompt, kwargs, match):
     with pytest.raises(ValueError, match=match):
         client.submit(team, prompt, **kwargs)
-    assert list(raw.scan_iter(match=f"{prefix}:*")) == []
+    assert written(raw, prefix) == []
 
 
 def test_prompt_over_the_size_bound_is_refused(prefix, raw):
@@ -170,7 +259,7 @@ def test_prompt_over_the_size_bound_is_refused(prefix, raw):
     with LatticeClient(settings=settings) as c:
         with pytest.raises(ValueError, match="over the bound of 64 bytes"):
             c.submit("example", "é" * 40)  # 80 bytes in UTF-8
-    assert list(raw.scan_iter(match=f"{prefix}:*")) == []
+    assert written(raw, prefix) == []
 
 
 def test_duplicate_run_id_is_refused_without_a_second_task(client, raw, prefix):
@@ -405,6 +494,7 @@ def test_inbox_lists_messages_and_refuses_unknown_status(client, prefix):
 
 def test_a_second_deployment_prefix_sees_nothing(client, prefix, raw):
     other = f"{prefix}-other"
+    register_teams(other, "example")
     handle = client.submit("example", "hi")
     try:
         with LatticeClient(REDIS_URL, key_prefix=other) as b:
