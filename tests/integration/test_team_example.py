@@ -7,9 +7,6 @@ scripted model drives the flow, the tools really read the files.
 
 from __future__ import annotations
 
-import os
-import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,28 +15,6 @@ import pytest
 from examples import team as example
 from lattice_mailbox import MemoryMailbox, MessageStatus
 from lattice_worker import ScriptedModelClient
-
-REDIS_URL = os.environ.get("LATTICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-STORES = [pytest.param("memory", id="memory"), pytest.param("redis", id="redis", marks=pytest.mark.redis)]
-
-
-@pytest.fixture(params=STORES)
-async def mailbox(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
-    if request.param == "memory":
-        yield MemoryMailbox()
-        return
-    from lattice_mailbox.redis import RedisMailbox
-
-    prefix = f"test-{uuid.uuid4().hex}"
-    store = RedisMailbox(REDIS_URL, prefix=prefix)
-    try:
-        yield store
-    finally:
-        client = store.client()
-        keys = [k async for k in client.scan_iter(match=f"{prefix}:*", count=1000)]
-        if keys:
-            await client.delete(*keys)
-        await store.aclose()
 
 
 @pytest.fixture

@@ -11,59 +11,13 @@ deleted after).
 from __future__ import annotations
 
 import json
-import os
-import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
-
-from lattice_mailbox import MemoryMailbox, MessageStatus
+from lattice_mailbox import MessageStatus
 from lattice_worker import ModelRequest, ScriptedModelClient, create_agent, text_turn, tool_turn
 from lattice_worker.team import create_team, parse_report_message, run_work_item, team_member
 
-REDIS_URL = os.environ.get("LATTICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-STORES = [pytest.param("memory", id="memory"), pytest.param("redis", id="redis", marks=pytest.mark.redis)]
 TEAM_TOOLS = {"team_send", "team_inbox", "team_read", "team_reply", "team_followup", "team_status"}
-
-
-@pytest.fixture(params=STORES)
-async def mailbox(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
-    if request.param == "memory":
-        yield MemoryMailbox()
-        return
-    from lattice_mailbox.redis import RedisMailbox
-
-    prefix = f"test-{uuid.uuid4().hex}"
-    store = RedisMailbox(REDIS_URL, prefix=prefix)
-    try:
-        yield store
-    finally:
-        client = store.client()
-        keys = [k async for k in client.scan_iter(match=f"{prefix}:*", count=1000)]
-        if keys:
-            await client.delete(*keys)
-        await store.aclose()
-
-
-@pytest.fixture(params=STORES)
-async def small_mailbox(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
-    """A store that refuses messages over 10 000 bytes."""
-    if request.param == "memory":
-        yield MemoryMailbox(max_message_bytes=10_000)
-        return
-    from lattice_mailbox.redis import RedisMailbox
-
-    prefix = f"test-{uuid.uuid4().hex}"
-    store = RedisMailbox(REDIS_URL, prefix=prefix, max_message_bytes=10_000)
-    try:
-        yield store
-    finally:
-        client = store.client()
-        keys = [k async for k in client.scan_iter(match=f"{prefix}:*", count=1000)]
-        if keys:
-            await client.delete(*keys)
-        await store.aclose()
 
 
 def tool_results(request: ModelRequest) -> list[dict[str, Any]]:

@@ -12,14 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from lattice_mailbox import MemoryMailbox, MessageStatus
+from lattice_mailbox import MessageStatus
 from lattice_worker import (
     AbortController,
     AssistantModelMessage,
@@ -34,30 +31,6 @@ from lattice_worker import (
 )
 from lattice_worker.team import create_team, parse_report_message, team_member
 from lattice_worker.tracing.base import define_context_tracer
-
-REDIS_URL = os.environ.get("LATTICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-
-STORES = [pytest.param("memory", id="memory"), pytest.param("redis", id="redis", marks=pytest.mark.redis)]
-
-
-@pytest.fixture(params=STORES)
-async def mailbox(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
-    if request.param == "memory":
-        yield MemoryMailbox()
-        return
-    from lattice_mailbox.redis import RedisMailbox
-
-    prefix = f"test-{uuid.uuid4().hex}"
-    store = RedisMailbox(REDIS_URL, prefix=prefix)
-    try:
-        yield store
-    finally:
-        client = store.client()
-        keys = [k async for k in client.scan_iter(match=f"{prefix}:*", count=1000)]
-        if keys:
-            await client.delete(*keys)
-        await store.aclose()
-
 
 # --------------------------------------------------------------------------- helpers
 

@@ -1,0 +1,56 @@
+"""Mailbox fixtures shared by the team integration tests (tests/integration/test_team_*.py).
+
+``mailbox`` and ``small_mailbox`` run a test once on a ``MemoryMailbox`` and once
+on a ``RedisMailbox`` (real Redis at ``LATTICE_TEST_REDIS_URL``, default
+127.0.0.1:6379/0; that case is marked ``redis``). Each Redis store gets a unique
+key prefix, and its keys are deleted afterwards (never FLUSHDB: the server is shared).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from lattice_mailbox import MemoryMailbox
+
+REDIS_URL = os.environ.get("LATTICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+STORES = [pytest.param("memory", id="memory"), pytest.param("redis", id="redis", marks=pytest.mark.redis)]
+
+
+@contextlib.asynccontextmanager
+async def _store(kind: str, **options: Any) -> AsyncIterator[Any]:
+    """A fresh store of ``kind`` (``"memory"`` or ``"redis"``); ``options`` go to its constructor."""
+    if kind == "memory":
+        yield MemoryMailbox(**options)
+        return
+    from lattice_mailbox.redis import RedisMailbox
+
+    prefix = f"test-{uuid.uuid4().hex}"
+    store = RedisMailbox(REDIS_URL, prefix=prefix, **options)
+    try:
+        yield store
+    finally:
+        client = store.client()
+        keys = [k async for k in client.scan_iter(match=f"{prefix}:*", count=1000)]
+        if keys:
+            await client.delete(*keys)
+        await store.aclose()
+
+
+@pytest.fixture(params=STORES)
+async def mailbox(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    """An empty store: memory, then Redis."""
+    async with _store(request.param) as store:
+        yield store
+
+
+@pytest.fixture(params=STORES)
+async def small_mailbox(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    """A store that refuses messages over 10 000 bytes."""
+    async with _store(request.param, max_message_bytes=10_000) as store:
+        yield store
