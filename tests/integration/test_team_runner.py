@@ -558,7 +558,10 @@ async def test_abort_during_handoffs_cancels_current_and_remaining_work(mailbox:
     assert all(e.error["code"] == "aborted" for e in cancelled)
 
 
-async def test_abort_inside_the_lead_batch_leaves_no_accepted_handoff_pending(mailbox: Any) -> None:
+def handoff_then_abort_team(name: str, mailbox: Any) -> tuple[Any, AbortController, ScriptedModelClient]:
+    """A team whose lead, in one batch, hands task "t" off to member "m" and calls
+    a ``stop`` tool that aborts the run. Returns the team, the run's abort
+    controller and the member's model client."""
     controller = AbortController()
 
     @tool(name="stop", description="Abort the run.")
@@ -573,11 +576,16 @@ async def test_abort_inside_the_lead_batch_leaves_no_accepted_handoff_pending(ma
         model_client=ScriptedModelClient([tool_turn(("m", {"mode": "handoff", "task": "t"}), ("stop", {}))]),
     )
     team = create_team(
-        name="t9",
+        name=name,
         lead=lead,
         members=[team_member(name="m", agent=create_agent(name="m", model_client=member_client))],
         mailbox=mailbox,
     )
+    return team, controller, member_client
+
+
+async def test_abort_inside_the_lead_batch_leaves_no_accepted_handoff_pending(mailbox: Any) -> None:
+    team, controller, member_client = handoff_then_abort_team("t9", mailbox)
     result = await team.prompt("go", stream=False, signal=controller.signal)
     assert result.subtype == "error_abort"
     assert member_client.requests == []
@@ -973,25 +981,8 @@ async def test_a_mailbox_error_while_running_an_item_fails_that_item_only(mailbo
 async def test_driving_the_lead_with_the_runner_as_runtime_then_cancel_pending(mailbox: Any) -> None:
     from lattice_worker import create_team_runner
 
-    controller = AbortController()
-
-    @tool(name="stop", description="Abort the run.")
-    def stop() -> str:
-        controller.abort()
-        return "stopped"
-
-    member_client = replying_client(lambda p: "x")
-    lead = create_agent(
-        name="lead",
-        tools=[stop],
-        model_client=ScriptedModelClient([tool_turn(("m", {"mode": "handoff", "task": "t"}), ("stop", {}))]),
-    )
-    team = create_team(
-        name="t22",
-        lead=lead,
-        members=[team_member(name="m", agent=create_agent(name="m", model_client=member_client))],
-        mailbox=mailbox,
-    )
+    team, controller, member_client = handoff_then_abort_team("t22", mailbox)
+    lead = team.lead
     runner = create_team_runner(team, signal=controller.signal)
     result = await lead.prompt("go", runtime=runner, signal=controller.signal, stream=False)
     assert result.subtype == "error_abort"
