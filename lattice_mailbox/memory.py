@@ -90,12 +90,10 @@ class MemoryMailbox(CheckedSend):
             if box is None:
                 return []
             if wanted is None:
-                seqs = sorted(seq for index in box.by_status.values() for seq in index)
-                merged = {seq: mid for index in box.by_status.values() for seq, mid in index.items()}
-                ids = [merged[seq] for seq in seqs]
+                index = {seq: mid for by_seq in box.by_status.values() for seq, mid in by_seq.items()}
             else:
                 index = box.by_status[wanted]
-                ids = [index[seq] for seq in sorted(index)]
+            ids = [index[seq] for seq in sorted(index)]
             if limit is not None:
                 ids = ids[:limit]
             return [self._records[mid].message.model_copy(deep=True) for mid in ids]

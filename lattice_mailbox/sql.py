@@ -512,21 +512,21 @@ class SQLMailbox(CheckedSend):
                     .limit(_REQUEUE_BATCH)
                     .with_for_update(skip_locked=True)
                 ).all()
-                by_target: dict[MessageStatus, list[Row[Any]]] = {S.PENDING: [], S.FAILED: []}
-                for row in rows:
-                    exhausted = max_attempts is not None and row.attempts >= max_attempts
-                    by_target[S.FAILED if exhausted else S.PENDING].append(row)
-                for target, group in by_target.items():
-                    if group:
+                targets = [
+                    S.FAILED if max_attempts is not None and row.attempts >= max_attempts else S.PENDING
+                    for row in rows
+                ]
+                for target in (S.PENDING, S.FAILED):
+                    seqs = [row.seq for row, to in zip(rows, targets, strict=True) if to == target]
+                    if seqs:
                         conn.execute(
                             update(t)
-                            .where(t.c.seq.in_([r.seq for r in group]))
+                            .where(t.c.seq.in_(seqs))
                             .values(status=target.value, claimed_by=None, lease_until=None, fence=None)
                         )
-            for row in rows:
+            for row, target in zip(rows, targets, strict=True):
                 message = _message(row)
-                exhausted = max_attempts is not None and row.attempts >= max_attempts
-                message.status = S.FAILED if exhausted else S.PENDING
+                message.status = target
                 message.claimed_by = None
                 message.lease_until = None
                 moved.append(message)
