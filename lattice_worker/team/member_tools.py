@@ -307,9 +307,9 @@ class MailboxToolState:
     async def status_counts(self) -> dict[str, dict[str, int]]:
         """``team_status``: per-status counts of every mailbox of the team."""
         out: dict[str, dict[str, int]] = {}
+        counts_fn = getattr(self.mailbox, "counts", None)
         for name in [LEAD, *self.member_names]:
             box = mailbox_id(self.team_name, name)
-            counts_fn = getattr(self.mailbox, "counts", None)
             if callable(counts_fn):
                 counts = dict(await counts_fn(box))
             else:
