@@ -21,15 +21,14 @@ import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Annotated, Any, NoReturn
 
 import typer
 from pydantic import ValidationError
 from rich.console import Console
-from rich.table import Table
 
 from .settings import LatticeSettings, get_settings
+from .tables import inbox_table, mailboxes_table, runs_table
 
 EXIT_ERROR = 1
 """Exit code of a failed command (bad input, unknown run, Redis unreachable, failed run)."""
@@ -186,19 +185,6 @@ def _client(options: _Options) -> Any:
 
 
 # -- formatting ------------------------------------------------------------------------------------
-
-
-def _time(ms: int | None) -> str:
-    if not ms:
-        return "-"
-    return datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _preview(text: str | None, width: int = 60) -> str:
-    if not text:
-        return ""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= width else flat[: width - 1] + "…"
 
 
 def _print_result(result: Any, as_json: bool) -> int:
@@ -363,7 +349,11 @@ def status(
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="How many recent runs to list.")] = 10,
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
-    """Show message counts per mailbox (pending, processing, done, ...) and the most recent runs."""
+    """Show message counts per mailbox (pending, processing, done, ...) and the most recent runs.
+
+    Tables fit the terminal width; in a narrow one the least useful columns are
+    hidden (a note says which) and --json shows everything.
+    """
     with _guard():
         options = _options(ctx)
         client = _client(options)
@@ -375,27 +365,13 @@ def status(
     if as_json:
         out.print_json(report.model_dump_json())
         return
-    statuses = ["pending", "processing", "done", "failed", "cancelled", "read", "parked"]
-    boxes = Table(title=f"mailboxes of {team}" if team else "mailboxes", title_justify="left")
-    boxes.add_column("mailbox", no_wrap=True)
-    for name in statuses:
-        boxes.add_column(name, justify="right")
-    for mailbox_id, counts in report.mailboxes.items():
-        boxes.add_row(mailbox_id, *(str(counts.get(name, 0)) for name in statuses))
     if report.mailboxes:
-        out.print(boxes)
+        title = f"mailboxes of {team}" if team else "mailboxes"
+        out.print(mailboxes_table(title, report.mailboxes, out.width))
     else:
         out.print("no mailboxes yet" + (f" for team {team!r}" if team else ""), markup=False)
-    runs = Table(title="recent runs", title_justify="left")
-    for column in ("run id", "team", "status", "created", "result"):
-        runs.add_column(column, no_wrap=column in ("run id", "status", "created"))
-    for record in report.runs:
-        summary = ""
-        if record.result is not None:
-            summary = _preview(record.result.result or record.result.error)
-        runs.add_row(record.run_id, record.team, record.status.value, _time(record.created_at), summary)
     if report.runs:
-        out.print(runs)
+        out.print(runs_table("recent runs", report.runs, out.width))
     else:
         out.print("no runs yet", markup=False)
 
@@ -412,6 +388,9 @@ def inbox(
     """List the messages of one mailbox, oldest first.
 
     Example (the example team, examples.team:team, is named demo): lattice inbox demo::searcher --status all
+
+    In a narrow terminal the from, created (and, for one status, status) columns
+    are hidden first; --json shows everything.
     """
     from lattice_mailbox import MessageStatus
 
@@ -435,14 +414,7 @@ def inbox(
             markup=False,
         )
         return
-    table = Table(title=f"{mailbox} ({status_})", title_justify="left")
-    for column in ("id", "from", "status", "attempts", "created", "content"):
-        table.add_column(column, no_wrap=column in ("id", "status", "created"))
-    for m in messages:
-        table.add_row(
-            m.id, m.from_, m.status.value, str(m.attempts), _time(m.created_at), _preview(m.content)
-        )
-    out.print(table)
+    out.print(inbox_table(f"{mailbox} ({status_})", messages, out.width))
 
 
 @app.command()

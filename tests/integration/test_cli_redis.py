@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 import threading
 import time
@@ -53,9 +54,9 @@ def prefix():
         sync.close()
 
 
-def lattice(prefix: str, *args: str):
+def lattice(prefix: str, *args: str, columns: int = 200):
     result = runner.invoke(
-        app, ["--broker-url", REDIS_URL, "--key-prefix", prefix, *args], env={"COLUMNS": "200"}
+        app, ["--broker-url", REDIS_URL, "--key-prefix", prefix, *args], env={"COLUMNS": str(columns)}
     )
     assert "Traceback" not in result.output, result.output
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
@@ -285,3 +286,55 @@ def test_another_prefix_sees_nothing(prefix):
         if keys:
             sync.delete(*keys)
         sync.close()
+
+
+def _header_cells(lines: list[str], title: str) -> list[str]:
+    start = lines.index(title)
+    return [c for c in re.split(r"\s{2,}", lines[start + 1].strip()) if c]
+
+
+def test_status_and_inbox_tables_are_readable_at_80_columns(prefix):
+    """80 columns is also what rich assumes when output is not a terminal (pipes, CI)."""
+    lattice(prefix, "submit", "example", "q", "--run-id", "narrow-queued")
+    lattice(prefix, "submit", "example", "q", "--run-id", "narrow-done")
+    ids: list[str] = []
+
+    async def play(store: RunStore) -> None:
+        await store.finish(
+            "narrow-done",
+            RunResult(run_id="narrow-done", status="completed", result="The word claim occurs 42 times"),
+        )
+        mailbox = RedisMailbox(REDIS_URL, prefix=prefix)
+        try:
+            for n in range(2):
+                m = await mailbox.send("example::lead", "example::searcher", f"search part {n} of the corpus")
+                ids.append(m.id)
+            claimed = await mailbox.claim_next("example::searcher")
+            assert claimed is not None and claimed.id == ids[0]
+        finally:
+            await mailbox.aclose()
+
+    in_store(prefix, play)
+    status = lattice(prefix, "status", "example", columns=80)
+    assert status.exit_code == 0, status.output
+    lines = [line.rstrip() for line in status.stdout.splitlines()]
+    assert max(len(line) for line in lines) <= 80, status.stdout
+    assert _header_cells(lines, "mailboxes of example") == [
+        "mailbox", "pending", "processing", "done", "failed", "cancelled", "read", "parked",
+    ]  # fmt: skip
+    assert _header_cells(lines, "recent runs") == ["run id", "team", "status", "created", "result"]
+    rows = {line.split()[0]: line.split() for line in lines if line.startswith(("narrow-", "example::"))}
+    assert rows["example::searcher"][1:3] == ["1", "1"]
+    assert rows["narrow-queued"][1:3] == ["example", "queued"]
+    assert rows["narrow-done"][1:3] == ["example", "completed"]
+    assert "The word" in " ".join(rows["narrow-done"][3:])
+    inbox = lattice(prefix, "inbox", "example::searcher", "--status", "all", columns=80)
+    assert inbox.exit_code == 0, inbox.output
+    lines = [line.rstrip() for line in inbox.stdout.splitlines()]
+    assert max(len(line) for line in lines) <= 80, inbox.stdout
+    assert _header_cells(lines, "example::searcher (all)") == ["id", "status", "attempts", "content"]
+    rows = {line.split()[0]: line.split() for line in lines if line.split() and line.split()[0] in ids}
+    assert rows[ids[0]][1:3] == ["processing", "1"]
+    assert rows[ids[1]][1:3] == ["pending", "0"]
+    [note] = [line for line in lines if line.startswith("(hidden at this width:")]
+    assert sorted(note.split(": ", 1)[1].split(";")[0].split(", ")) == ["created", "from"]

@@ -1,0 +1,216 @@
+"""The tables ``lattice status`` and ``lattice inbox`` print, laid out for the console width.
+
+Rich shrinks every wrappable column of a table that does not fit, down to zero
+width; in an 80-column terminal (also the width rich assumes when output is not
+a terminal) the team, result, from, attempts and content columns vanished.
+Here every column is ``no_wrap`` with its natural width as ``min_width``
+(ids are never cut), one *flexible* column (a run's result, a message's
+content) takes what is left and ends with an ellipsis, and when even that does
+not fit, the least useful columns are dropped in a fixed order, with a note
+saying which (``--json`` shows everything). Ids longer than the whole width
+fold onto several lines rather than being cut.
+
+Widths are in terminal cells; the layout is compact (no vertical borders, two
+cells between columns).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from rich import box
+from rich.cells import cell_len
+from rich.console import Group, JustifyMethod, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+GAP = 2
+"""Cells between two columns."""
+
+FLEX_MIN = 10
+"""Narrowest width (cells) of the flexible column before other columns are dropped."""
+
+MAILBOX_STATUSES = ("pending", "processing", "done", "failed", "cancelled", "read", "parked")
+"""Status columns of the mailbox table, in this order."""
+
+_MAILBOX_DROP_ORDER = ("read", "parked", "cancelled", "failed", "done", "processing", "pending")
+
+
+@dataclass
+class Column:
+    """One column: ``header``, its ``cells`` (one per row), layout hints.
+
+    ``drop``: 0 = always shown; otherwise columns are dropped highest first while
+    the table does not fit. ``flexible``: takes the leftover width, cut with an
+    ellipsis (``FLEX_MIN`` cells or more; only its header's width when nothing
+    else can go). ``fold``: an id that may fold onto several lines when the
+    columns that cannot go are wider than the console together.
+    """
+
+    header: str
+    cells: list[str] = field(default_factory=list)
+    justify: JustifyMethod = "left"
+    drop: int = 0
+    flexible: bool = False
+    fold: bool = False
+
+    @property
+    def natural(self) -> int:
+        return max([cell_len(self.header), *(cell_len(c) for c in self.cells)])
+
+    def minimum(self, flex_min: int = FLEX_MIN) -> int:
+        """Narrowest width: the natural one, or for the flexible column
+        ``flex_min`` cells (never less than its header, never more than natural)."""
+        if self.flexible:
+            return min(self.natural, max(cell_len(self.header), flex_min))
+        return self.natural
+
+
+def _needed(columns: Sequence[Column], flex_min: int = FLEX_MIN) -> int:
+    return sum(c.minimum(flex_min) for c in columns) + GAP * (len(columns) - 1)
+
+
+def fit_columns(columns: Sequence[Column], width: int) -> tuple[list[Column], list[Column], int]:
+    """``(kept, dropped, flex_min)``: drop columns (highest ``drop`` first, never
+    ``drop=0``) until the minimum widths fit in ``width`` cells; if they still
+    do not, the flexible column may shrink to its header (``flex_min`` 0)."""
+    kept = list(columns)
+    dropped: list[Column] = []
+    while _needed(kept) > width:
+        candidates = [c for c in kept if c.drop > 0]
+        if not candidates:
+            break
+        victim = max(candidates, key=lambda c: c.drop)
+        kept.remove(victim)
+        dropped.append(victim)
+    flex_min = FLEX_MIN if _needed(kept) <= width else 0
+    return kept, dropped, flex_min
+
+
+def build_table(title: str, columns: Sequence[Column], width: int) -> RenderableType:
+    """A compact table of ``columns`` that fits ``width`` cells (see the module
+    docstring), followed by a dim note naming the columns left out, if any."""
+    kept, dropped, flex_min = fit_columns(columns, width)
+    needed = _needed(kept, flex_min)
+    squeezed = needed > width  # even the key columns do not fit: ids fold
+    table = Table(
+        title=title,
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    spare = max(0, width - needed)
+    for column in kept:
+        if column.flexible:
+            table.add_column(
+                column.header,
+                justify=column.justify,
+                no_wrap=True,
+                overflow="ellipsis",
+                width=min(column.natural, column.minimum(flex_min) + spare),
+            )
+        elif squeezed and column.fold:
+            table.add_column(column.header, justify=column.justify, overflow="fold")
+        else:
+            table.add_column(
+                column.header,
+                justify=column.justify,
+                no_wrap=True,
+                min_width=column.natural,
+            )
+    rows = len(kept[0].cells) if kept else 0
+    for index in range(rows):
+        table.add_row(*(Text(column.cells[index]) for column in kept))
+    if not dropped:
+        return table
+    names = ", ".join(c.header for c in dropped)
+    note = Text(f"(hidden at this width: {names}; --json shows everything)", style="dim")
+    return Group(table, note)
+
+
+# -- the three tables of the CLI -------------------------------------------------------------------
+
+
+def short_time(ms: int | None) -> str:
+    """``MM-DD HH:MM`` local time of a millisecond timestamp (``-`` when unset)."""
+    if not ms:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000).strftime("%m-%d %H:%M")
+
+
+def preview(text: str | None, width: int = 200) -> str:
+    """``text`` on one line (whitespace collapsed), at most ``width`` characters."""
+    if not text:
+        return ""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+def mailboxes_table(title: str, mailboxes: dict[str, dict[str, int]], width: int) -> RenderableType:
+    """Per-status message counts of each mailbox. A status column that is zero in
+    every row may be dropped when the table is too wide (``read`` first, then
+    ``parked``, ``cancelled``, ``failed``, ``done``, ``processing``, ``pending``)."""
+    ids = list(mailboxes)
+    columns = [Column("mailbox", ids, fold=True)]
+    for name in MAILBOX_STATUSES:
+        counts = [mailboxes[m].get(name, 0) for m in ids]
+        drop = 0 if any(counts) else _MAILBOX_DROP_ORDER[::-1].index(name) + 1
+        columns.append(Column(name, [str(n) for n in counts], justify="right", drop=drop))
+    return build_table(title, columns, width)
+
+
+def runs_table(title: str, runs: Sequence[Any], width: int) -> RenderableType:
+    """Recent runs (:class:`~lattice_client.models.RunRecord`): run id, team,
+    status, created (``MM-DD HH:MM``), result (or error) preview. Too narrow:
+    ``created`` goes first, then ``result``."""
+    results = []
+    for record in runs:
+        summary = ""
+        if record.result is not None:
+            summary = preview(record.result.result or record.result.error)
+        results.append(summary)
+    columns = [
+        Column("run id", [r.run_id for r in runs], fold=True),
+        Column("team", [r.team for r in runs], fold=True),
+        Column("status", [r.status.value for r in runs]),
+        Column("created", [short_time(r.created_at) for r in runs], drop=2),
+        Column("result", results, flexible=True, drop=1),
+    ]
+    return build_table(title, columns, width)
+
+
+def inbox_table(title: str, messages: Sequence[Any], width: int) -> RenderableType:
+    """Messages (:class:`~lattice_mailbox.TeamMessage`): id, from, status,
+    attempts, created, content preview. Too narrow: ``status`` goes first when
+    every message has the same one (the title names it), then ``created``,
+    then ``from``; the id, attempts and content stay."""
+    statuses = [m.status.value for m in messages]
+    columns = [
+        Column("id", [m.id for m in messages], fold=True),
+        Column("from", [m.from_ for m in messages], drop=1),
+        Column("status", statuses, drop=3 if len(set(statuses)) <= 1 else 0),
+        Column("attempts", [str(m.attempts) for m in messages], justify="right"),
+        Column("created", [short_time(m.created_at) for m in messages], drop=2),
+        Column("content", [preview(m.content) for m in messages], flexible=True),
+    ]
+    return build_table(title, columns, width)
+
+
+__all__ = [
+    "FLEX_MIN",
+    "GAP",
+    "MAILBOX_STATUSES",
+    "Column",
+    "build_table",
+    "fit_columns",
+    "inbox_table",
+    "mailboxes_table",
+    "preview",
+    "runs_table",
+    "short_time",
+]
