@@ -65,6 +65,12 @@ _APPEND_EVENT_SHA = hashlib.sha1(_APPEND_EVENT_LUA.encode("utf-8")).hexdigest()
 RUN_KEY_TTL_SECONDS = 7 * 24 * 3600
 """How long (seconds) a run's history, usage and work-item links are kept after their last write."""
 
+EVENT_LINGER_SECONDS = 0.05
+"""How long (seconds) a queued run event may wait for others to share its write.
+:meth:`WorkerContext.flush_events` (before suspend, completion, finish and at the
+end of every task body) writes at once; the linger only bounds how stale a
+run's stream can get between those points (a long model call, a long tool)."""
+
 
 def default_worker_id() -> str:
     """``"<host>:<pid>:<short random>"`` -- recorded as ``claimed_by`` on claims."""
@@ -111,6 +117,8 @@ class WorkerContext:
     _client_loop: Any = field(default=None, repr=False)
     _events: list[tuple[str, str, str]] = field(default_factory=list, repr=False)
     _writer: Any = field(default=None, repr=False)
+    _wake: Any = field(default=None, repr=False)
+    _flushing: int = field(default=0, repr=False)
     lead_tools: dict[str, list[Any]] = field(default_factory=dict, repr=False)
 
     @property
@@ -240,9 +248,11 @@ class WorkerContext:
 
         Events are written in order by one background writer per context, in
         pipelined batches (the script of ``RunStore.append_event``), so the
-        agent loop does not wait for each write; :meth:`flush_events` waits for
-        them. Token-level ``stream_event`` events (also wrapped ones) are not
-        stored: they would multiply the stream's size for no reader's benefit.
+        agent loop does not wait for each write: a batch is written
+        :data:`EVENT_LINGER_SECONDS` after its first event, or at once by
+        :meth:`flush_events`, which waits for it. Token-level ``stream_event``
+        events (also wrapped ones) are not stored: they would multiply the
+        stream's size for no reader's benefit.
         Stream failures are logged, never raised (events are observational)."""
         data = _event_dict(event)
         if _is_stream_delta(data):
@@ -280,7 +290,8 @@ class WorkerContext:
             self._writer = asyncio.get_running_loop().create_task(self._write_events())
 
     async def _write_events(self) -> None:
-        await asyncio.sleep(0)  # let the events of this loop iteration gather into one batch
+        if not self._flushing:
+            await self._linger()  # let the events up to the next flush point share one write
         while self._events:
             batch, self._events = self._events, []
             try:
@@ -309,12 +320,28 @@ class WorkerContext:
             except Exception:
                 logger.warning("could not write %d run events", len(batch), exc_info=True)
 
+    async def _linger(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._wake = wake = loop.create_future()
+        timer = loop.call_later(EVENT_LINGER_SECONDS, _wake_up, wake)
+        try:
+            await wake
+        finally:
+            timer.cancel()
+            self._wake = None
+
     async def flush_events(self) -> None:
-        """Wait until every queued event is in its stream (or was reported lost)."""
-        while self._events or (self._writer is not None and not self._writer.done()):
-            if self._writer is None or self._writer.done():
-                self._writer = asyncio.get_running_loop().create_task(self._write_events())
-            await asyncio.shield(self._writer)
+        """Write every queued event now and wait until each is in its stream
+        (or was reported lost)."""
+        self._flushing += 1
+        try:
+            while self._events or (self._writer is not None and not self._writer.done()):
+                if self._writer is None or self._writer.done():
+                    self._writer = asyncio.get_running_loop().create_task(self._write_events())
+                _wake_up(self._wake)
+                await asyncio.shield(self._writer)
+        finally:
+            self._flushing -= 1
 
     def note_parent(self, run_id: str, parent: Any) -> None:
         """Seed the parent cache from a run record's ``parent`` (saves a read)."""
@@ -366,6 +393,11 @@ class WorkerContext:
         return summed
 
 
+def _wake_up(future: Any) -> None:
+    if future is not None and not future.done():
+        future.set_result(None)
+
+
 def _is_stream_delta(data: dict[str, Any]) -> bool:
     while data.get("type") == "agent_message" and isinstance(data.get("message"), dict):
         data = data["message"]
@@ -381,4 +413,4 @@ def _event_dict(event: Any) -> dict[str, Any]:
     return {"type": "unknown", "value": repr(event)}
 
 
-__all__ = ["RUN_KEY_TTL_SECONDS", "TaskSender", "WorkerContext", "default_worker_id"]
+__all__ = ["EVENT_LINGER_SECONDS", "RUN_KEY_TTL_SECONDS", "TaskSender", "WorkerContext", "default_worker_id"]

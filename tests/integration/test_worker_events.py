@@ -1,0 +1,98 @@
+"""The worker's run-event writer (``WorkerContext.emit`` / ``flush_events``) against the real Redis.
+
+Events are queued and written in batches: at the latest
+``EVENT_LINGER_SECONDS`` after the first one, or at once by ``flush_events``.
+Every test has its own ``test-<uuid>`` key prefix; its keys are deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+import redis
+
+from lattice_client.runs import RunStore
+from lattice_client.settings import get_settings
+from lattice_worker.worker_context import WorkerContext
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+@pytest.fixture
+def prefix():
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    yield name
+    sync = redis.Redis.from_url(REDIS_URL)
+    try:
+        keys = list(sync.scan_iter(match=f"{name}:*", count=1000))
+        if keys:
+            sync.delete(*keys)
+    finally:
+        sync.close()
+
+
+@pytest.fixture
+async def ctx(prefix):
+    runs = RunStore(REDIS_URL, prefix)
+    context = WorkerContext(
+        settings=get_settings(key_prefix=prefix, broker_url=REDIS_URL),
+        registry=None,
+        mailbox=None,
+        runs=runs,
+        send_task=lambda *a: None,
+    )
+    yield context
+    await runs.aclose()
+
+
+async def _types(ctx: WorkerContext, run_id: str) -> list[str]:
+    return [e["type"] for _, e in await ctx.runs.events(run_id, count=1000)]
+
+
+async def test_flush_writes_every_queued_event_in_order(ctx):
+    await ctx.runs.create("r1", "team", "prompt")
+    await ctx.runs.create("r2", "team", "prompt")
+    for i in range(5):
+        await ctx.emit("r1", {"type": f"e{i}"})
+        await ctx.emit("r2", {"type": f"f{i}"})
+    await ctx.flush_events()
+    assert await _types(ctx, "r1") == ["e0", "e1", "e2", "e3", "e4"]
+    assert await _types(ctx, "r2") == ["f0", "f1", "f2", "f3", "f4"]
+    await ctx.flush_events()  # nothing queued: returns, writes nothing more
+    assert await _types(ctx, "r1") == ["e0", "e1", "e2", "e3", "e4"]
+
+
+async def test_queued_events_are_written_without_a_flush(ctx):
+    await ctx.runs.create("r1", "team", "prompt")
+    await ctx.emit("r1", {"type": "lonely"})
+    for _ in range(100):  # the writer's linger is far shorter than this loop's 5 s
+        if await _types(ctx, "r1") == ["lonely"]:
+            break
+        await asyncio.sleep(0.05)
+    assert await _types(ctx, "r1") == ["lonely"]
+    # a later event starts a new batch
+    await ctx.emit("r1", {"type": "second"})
+    await ctx.flush_events()
+    assert await _types(ctx, "r1") == ["lonely", "second"]
+
+
+async def test_concurrent_flushes_and_emits_lose_nothing(ctx):
+    await ctx.runs.create("r1", "team", "prompt")
+
+    async def producer(name: str) -> None:
+        for i in range(20):
+            await ctx.emit("r1", {"type": f"{name}{i}"})
+            if i % 7 == 0:
+                await ctx.flush_events()
+            await asyncio.sleep(0)
+
+    await asyncio.gather(producer("a"), producer("b"), producer("c"))
+    await ctx.flush_events()
+    types = await _types(ctx, "r1")
+    assert sorted(types) == sorted(f"{n}{i}" for n in "abc" for i in range(20))
+    for name in "abc":  # each producer's events keep their order
+        assert [t for t in types if t[0] == name] == [f"{name}{i}" for i in range(20)]
