@@ -115,7 +115,7 @@ class WorkerContext:
     _parents: dict[str, tuple[str, str, str] | None] = field(default_factory=dict, repr=False)
     _client: Any = field(default=None, repr=False)
     _client_loop: Any = field(default=None, repr=False)
-    _events: list[tuple[str, str, str]] = field(default_factory=list, repr=False)
+    _events: list[tuple[str, str, str] | _Write] = field(default_factory=list, repr=False)
     _writer: Any = field(default=None, repr=False)
     _wake: Any = field(default=None, repr=False)
     _flushing: int = field(default=0, repr=False)
@@ -295,30 +295,66 @@ class WorkerContext:
         while self._events:
             batch, self._events = self._events, []
             try:
-                client = self.client()
-                for attempt in range(2):
-                    async with client.pipeline(transaction=False) as pipe:
-                        for record_key, events_key, payload in batch:
-                            pipe.evalsha(
-                                _APPEND_EVENT_SHA,
-                                2,
-                                record_key,
-                                events_key,
-                                self.settings.max_run_events,
-                                payload,
-                            )
-                        results = await pipe.execute(raise_on_error=False)
-                    if attempt == 0 and any(isinstance(r, NoScriptError) for r in results):
-                        await client.script_load(
-                            _APPEND_EVENT_LUA
-                        )  # first use on this server: retry the batch
-                        continue
-                    break
-                failed = [r for r in results if isinstance(r, Exception)]
-                if failed:
-                    logger.warning("%d of %d run events not written: %s", len(failed), len(batch), failed[0])
-            except Exception:
+                await self._write_batch(batch)
+            except Exception as exc:
                 logger.warning("could not write %d run events", len(batch), exc_info=True)
+                for op in batch:
+                    if isinstance(op, _Write) and not op.future.done():
+                        op.future.set_exception(exc)
+
+    async def _write_batch(self, batch: list[tuple[str, str, str] | _Write]) -> None:
+        """One pipeline for the batch, in order; event appends refused with
+        NOSCRIPT (first use on this server) are retried once after loading the script."""
+        client = self.client()
+        lost: list[Exception] = []
+        for attempt in range(2):
+            async with client.pipeline(transaction=False) as pipe:
+                for op in batch:
+                    if isinstance(op, _Write):
+                        for name, *args in op.commands:
+                            getattr(pipe, name)(*args)
+                    else:
+                        record_key, events_key, payload = op
+                        pipe.evalsha(
+                            _APPEND_EVENT_SHA,
+                            2,
+                            record_key,
+                            events_key,
+                            self.settings.max_run_events,
+                            payload,
+                        )
+                results = iter(await pipe.execute(raise_on_error=False))
+            retry: list[tuple[str, str, str] | _Write] = []
+            for op in batch:
+                if isinstance(op, _Write):
+                    replies = [next(results) for _ in op.commands]
+                    error = next((r for r in replies if isinstance(r, Exception)), None)
+                    if not op.future.done():
+                        if error is None:
+                            op.future.set_result(replies)
+                        else:
+                            op.future.set_exception(error)
+                    continue
+                reply = next(results)
+                if attempt == 0 and isinstance(reply, NoScriptError):
+                    retry.append(op)
+                elif isinstance(reply, Exception):
+                    lost.append(reply)
+            if not retry:
+                break
+            await client.script_load(_APPEND_EVENT_LUA)
+            batch = retry
+        if lost:
+            logger.warning("%d run events not written: %s", len(lost), lost[0])
+
+    async def _write_now(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """Write ``commands`` (``(redis method name, *args)``) in one pipeline
+        with the queued events (after them) and return their replies; the first
+        error reply is raised."""
+        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        self._events.append(_Write(commands, future))
+        await self.flush_events()
+        return await future
 
     async def _linger(self) -> None:
         loop = asyncio.get_running_loop()
@@ -369,28 +405,39 @@ class WorkerContext:
     ) -> dict[str, int]:
         """Add one lead segment's token usage to the run's total (nothing is
         written for an all-zero usage). With ``total=True`` returns the run's
-        total so far (every key of ``usage`` present, zeros included), else ``{}``."""
+        total so far (every key of ``usage`` present, zeros included), else ``{}``.
+        Written in the same pipeline as the queued events (which it flushes).
+        Raises the Redis error when the write fails."""
         counts = {
             str(k): v for k, v in (usage or {}).items() if isinstance(v, int) and not isinstance(v, bool)
         }
         nonzero = {k: v for k, v in counts.items() if v}
         if not nonzero and not total:
             return {}
-        client = await self.redis()
         key = self.usage_key(run_id)
-        async with client.pipeline(transaction=True) as pipe:
-            for name, value in nonzero.items():
-                pipe.hincrby(key, name, value)
-            if nonzero:
-                pipe.expire(key, RUN_KEY_TTL_SECONDS)
-            if total:
-                pipe.hgetall(key)
-            out = await pipe.execute()
+        commands: list[tuple[Any, ...]] = [("hincrby", key, name, value) for name, value in nonzero.items()]
+        if nonzero:
+            commands.append(("expire", key, RUN_KEY_TTL_SECONDS))
+        if total:
+            commands.append(("hgetall", key))
+        out = await self._write_now(commands)
         if not total:
             return {}
         summed = {name: 0 for name in counts}
-        summed.update({str(k): int(v) for k, v in (out[-1] or {}).items()})
+        summed.update({_text(k): int(v) for k, v in (out[-1] or {}).items()})
         return summed
+
+
+@dataclass
+class _Write:
+    """Commands written with a batch of run events (see ``WorkerContext._write_now``)."""
+
+    commands: list[tuple[Any, ...]]
+    future: asyncio.Future[list[Any]]
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
 def _wake_up(future: Any) -> None:
