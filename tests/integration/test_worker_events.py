@@ -36,6 +36,13 @@ def prefix():
 
 
 @pytest.fixture
+def raw():
+    sync = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    yield sync
+    sync.close()
+
+
+@pytest.fixture
 async def ctx(prefix):
     runs = RunStore(REDIS_URL, prefix)
     context = WorkerContext(
@@ -96,3 +103,29 @@ async def test_concurrent_flushes_and_emits_lose_nothing(ctx):
     assert sorted(types) == sorted(f"{n}{i}" for n in "abc" for i in range(20))
     for name in "abc":  # each producer's events keep their order
         assert [t for t in types if t[0] == name] == [f"{name}{i}" for i in range(20)]
+
+
+async def test_add_usage_flushes_the_queued_events_and_sums_segments(ctx, raw):
+    await ctx.runs.create("r1", "team", "prompt")
+    await ctx.emit("r1", {"type": "assistant"})
+    assert await ctx.add_usage("r1", {"input_tokens": 0, "output_tokens": 0}) == {}
+    assert not raw.exists(ctx.usage_key("r1"))  # an all-zero segment writes nothing
+    assert await ctx.add_usage("r1", {"input_tokens": 3, "output_tokens": 2, "flag": True}) == {}
+    assert await _types(ctx, "r1") == ["assistant"]  # written with the usage
+    await ctx.emit("r1", {"type": "result"})
+    total = await ctx.add_usage("r1", {"input_tokens": 4, "output_tokens": 0, "cache": 0}, total=True)
+    assert total == {"input_tokens": 7, "output_tokens": 2, "cache": 0}
+    assert await _types(ctx, "r1") == ["assistant", "result"]
+    assert 0 < raw.ttl(ctx.usage_key("r1"))
+
+
+async def test_add_usage_raises_a_failed_write_and_the_events_still_land(ctx, raw):
+    await ctx.runs.create("r1", "team", "prompt")
+    raw.set(ctx.usage_key("r1"), "not a hash")
+    await ctx.emit("r1", {"type": "assistant"})
+    with pytest.raises(redis.exceptions.ResponseError, match="WRONGTYPE"):
+        await ctx.add_usage("r1", {"input_tokens": 1}, total=True)
+    assert await _types(ctx, "r1") == ["assistant"]
+    await ctx.emit("r1", {"type": "after"})  # the writer goes on
+    await ctx.flush_events()
+    assert await _types(ctx, "r1") == ["assistant", "after"]
