@@ -25,4 +25,16 @@ class RunStateError(ValueError):
         self.status = status
 
 
-__all__ = ["RunNotFoundError", "RunStateError"]
+class RunLeaseLostError(RunStateError):
+    """A lead segment's write was refused: its lease token no longer holds the
+    run (the lease expired and the reaper took the run over, or the run was
+    cancelled or finished meanwhile). The worker must stop the segment and
+    write nothing more; the run continues (or ended) elsewhere."""
+
+    def __init__(self, run_id: str, operation: str) -> None:
+        ValueError.__init__(self, f"cannot {operation} run {run_id!r}: this worker's lead lease was lost")
+        self.run_id = run_id
+        self.status = "lease_lost"
+
+
+__all__ = ["RunLeaseLostError", "RunNotFoundError", "RunStateError"]

@@ -20,9 +20,20 @@ key                    type    content
 ``R:wait``             set     unfinished work_item_ids (the wait set)
 ``R:queued``           list    registered, not yet dispatched
 ``R:active``           set     dispatched, not finished
+``R:calls``            hash    tool_use_id -> member call JSON (the lead's batch in progress)
 ``P:runs``             zset    run ids by creation time (ms)
 ``P:runs:team:<team>`` zset    the same, per team
+``P:runs:leased``      zset    run ids of running lead segments by ``lease_until`` (ms)
 =====================  ======  ===============================================
+
+Lead leases (DESIGN.md section 5, "Crash"): while a lead segment runs, the run
+record holds ``lease_token`` and ``lease_until`` (ms) and ``lead_attempts``
+counts the segment's starts since the last suspension. The segment renews the
+lease (:meth:`RunStore.extend_lead_lease`); the reaper takes over a run whose
+lease expired (:meth:`RunStore.recover_lead`). Every write a segment makes
+(history, call journal, work items, suspension, final result) can carry its
+token and is refused with :class:`~lattice_client.errors.RunLeaseLostError`
+once the token no longer holds the run.
 
 The asyncio Redis client is created lazily per running event loop (never shared
 across loops) when the store is built from a URL; a client passed in is used
@@ -35,6 +46,7 @@ import asyncio
 import json
 import re
 import time
+import uuid
 import weakref
 from dataclasses import dataclass, field
 from importlib import resources
@@ -45,7 +57,7 @@ from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 from redis.exceptions import ResponseError
 
-from .errors import RunNotFoundError, RunStateError
+from .errors import RunLeaseLostError, RunNotFoundError, RunStateError
 from .models import RunParent, RunRecord, RunResult, RunStatus
 from .settings import KEY_PREFIX_PATTERN
 
@@ -65,6 +77,11 @@ _SCRIPT_NAMES = (
     "append_event",
     "finish",
     "cancel",
+    "begin_segment",
+    "extend_lead_lease",
+    "recover_lead",
+    "journal_call",
+    "write_history",
 )
 
 
@@ -127,12 +144,47 @@ class CompleteResult:
     wait set of a ``suspended`` run, which is now ``resuming`` (the caller sends
     ``lattice.resume_lead``). ``dispatch``: queued items that may be dispatched
     now (ring their doorbells). ``recorded``: False when the item was unknown,
-    cleared or already completed (then nothing changed).
+    cleared or already completed (then nothing changed). ``run_status``: the
+    run's status afterwards, so a caller can tell that nobody will read the
+    outcome (a finished or cancelled run).
     """
 
     resume: bool
     dispatch: list[dict[str, Any]] = field(default_factory=list)
     recorded: bool = True
+    run_status: str | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class SegmentStart:
+    """A lead segment that :meth:`RunStore.begin_segment` started.
+
+    ``token``: the lease token (pass it to every fenced write); ``lease_until``:
+    ms since the epoch; ``attempts``: starts of this segment since the run's
+    last suspension (1 on the first try); ``recover``: True when a worker died
+    in the previous try and the segment must rebuild its state from the
+    persisted history."""
+
+    token: str
+    lease_until: int
+    attempts: int
+    recover: bool
+
+
+@dataclass(frozen=True)
+class LeadRecovery:
+    """What :meth:`RunStore.recover_lead` did to one run: ``action`` is
+    ``"alive"`` (the lease is current; ``lease_until`` says until when),
+    ``"gone"`` (not running any more, or unknown), ``"requeued"`` (now
+    ``resuming`` with the recover flag: send ``lattice.resume_lead``) or
+    ``"failed"`` (its attempts were used up; ``result`` is what was stored).
+    ``attempts``: the expired segment's starts."""
+
+    action: str
+    attempts: int = 0
+    lease_until: int | None = None
+    result: RunResult | None = None
+    record: RunRecord | None = None
 
 
 @dataclass(frozen=True)
@@ -148,6 +200,7 @@ class RunKeys:
     wait: str
     queued: str
     active: str
+    calls: str = ""
 
 
 @dataclass
@@ -232,6 +285,8 @@ class RunStore:
             message = str(exc)
             if message.startswith("NORUN"):
                 raise RunNotFoundError(run_id) from None
+            if message.startswith("FENCED"):
+                raise RunLeaseLostError(run_id, name) from None
             raise
 
     # -- keys ---------------------------------------------------------------------------------
@@ -249,12 +304,18 @@ class RunStore:
             wait=f"{base}:wait",
             queued=f"{base}:queued",
             active=f"{base}:active",
+            calls=f"{base}:calls",
         )
 
     @property
     def runs_index_key(self) -> str:
         """The sorted set of every run id by creation time (ms)."""
         return f"{self.prefix}:runs"
+
+    @property
+    def leases_key(self) -> str:
+        """The sorted set of runs with a lead segment running, by ``lease_until`` (ms)."""
+        return f"{self.prefix}:runs:leased"
 
     def team_index_key(self, team: str) -> str:
         """The sorted set of one team's run ids by creation time (ms)."""
@@ -352,7 +413,7 @@ class RunStore:
     # -- work items ---------------------------------------------------------------------------
 
     async def add_items(
-        self, run_id: str, items: list[dict[str, Any]], *, max_active: int
+        self, run_id: str, items: list[dict[str, Any]], *, max_active: int, token: str | None = None
     ) -> list[dict[str, Any]]:
         """Register ``items`` (in order) in the run's wait set; return those that
         may be dispatched now.
@@ -362,15 +423,19 @@ class RunStore:
         unfinished at any time; the others wait in registration order and are
         handed out by :meth:`complete_item`. An item id already registered is
         skipped. On a finished or cancelled run items are recorded but none is
-        dispatched. Raises :class:`RunNotFoundError` for an unknown run and
-        ``ValueError`` for a bad ``max_active``, a malformed item (see
-        :class:`WorkItem`) or a duplicated id within ``items``.
+        dispatched. Registering empties the run's call journal (see
+        :meth:`journal_call`). ``token``: the calling lead segment's lease token;
+        when given, a run that is not finished must be running under it, else
+        :class:`RunLeaseLostError` and nothing is written. Raises
+        :class:`RunNotFoundError` for an unknown run and ``ValueError`` for a bad
+        ``max_active``, a malformed item (see :class:`WorkItem`) or a duplicated
+        id within ``items``.
         """
         if isinstance(max_active, bool) or not isinstance(max_active, int) or max_active < 1:
             raise ValueError(f"max_active must be an integer >= 1, got {max_active!r}")
         if not isinstance(items, list):
             raise ValueError(f"items must be a list of dicts, got {type(items).__name__}")
-        args: list[Any] = [max_active, now_ms()]
+        args: list[Any] = [max_active, now_ms(), token or ""]
         seen: set[str] = set()
         for index, item in enumerate(items):
             if not isinstance(item, dict):
@@ -385,7 +450,10 @@ class RunStore:
             args += [checked.work_item_id, dumps(item, f"work item #{index}")]
         k = self.keys(run_id)
         out = await self._run(
-            "add_items", run_id, [k.record, k.items, k.order, k.state, k.wait, k.queued, k.active], args
+            "add_items",
+            run_id,
+            [k.record, k.items, k.order, k.state, k.wait, k.queued, k.active, k.calls],
+            args,
         )
         return [json.loads(_text(x)) for x in out]
 
@@ -414,11 +482,12 @@ class RunStore:
         )
         return CompleteResult(
             resume=bool(int(out[1])),
-            dispatch=[json.loads(_text(x)) for x in out[2:]],
+            dispatch=[json.loads(_text(x)) for x in out[3:]],
             recorded=bool(int(out[0])),
+            run_status=_text(out[2]) or None,
         )
 
-    async def suspend(self, run_id: str) -> bool:
+    async def suspend(self, run_id: str, *, token: str | None = None) -> bool:
         """Suspend a ``running`` run until its wait set is empty.
 
         True: the run is now ``suspended`` (the caller's task ends; the last
@@ -426,16 +495,22 @@ class RunStore:
         already empty, nothing changed, the caller continues at once. Atomic
         with :meth:`complete_item`, so a wake-up is never lost or doubled.
         Raises :class:`RunNotFoundError` / :class:`RunStateError` (the run is
-        neither running nor suspended, e.g. cancelled).
+        neither running nor suspended, e.g. cancelled). ``token``: the calling
+        lead segment's lease token; when given, an unfinished run must be
+        running under it (else :class:`RunLeaseLostError`); a suspension ends
+        the segment (its lease is removed from the record and the lease index).
         """
         k = self.keys(run_id)
         try:
-            return bool(await self._run("suspend", run_id, [k.record, k.wait], [now_ms()]))
+            suspended = bool(await self._run("suspend", run_id, [k.record, k.wait], [now_ms(), token or ""]))
         except ResponseError as exc:
             message = str(exc)
             if message.startswith("BADSTATE"):
                 raise RunStateError(run_id, message.split(" ", 1)[1], "suspend") from None
             raise
+        if suspended and token:
+            await self._unindex_lease(run_id)
+        return suspended
 
     async def items(self, run_id: str) -> list[dict[str, Any]]:
         """The run's registered items in registration order, each with
@@ -461,11 +536,195 @@ class RunStore:
             result.append(item)
         return result
 
-    async def clear_items(self, run_id: str) -> int:
+    async def clear_items(self, run_id: str, *, token: str | None = None) -> int:
         """Forget the run's finished items (after a resume consumed their
-        outcomes); unfinished items stay. Returns how many were removed."""
+        outcomes); unfinished items stay. Returns how many were removed.
+        ``token``: as for :meth:`suspend` (:class:`RunLeaseLostError` when it
+        does not hold the run; nothing removed)."""
         k = self.keys(run_id)
-        return int(await self._run("clear_items", run_id, [k.items, k.order, k.state, k.outcomes], []))
+        return int(
+            await self._run(
+                "clear_items", run_id, [k.items, k.order, k.state, k.outcomes, k.record], [token or ""]
+            )
+        )
+
+    # -- lead leases (DESIGN.md section 5, "Crash") --------------------------------------------
+
+    async def begin_segment(
+        self, run_id: str, *, expect: RunStatus | str, lease_s: float, token: str | None = None
+    ) -> SegmentStart | None:
+        """Start a lead segment: ``expect`` (``queued`` or ``resuming``) ->
+        ``running`` under a new lead lease of ``lease_s`` **seconds**, exactly
+        once (a duplicate or redelivered task gets ``None``, as does an unknown
+        or cancelled run). The run enters the lease index first, so the reaper
+        finds it even if this process dies right after. Raises ``ValueError``
+        for a non-positive ``lease_s`` or an ``expect`` other than ``queued`` /
+        ``resuming``."""
+        expected = RunStatus.parse(expect)
+        if expected not in (RunStatus.QUEUED, RunStatus.RESUMING):
+            raise ValueError(f"begin_segment expects 'queued' or 'resuming', got {expected.value!r}")
+        lease_ms = _lease_ms(lease_s)
+        token = token or uuid.uuid4().hex
+        k = self.keys(run_id)
+        now = now_ms()
+        until = now + lease_ms
+        conn = self._conn()
+        async with conn.client.pipeline(transaction=False) as pipe:
+            pipe.zadd(self.leases_key, {run_id: until}, gt=True)
+            await conn.scripts["begin_segment"](
+                keys=[k.record], args=[expected.value, token, until, now], client=pipe
+            )
+            out = (await pipe.execute())[1]
+        if not int(out[0]):
+            return None
+        return SegmentStart(
+            token=token, lease_until=until, attempts=int(out[1]), recover=_text(out[2]) == "1"
+        )
+
+    async def extend_lead_lease(self, run_id: str, token: str, lease_s: float) -> bool:
+        """Renew a running segment's lease to ``lease_s`` **seconds** from now.
+        False when ``token`` no longer holds the run (taken over, cancelled,
+        finished): the segment must stop."""
+        lease_ms = _lease_ms(lease_s)
+        until = now_ms() + lease_ms
+        k = self.keys(run_id)
+        ok = bool(await self._run("extend_lead_lease", run_id, [k.record], [token, until]))
+        if ok:
+            await self._conn().client.zadd(self.leases_key, {run_id: until}, gt=True)
+        return ok
+
+    async def _unindex_lease(self, run_id: str) -> None:
+        try:
+            await self._conn().client.zrem(self.leases_key, run_id)
+        except Exception:  # the reaper drops entries of runs that are not running
+            pass
+
+    async def expired_leads(self, *, now: int | None = None, limit: int = 100) -> list[str]:
+        """Run ids in the lease index whose ``lease_until`` is at or before
+        ``now`` (ms; default the current time), oldest first, at most ``limit``.
+        Candidates only: :meth:`recover_lead` checks each record."""
+        now = now_ms() if now is None else now
+        raw = await self._conn().client.zrangebyscore(self.leases_key, "-inf", now, start=0, num=limit)
+        return [_text(x) for x in raw]
+
+    async def recover_lead(self, run_id: str, *, max_attempts: int, now: int | None = None) -> LeadRecovery:
+        """Take over run ``run_id`` when it is ``running`` and its lead lease
+        expired at or before ``now`` (ms; default the current time): below
+        ``max_attempts`` segment starts it becomes ``resuming`` with the recover
+        flag (the caller sends ``lattice.resume_lead``); at ``max_attempts`` it
+        fails with an error naming the attempts (the caller replies upstream
+        for a child run). Either way the old token stops holding the run. Keeps
+        the lease index in step (drops runs that are not running, re-scores
+        live ones). See :class:`LeadRecovery`."""
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+            raise ValueError(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
+        now = now_ms() if now is None else now
+        k = self.keys(run_id)
+        client = self._conn().client
+        status, token, until, attempts = [
+            _text(x) if x is not None else None
+            for x in await client.hmget(k.record, ["status", "lease_token", "lease_until", "lead_attempts"])
+        ]
+        tries = int(attempts or 0)
+        if status != RunStatus.RUNNING.value:
+            await client.zrem(self.leases_key, run_id)
+            return LeadRecovery("gone", tries)
+        lease_until = int(until or 0)
+        if lease_until > now:
+            await client.zadd(self.leases_key, {run_id: lease_until}, xx=True)
+            return LeadRecovery("alive", tries, lease_until=lease_until)
+        fail = tries >= max_attempts
+        result = RunResult(
+            run_id=run_id,
+            status="failed",
+            error=(
+                f"the lead of run {run_id} was started {tries} time(s) and each time its lease expired "
+                f"before the segment ended (the worker died or stalled); max_attempts is {max_attempts}"
+            ),
+        )
+        out = int(
+            await self._run(
+                "recover_lead",
+                run_id,
+                [k.record, k.events],
+                [
+                    token or "",
+                    now,
+                    "fail" if fail else "requeue",
+                    result.model_dump_json(),
+                    dumps(result.to_event(), "result"),
+                    self.max_events,
+                ],
+            )
+        )
+        if out == 0:  # renewed, taken or finished in between: look again next sweep
+            return LeadRecovery("gone" if await self.get(run_id) is None else "alive", tries)
+        await client.zrem(self.leases_key, run_id)
+        record = await self.get(run_id)
+        if out == 2:
+            return LeadRecovery("failed", tries, result=result, record=record)
+        return LeadRecovery("requeued", tries, record=record)
+
+    async def journal_call(
+        self, run_id: str, token: str, tool_use_id: str, entry: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """Record, before the task message is sent, that the lead's tool call
+        ``tool_use_id`` sends member work ``entry`` (JSON object: work_item_id,
+        mailbox_id, member, mode, tool_use_id). Returns the entry journaled
+        earlier for the same call (a recovering segment replays its batch: reuse
+        that work item, do not send again), or ``None`` when written now. Raises
+        :class:`RunLeaseLostError` when ``token`` does not hold the run (nothing
+        may be sent)."""
+        if not isinstance(tool_use_id, str) or not tool_use_id:
+            raise ValueError(f"tool_use_id must be a non-empty string, got {tool_use_id!r}")
+        k = self.keys(run_id)
+        out = await self._run(
+            "journal_call", run_id, [k.record, k.calls], [token, tool_use_id, dumps(entry, "journal entry")]
+        )
+        text = _text(out) if out is not None else ""
+        return json.loads(text) if text else None
+
+    async def journal(self, run_id: str) -> dict[str, dict[str, Any]]:
+        """The call journal of the batch in progress: ``{tool_use_id: entry}``
+        (empty once the batch's items are registered)."""
+        raw = await self._conn().client.hgetall(self.keys(run_id).calls)
+        return {_text(a): json.loads(_text(b)) for a, b in raw.items()}
+
+    async def clear_journal(self, run_id: str) -> None:
+        """Forget the call journal (a recovering segment found nothing of it sent)."""
+        await self._conn().client.delete(self.keys(run_id).calls)
+
+    async def write_history(
+        self,
+        run_id: str,
+        token: str,
+        key: str,
+        values: list[str | bytes],
+        *,
+        replace: bool = False,
+        ttl_ms: int | None = None,
+    ) -> int:
+        """Append ``values`` (encoded messages) to the history list ``key`` of
+        run ``run_id`` -- or replace its content with them -- only while
+        ``token`` holds the run (else :class:`RunLeaseLostError`, nothing
+        written). ``key`` must carry the run's hash tag (``{run:<run_id>}``);
+        ``ttl_ms``: expiry of the list in milliseconds. Returns its length."""
+        k = self.keys(run_id)
+        if not key.startswith(k.record + ":"):
+            raise ValueError(f"history key {key!r} is not a key of run {run_id!r}")
+        args: list[Any] = [token, "replace" if replace else "append", "" if ttl_ms is None else int(ttl_ms)]
+        return int(await self._run("write_history", run_id, [k.record, key], args + list(values)))
+
+    async def unread_reports(self, run_id: str) -> list[str]:
+        """Ids of the upstream messages (replies, failure reports) of the run's
+        finished work items that its lead has not consumed yet, in registration
+        order -- what must be closed when the run ends without reading them."""
+        ids = []
+        for item in await self.items(run_id):
+            report = (item.get("outcome") or {}).get("report")
+            if isinstance(report, dict) and report.get("id"):
+                ids.append(str(report["id"]))
+        return ids
 
     # -- events and results -------------------------------------------------------------------
 
@@ -505,13 +764,16 @@ class RunStore:
         reply = await self._conn().client.xread({key: last_id}, count=count, block=block_ms)
         return [(_text(entry_id), _decode_event(fields)) for entry_id, fields in _stream_entries(reply)]
 
-    async def finish(self, run_id: str, result: RunResult) -> bool:
+    async def finish(self, run_id: str, result: RunResult, *, token: str | None = None) -> bool:
         """Store the final ``result`` (status ``completed`` or ``failed``) and
         append the ``{"type": "run_result", ...}`` event, once.
 
         Returns False (nothing written) when the run already finished or was
-        cancelled. Raises :class:`RunNotFoundError`, or ``ValueError`` when
-        ``result.run_id`` differs or its status is ``cancelled`` (use :meth:`cancel`).
+        cancelled. ``token``: the calling lead segment's lease token; when
+        given, the run must be running under it, else
+        :class:`RunLeaseLostError` and nothing is written. Raises
+        :class:`RunNotFoundError`, or ``ValueError`` when ``result.run_id``
+        differs or its status is ``cancelled`` (use :meth:`cancel`).
         """
         if not isinstance(result, RunResult):
             result = RunResult.model_validate(result)
@@ -530,8 +792,11 @@ class RunStore:
                 dumps(result.to_event(), "result"),
                 self.max_events,
                 now_ms(),
+                token or "",
             ],
         )
+        if ok and token:
+            await self._unindex_lease(run_id)
         return bool(ok)
 
     async def cancel(self, run_id: str, *, reason: str = "cancelled by request") -> list[dict[str, Any]]:
@@ -590,11 +855,20 @@ class RunStore:
         k = self.keys(run_id)
         client = self._conn().client
         async with client.pipeline(transaction=False) as pipe:
-            pipe.delete(k.record, k.events, k.items, k.order, k.state, k.outcomes, k.wait, k.queued, k.active)
+            pipe.delete(
+                k.record, k.events, k.items, k.order, k.state, k.outcomes, k.wait, k.queued, k.active, k.calls
+            )
             pipe.zrem(self.runs_index_key, run_id)
+            pipe.zrem(self.leases_key, run_id)
             pipe.zrem(self.team_index_key(record.team), run_id)
             await pipe.execute()
         return True
+
+
+def _lease_ms(lease_s: float) -> int:
+    if isinstance(lease_s, bool) or not isinstance(lease_s, int | float) or not lease_s > 0:
+        raise ValueError(f"lease_s must be a positive number of seconds, got {lease_s!r}")
+    return max(1, int(lease_s * 1000))
 
 
 def _parse_record(raw: dict[str, str]) -> RunRecord:
@@ -643,6 +917,8 @@ def _decode_event(fields: dict[Any, Any]) -> dict[str, Any]:
 __all__ = [
     "CompleteResult",
     "DEFAULT_MAX_EVENTS",
+    "LeadRecovery",
+    "SegmentStart",
     "RUN_ID_PATTERN",
     "RunKeys",
     "RunStore",

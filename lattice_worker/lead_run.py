@@ -32,7 +32,7 @@ import logging
 from contextvars import ContextVar
 from typing import Any
 
-from lattice_client.errors import RunStateError
+from lattice_client.errors import RunLeaseLostError, RunStateError
 from lattice_client.models import RunRecord, RunResult, RunStatus
 from lattice_mailbox.message import MessageStatus, TeamMessage
 
@@ -40,11 +40,12 @@ from .agent.agent import Agent
 from .agent.history_stores import RedisHistoryStore
 from .agent.loop import SuspendQuery
 from .errors import ConfigError
+from .lead_lease import FencedHistoryStore, LeadLease, ReplayModelClient
 from .team.events import TeamMessageEvent
 from .team.lead_tools import make_lead_member_tools
 from .team.member import TeamMember
 from .team.member_tools import MailboxToolState, make_mailbox_tools
-from .team.reports import format_report_message
+from .team.reports import format_report_message, parse_report_message
 from .team.team import Team
 from .team.work import WorkItemOutcome, outcome_tool_text
 from .tools.tool import ToolContext
@@ -62,12 +63,23 @@ ASK_PLACEHOLDER = (
 _current_run: ContextVar[str | None] = ContextVar("lattice_current_run", default=None)
 """The run whose lead query is running in this task (set by :func:`drive`)."""
 
+_current_lease: ContextVar[LeadLease | None] = ContextVar("lattice_current_lease", default=None)
+"""The lead lease of the segment running in this task (set by :func:`drive`)."""
+
 
 class RunLinkingMailbox:
     """The mailbox the lead's member tools send through: before a work item's
     message is sent (and so becomes claimable by any worker), the work item is
     linked to the current run (``<prefix>:workitem:<id>``) and the run id is
-    added to the message metadata. Everything else is the wrapped store."""
+    added to the message metadata. Everything else is the wrapped store.
+
+    Under a lead lease the call is first journaled by its ``tool_use_id``
+    (``RunStore.journal_call``, refused once the lease is lost: a stale worker
+    sends nothing). When the journal already holds the call -- a recovering
+    segment replays the batch its dead predecessor started -- the message sent
+    then is returned instead of a new one, or, if it never reached the mailbox,
+    it is sent now under the journaled work item id: each member call is sent
+    once."""
 
     def __init__(self, inner: Any, ctx: WorkerContext, team_name: str) -> None:
         self.inner = inner
@@ -90,6 +102,32 @@ class RunLinkingMailbox:
     ) -> TeamMessage:
         run_id = _current_run.get()
         if run_id and work_item_id:
+            lease = _current_lease.get()
+            tool_use_id = (metadata or {}).get("tool_use_id")
+            if lease is not None and lease.run_id == run_id and isinstance(tool_use_id, str) and tool_use_id:
+                entry = {
+                    "work_item_id": work_item_id,
+                    "mailbox_id": to,
+                    "member": (metadata or {}).get("member"),
+                    "mode": (metadata or {}).get("mode"),
+                    "tool_use_id": tool_use_id,
+                }
+                try:
+                    earlier = await self.ctx.runs.journal_call(run_id, lease.token, tool_use_id, entry)
+                except RunLeaseLostError:
+                    lease.mark_lost()
+                    raise
+                if earlier is not None:
+                    sent = await find_sent_message(self.inner, earlier)
+                    if sent is not None:
+                        logger.info(
+                            "run %s: member call %s was sent before the recovery (message %s); not sent again",
+                            run_id,
+                            tool_use_id,
+                            sent.id,
+                        )
+                        return sent
+                    work_item_id = str(earlier.get("work_item_id") or work_item_id)
             await self.ctx.link_work_items(run_id, self.team_name, [work_item_id])
             metadata = {**(metadata or {}), "run_id": run_id}
         return await self.inner.send(
@@ -101,6 +139,19 @@ class RunLinkingMailbox:
             reply_to=reply_to,
             metadata=metadata,
         )
+
+
+async def find_sent_message(mailbox: Any, entry: dict[str, Any]) -> TeamMessage | None:
+    """The task message of a journaled member call (``entry``: ``mailbox_id``,
+    ``work_item_id``), or ``None`` when it never reached the mailbox. Reads the
+    member mailbox (every status): only recovering segments call this."""
+    mailbox_id, work_item_id = entry.get("mailbox_id"), entry.get("work_item_id")
+    if not mailbox_id or not work_item_id:
+        return None
+    for message in await mailbox.inbox(str(mailbox_id), "all"):
+        if message.work_item_id == work_item_id:
+            return message
+    return None
 
 
 class _LeadTeamView:
@@ -124,10 +175,11 @@ class DistributedLeadRuntime:
     (``ask`` / ``handoff`` register work items) and ``after_tool_batch``
     (register, ring doorbells, suspend)."""
 
-    def __init__(self, ctx: WorkerContext, team: Team, run_id: str) -> None:
+    def __init__(self, ctx: WorkerContext, team: Team, run_id: str, lease: LeadLease | None = None) -> None:
         self.ctx = ctx
         self.team = team
         self.run_id = run_id
+        self.lease = lease
         self.pending: list[dict[str, Any]] = []
         self.team_mailbox_state: MailboxToolState | None = None
         if team.expose_lead_mailbox_tools:
@@ -173,16 +225,34 @@ class DistributedLeadRuntime:
             return None
         order = {str(call.get("id")): i for i, call in enumerate(getattr(outcome, "calls", []) or [])}
         items.sort(key=lambda it: order.get(it["tool_use_id"], len(order)))
-        await dispatch_items(self.ctx, self.run_id, self.team, items)
+        await dispatch_items(self.ctx, self.run_id, self.team, items, lease=self.lease)
         raise SuspendQuery(f"waiting for {len(items)} member work item(s)")
 
 
-async def dispatch_items(ctx: WorkerContext, run_id: str, team: Team, items: list[dict[str, Any]]) -> None:
+async def dispatch_items(
+    ctx: WorkerContext,
+    run_id: str,
+    team: Team,
+    items: list[dict[str, Any]],
+    *,
+    lease: LeadLease | None = None,
+) -> None:
     """Add the batch's items to the run's wait set and ring the doorbells of
     the ones ``RunStore.add_items`` lets start now (their messages were linked
-    to the run when they were sent, see :class:`RunLinkingMailbox`)."""
+    to the run when they were sent, see :class:`RunLinkingMailbox`). Under a
+    ``lease`` the registration is fenced by its token (``RunLeaseLostError``)."""
     await ctx.flush_events()  # the lead's events precede its members' in the stream
-    rung = await ctx.runs.add_items(run_id, items, max_active=team.runner_options.max_concurrent_work_items)
+    try:
+        rung = await ctx.runs.add_items(
+            run_id,
+            items,
+            max_active=team.runner_options.max_concurrent_work_items,
+            token=lease.token if lease is not None else None,
+        )
+    except RunLeaseLostError:
+        if lease is not None:
+            lease.mark_lost()
+        raise
     for item in rung:
         ctx.ring(item["mailbox_id"])
     # A member may have finished an item before it was registered (its message
@@ -195,19 +265,43 @@ async def dispatch_items(ctx: WorkerContext, run_id: str, team: Team, items: lis
         apply_completion(ctx, run_id, team.name, result)
 
 
-def spawn_lead(ctx: WorkerContext, team: Team, run_id: str) -> Agent:
+def spawn_lead(
+    ctx: WorkerContext,
+    team: Team,
+    run_id: str,
+    *,
+    lease: LeadLease | None = None,
+    replay: dict[str, Any] | None = None,
+) -> Agent:
     """A fresh lead session for run ``run_id`` over its persisted history, with
     the member tools (and the mailbox tools when the team exposes them).
-    Raises :class:`ConfigError` when the team's lead is not an ``AgentSpec``."""
+
+    ``lease``: the segment's lead lease; its history is then written only
+    under it (:class:`~lattice_worker.lead_lease.FencedHistoryStore`).
+    ``replay``: a persisted assistant message the first model request returns
+    instead of calling the model (a recovering segment finishing the turn its
+    dead predecessor started). Raises :class:`ConfigError` when the team's
+    lead is not an ``AgentSpec``."""
     spec = team.lead_spec
     if spec is None:
         raise ConfigError(
             f'team "{team.name}": the lead must be an AgentSpec (define_agent) to run distributed'
         )
-    store = RedisHistoryStore(
-        ctx.client, ctx.history_key(run_id), fail_on_error=True, ttl_seconds=RUN_KEY_TTL_SECONDS
-    )
-    options = spec.options.model_copy(update={"history_store": store})
+    store: RedisHistoryStore
+    if lease is not None:
+        store = FencedHistoryStore(
+            lease, ctx.client, ctx.history_key(run_id), ttl_seconds=RUN_KEY_TTL_SECONDS
+        )
+    else:
+        store = RedisHistoryStore(
+            ctx.client, ctx.history_key(run_id), fail_on_error=True, ttl_seconds=RUN_KEY_TTL_SECONDS
+        )
+    update: dict[str, Any] = {"history_store": store}
+    if replay is not None:
+        update["model_client"] = ReplayModelClient(
+            replay, spec.options.model_client, api_key=spec.options.api_key, base_url=spec.options.base_url
+        )
+    options = spec.options.model_copy(update=update)
     agent = Agent(options, bare=options.workspace is False)
     tools = ctx.lead_tools.get(team.name)
     if tools is None:  # stateless (the dispatcher is the query's runtime): built once per team
@@ -236,18 +330,22 @@ def team_for_run(ctx: WorkerContext, record: RunRecord) -> Team:
 async def run_lead(ctx: WorkerContext, run_id: str) -> str:
     """Body of ``lattice.run_lead``: start a ``queued`` run's lead.
 
-    Returns what happened: ``"missing"`` (no such run), ``"skipped"`` (not
-    ``queued``: a duplicate or redelivered task, or a cancelled run),
-    ``"suspended"``, ``"completed"``, ``"failed"``, ``"cancelled"``."""
+    The segment holds a lead lease (:class:`~lattice_worker.lead_lease.LeadLease`)
+    until it suspends or ends. Returns what happened: ``"missing"`` (no such
+    run), ``"skipped"`` (not ``queued``: a duplicate or redelivered task, or a
+    cancelled run), ``"suspended"``, ``"completed"``, ``"failed"``,
+    ``"cancelled"``, ``"lost"`` (the lease was lost: another worker owns the run now)."""
     record = await ctx.runs.get(run_id)
     if record is None:
         logger.warning("run_lead: no run %s (prefix %s)", run_id, ctx.prefix)
         return "missing"
-    if not await ctx.runs.set_status(run_id, RunStatus.RUNNING, expect=RunStatus.QUEUED):
+    start = await ctx.runs.begin_segment(run_id, expect=RunStatus.QUEUED, lease_s=ctx.settings.lease_seconds)
+    if start is None:
         logger.info("run_lead: run %s is %s, not queued; nothing to do", run_id, record.status.value)
         return "skipped"
+    lease = LeadLease(ctx.runs, run_id, start, ctx.settings.lease_seconds)
     try:
-        return await _guarded(ctx, record, resume=False)
+        return await _guarded(ctx, record, lease, resume=False)
     finally:
         await ctx.flush_events()
 
@@ -256,53 +354,204 @@ async def resume_lead(ctx: WorkerContext, run_id: str) -> str:
     """Body of ``lattice.resume_lead``: continue a run whose wait set emptied.
 
     ``"skipped"`` unless the run is ``resuming`` (exactly one resume per
-    suspension; a cancelled run is never resumed); else like :func:`run_lead`."""
-    if not await ctx.runs.begin_resume(run_id):
+    suspension; a cancelled run is never resumed); else like :func:`run_lead`.
+    A run the reaper re-enqueued after its worker died (recover flag) is
+    rebuilt from its persisted state first (:func:`recover_segment`)."""
+    start = await ctx.runs.begin_segment(
+        run_id, expect=RunStatus.RESUMING, lease_s=ctx.settings.lease_seconds
+    )
+    if start is None:
         logger.info("resume_lead: run %s is not resuming; nothing to do", run_id)
         return "skipped"
     record = await ctx.runs.get(run_id)
     if record is None:  # deleted meanwhile
         return "missing"
+    lease = LeadLease(ctx.runs, run_id, start, ctx.settings.lease_seconds)
     try:
-        return await _guarded(ctx, record, resume=True)
+        return await _guarded(ctx, record, lease, resume=True)
     finally:
         await ctx.flush_events()
 
 
-async def _guarded(ctx: WorkerContext, record: RunRecord, *, resume: bool) -> str:
+async def _guarded(ctx: WorkerContext, record: RunRecord, lease: LeadLease, *, resume: bool) -> str:
     try:
-        team = team_for_run(ctx, record)
-        agent = spawn_lead(ctx, team, record.run_id)
-        if resume:
-            await prepare_resume(ctx, team, record.run_id, agent)
-        return await drive(ctx, team, record, agent, None if resume else record.prompt)
+        async with lease:
+            team = team_for_run(ctx, record)
+            if lease.recover:
+                agent, prompt = await recover_segment(ctx, team, record, lease)
+                if agent is None:
+                    return str(prompt)
+            else:
+                agent = spawn_lead(ctx, team, record.run_id, lease=lease)
+                prompt = None if resume else record.prompt
+                if resume:
+                    await prepare_resume(ctx, team, record.run_id, agent, lease=lease)
+            return await drive(ctx, team, record, agent, prompt, lease=lease)
+    except RunLeaseLostError:
+        return await _lost(ctx, record.run_id)
     except Exception as exc:
+        if lease.lost:
+            return await _lost(ctx, record.run_id)
         logger.exception("run %s failed in the runtime", record.run_id)
         result = RunResult(
             run_id=record.run_id,
             status="failed",
             error=f"the runtime failed: {type(exc).__name__}: {exc}",
         )
-        await finish_run(ctx, record, result)
+        await finish_run(ctx, record, result, lease=lease)
         return "failed"
 
 
-async def drive(ctx: WorkerContext, team: Team, record: RunRecord, agent: Agent, prompt: Any) -> str:
+async def _lost(ctx: WorkerContext, run_id: str) -> str:
+    """The outcome word of a segment whose lease was lost: ``"cancelled"``
+    when the run was cancelled meanwhile, else ``"lost"`` (another worker took
+    the run over, or it ended there)."""
+    record = await ctx.runs.get(run_id)
+    if record is not None and record.status == RunStatus.CANCELLED:
+        return "cancelled"
+    logger.warning("run %s: this worker's lead lease was lost; it stopped without writing more", run_id)
+    return "lost"
+
+
+async def recover_segment(
+    ctx: WorkerContext, team: Team, record: RunRecord, lease: LeadLease
+) -> tuple[Agent | None, Any]:
+    """Rebuild a run whose previous segment died (its lease expired and the
+    reaper re-enqueued it) from what that segment persisted.
+
+    Returns ``(agent, prompt)`` for :func:`drive`, or ``(None, "suspended")``
+    when the run suspended here. Cases, by the end of the persisted history:
+
+    * empty: the segment died before storing the prompt -- start over with it;
+    * an assistant message: the segment died inside that turn (during its tool
+      batch, or before finishing). It is removed and *replayed*: the first
+      model request returns it (:class:`~lattice_worker.lead_lease.ReplayModelClient`),
+      so its tool batch runs again through the normal path; member calls it had
+      sent are found in the call journal and not sent again (see
+      :class:`RunLinkingMailbox`), the others are sent once. Items a
+      previous resume had consumed but not cleared are cleared first;
+    * a user message: member calls journaled but not registered (the segment
+      died between the tool results and the registration) are registered now;
+      then the run suspends while items are unfinished, or the finished items
+      are applied (idempotently) and the loop continues.
+
+    Tools other than member tools in a replayed batch run again (DESIGN.md
+    section 6 effects and journals are not built yet)."""
+    run_id = record.run_id
+    await ctx.emit(
+        run_id, {"type": "run_status", "status": "recovering", "run_id": run_id, "attempt": lease.attempts}
+    )
+    logger.warning("run %s: recovering its lead (attempt %d) after a worker died", run_id, lease.attempts)
+    probe = spawn_lead(ctx, team, run_id, lease=lease)
+    history = await probe.get_history()
+    if not history:
+        return probe, record.prompt
+    if history[-1].get("role") == "assistant":
+        replay = history.pop()
+        await _consume_finished_items(ctx, team, run_id, lease)
+        await probe.replace_history(history)
+        return spawn_lead(ctx, team, run_id, lease=lease, replay=replay), None
+    journal = await ctx.runs.journal(run_id)
+    if journal:
+        items = await _journaled_items(ctx, history, journal)
+        if items:
+            await dispatch_items(ctx, run_id, team, items, lease=lease)
+        else:
+            await ctx.runs.clear_journal(run_id)
+    await ctx.flush_events()
+    try:
+        suspended = await ctx.runs.suspend(run_id, token=lease.token)
+    except RunStateError as exc:
+        if exc.status == "cancelled":
+            return None, "cancelled"
+        raise RunLeaseLostError(run_id, "suspend") from None
+    if suspended:
+        await ctx.emit(run_id, {"type": "run_status", "status": "suspended", "run_id": run_id})
+        return None, "suspended"
+    await prepare_resume(ctx, team, run_id, probe, lease=lease)
+    return probe, None
+
+
+async def _consume_finished_items(ctx: WorkerContext, team: Team, run_id: str, lease: LeadLease) -> None:
+    # The lead had been called again after its last resume, so whatever finished
+    # items are still registered were already given to it (the crash came before
+    # clear_items): close their reports and forget them, as prepare_resume would have.
+    finished = [it for it in await ctx.runs.items(run_id) if it.get("outcome") is not None]
+    if not finished:
+        return
+    for item in finished:
+        report = (item.get("outcome") or {}).get("report") or {}
+        if report.get("id"):
+            await _mark_read(team, str(report["id"]))
+    await ctx.runs.clear_items(run_id, token=lease.token)
+
+
+async def _journaled_items(
+    ctx: WorkerContext, history: list[dict[str, Any]], journal: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The work items of the last tool batch's journaled member calls whose
+    task message reached the mailbox, in tool-call order."""
+    calls: list[str] = []
+    for message in reversed(history):
+        if message.get("role") == "assistant":
+            content = message.get("content")
+            if isinstance(content, list):
+                calls = [
+                    str(b.get("id")) for b in content if isinstance(b, dict) and b.get("type") == "tool_use"
+                ]
+            break
+    items = []
+    for tool_use_id in calls:
+        entry = journal.get(tool_use_id)
+        if entry is None:
+            continue
+        message = await find_sent_message(ctx.mailbox, entry)
+        if message is None:
+            continue
+        items.append(
+            {
+                "work_item_id": message.work_item_id,
+                "message_id": message.id,
+                "mailbox_id": message.to,
+                "member": entry.get("member"),
+                "mode": entry.get("mode"),
+                "tool_use_id": tool_use_id,
+            }
+        )
+    return items
+
+
+async def drive(
+    ctx: WorkerContext,
+    team: Team,
+    record: RunRecord,
+    agent: Agent,
+    prompt: Any,
+    *,
+    lease: LeadLease | None = None,
+) -> str:
     """Run the lead's query until it suspends with work pending or ends.
 
     When the wait set is already empty at suspension (every item finished
-    before the run could suspend), the run continues at once in this task."""
+    before the run could suspend), the run continues at once in this task.
+    Under a ``lease`` every run-store write is fenced by its token and the
+    query stops when the lease is lost (outcome ``"lost"``: nothing written)."""
     run_id = record.run_id
     ctx.note_parent(run_id, record.parent)
+    fence = lease.token if lease is not None else None
     while True:
         if await _parent_gone(ctx, record):
             await cancel_run(ctx, run_id, "the parent run ended")
             return "cancelled"
-        runtime = DistributedLeadRuntime(ctx, team, run_id)
+        runtime = DistributedLeadRuntime(ctx, team, run_id, lease)
         final: Any = None
         token = _current_run.set(run_id)
+        lease_token = _current_lease.set(lease)
+        options: dict[str, Any] = {"runtime": runtime}
+        if lease is not None:
+            options["signal"] = lease.controller.signal
         try:
-            async for event in agent.query(prompt, runtime=runtime):
+            async for event in agent.query(prompt, **options):
                 if getattr(event, "type", None) == "result":
                     final = event
                     if event.subtype != "suspended":
@@ -310,7 +559,10 @@ async def drive(ctx: WorkerContext, team: Team, record: RunRecord, agent: Agent,
                     continue
                 await ctx.emit(run_id, event)
         finally:
+            _current_lease.reset(lease_token)
             _current_run.reset(token)
+        if lease is not None and lease.lost:
+            return await _lost(ctx, run_id)
         if final is None:  # pragma: no cover - the loop always ends with a result
             raise RuntimeError("the lead's query ended without a result")
         suspending = final.subtype == "suspended"
@@ -318,14 +570,16 @@ async def drive(ctx: WorkerContext, team: Team, record: RunRecord, agent: Agent,
         if suspending:
             await ctx.flush_events()  # before a resume elsewhere can add its own
             try:
-                suspended = await ctx.runs.suspend(run_id)
+                suspended = await ctx.runs.suspend(run_id, token=fence)
             except RunStateError as exc:
+                if isinstance(exc, RunLeaseLostError) or (lease is not None and exc.status != "cancelled"):
+                    raise RunLeaseLostError(run_id, "suspend") from None
                 logger.info("run %s not suspended (%s); stopping", run_id, exc)
                 return exc.status if exc.status in ("cancelled", "completed", "failed") else "skipped"
             if suspended:
                 await ctx.emit(run_id, {"type": "run_status", "status": "suspended", "run_id": run_id})
                 return "suspended"
-            await prepare_resume(ctx, team, run_id, agent)
+            await prepare_resume(ctx, team, run_id, agent, lease=lease)
             prompt = None
             continue
         status = "failed" if final.is_error else "completed"
@@ -337,13 +591,15 @@ async def drive(ctx: WorkerContext, team: Team, record: RunRecord, agent: Agent,
             error=final.error if final.is_error else None,
             usage=usage,
         )
-        await finish_run(ctx, record, result)
+        if not await finish_run(ctx, record, result, lease=lease) and lease is not None and lease.lost:
+            return await _lost(ctx, run_id)
         return status
 
 
 async def cancel_run(ctx: WorkerContext, run_id: str, reason: str) -> list[str]:
     """Cancel a run as the client does: the run record, then the mailbox message
-    of every unfinished work item (those already finished are left alone).
+    of every unfinished work item (those already finished are left alone), then
+    the replies to the lead its lead will never read (:func:`close_unread_reports`).
     Returns the ids of the messages moved to ``cancelled``."""
     cancelled = []
     for item in await ctx.runs.cancel(run_id, reason=reason):
@@ -353,7 +609,53 @@ async def cancel_run(ctx: WorkerContext, run_id: str, reason: str) -> list[str]:
                 cancelled.append(message_id)
         except ValueError:  # already finished
             continue
+    record = await ctx.runs.get(run_id)
+    if record is not None and record.status == RunStatus.CANCELLED:
+        cancelled += await close_unread_reports(ctx.mailbox, await ctx.runs.unread_reports(run_id))
     return cancelled
+
+
+async def close_unread_reports(mailbox: Any, message_ids: list[str]) -> list[str]:
+    """Move the given upstream messages (replies, failure reports to a lead)
+    that are still ``pending`` to ``cancelled``: their run ended without its
+    lead reading them. Returns the ids moved; others are left as they are."""
+    closed = []
+    for message_id in message_ids:
+        try:
+            message = await mailbox.get(message_id)
+            if message is None or message.status != MessageStatus.PENDING:
+                continue
+            if await mailbox.update_status(message_id, MessageStatus.CANCELLED):
+                closed.append(message_id)
+        except ValueError:  # finished meanwhile
+            continue
+    return closed
+
+
+async def end_failed_run(ctx: WorkerContext, record: RunRecord, result: RunResult) -> None:
+    """Clean up after the reaper failed a run whose lead kept dying: cancel the
+    messages of its unfinished work items (registered, or sent by the batch in
+    progress), close the replies its lead will not read, and -- for a child
+    run -- reply upstream with the failure."""
+    message_ids = [
+        str(it.get("message_id")) for it in await ctx.runs.items(record.run_id) if it.get("state") != "done"
+    ]
+    for entry in (await ctx.runs.journal(record.run_id)).values():  # sent, not registered yet
+        sent = await find_sent_message(ctx.mailbox, entry)
+        if sent is not None:
+            message_ids.append(sent.id)
+    for message_id in message_ids:
+        try:
+            message = await ctx.mailbox.get(message_id)
+            if message is not None and not message.status.terminal:
+                await ctx.mailbox.update_status(message_id, MessageStatus.CANCELLED)
+        except (ValueError, LookupError):
+            continue
+    await close_unread_reports(ctx.mailbox, await ctx.runs.unread_reports(record.run_id))
+    if record.parent is not None:
+        from .member_run import reply_from_child
+
+        await reply_from_child(ctx, record, result)
 
 
 async def _parent_gone(ctx: WorkerContext, record: RunRecord) -> bool:
@@ -364,11 +666,17 @@ async def _parent_gone(ctx: WorkerContext, record: RunRecord) -> bool:
     return parent_record is None or parent_record.status.finished
 
 
-async def prepare_resume(ctx: WorkerContext, team: Team, run_id: str, agent: Agent) -> None:
+async def prepare_resume(
+    ctx: WorkerContext, team: Team, run_id: str, agent: Agent, *, lease: LeadLease | None = None
+) -> None:
     """Give the lead its finished work items: ``ask`` answers replace their
     placeholders in the persisted history, ``handoff`` reports are appended as
-    the next user message (handoff order); then the items are cleared and the
-    upstream report messages marked ``done`` (the lead has read them)."""
+    the next user message (handoff order); then the upstream report messages
+    are marked ``done`` (the lead has read them) and the items cleared.
+
+    Idempotent, so a recovering segment may run it again after a crash in the
+    middle: a report message already at the end of the history for the same
+    work items is not appended twice (ask results are replaced in place)."""
     items = [it for it in await ctx.runs.items(run_id) if it.get("outcome") is not None]
     history = await agent.get_history()
     asks: dict[str, WorkItemOutcome] = {}
@@ -381,17 +689,29 @@ async def prepare_resume(ctx: WorkerContext, team: Team, run_id: str, agent: Age
             reports.append(outcome)
     if asks:
         _fill_asks(history, asks)
-    if reports:
+    if reports and not _already_reported(history, reports):
         history.append(format_report_message(reports))
     if asks or reports:
         await agent.replace_history(history)
-    await ctx.runs.clear_items(run_id)
     for outcome in [*asks.values(), *reports]:
         if outcome.report is not None:
-            try:
-                await team.mailbox.update_status(outcome.report.id, MessageStatus.DONE)
-            except Exception:  # consumed or moved by someone else already
-                pass
+            await _mark_read(team, outcome.report.id)
+    await ctx.runs.clear_items(run_id, token=lease.token if lease is not None else None)
+
+
+def _already_reported(history: list[dict[str, Any]], reports: list[WorkItemOutcome]) -> bool:
+    if not history:
+        return False
+    entries = parse_report_message(history[-1])
+    reported = {e.get("work_item_id") for e in entries}
+    return bool(entries) and all(r.message.work_item_id in reported for r in reports)
+
+
+async def _mark_read(team: Team, message_id: str) -> None:
+    try:
+        await team.mailbox.update_status(message_id, MessageStatus.DONE)
+    except Exception:  # consumed or moved by someone else already
+        pass
 
 
 def ask_tool_result(tool_use_id: str, outcome: WorkItemOutcome) -> dict[str, Any]:
@@ -430,13 +750,22 @@ def _fill_asks(history: list[dict[str, Any]], asks: dict[str, WorkItemOutcome]) 
         logger.warning("ask results without a tool_result in history: %s", ", ".join(remaining))
 
 
-async def finish_run(ctx: WorkerContext, record: RunRecord, result: RunResult) -> bool:
+async def finish_run(
+    ctx: WorkerContext, record: RunRecord, result: RunResult, *, lease: LeadLease | None = None
+) -> bool:
     """Write the final result (record + ``run_result`` event); a child run then
     replies upstream. Returns False when the run had already finished or was
-    cancelled (nothing written, no reply)."""
+    cancelled, or when ``lease`` no longer holds it (nothing written, no reply)."""
     await ctx.flush_events()  # the run_result event comes last
     try:
-        written = await ctx.runs.finish(record.run_id, result)
+        written = await ctx.runs.finish(
+            record.run_id, result, token=lease.token if lease is not None else None
+        )
+    except RunLeaseLostError:
+        if lease is not None:
+            lease.mark_lost()
+        logger.warning("run %s: lead lease lost; the result of this worker is discarded", record.run_id)
+        return False
     except Exception:
         logger.exception("could not finish run %s", record.run_id)
         return False
@@ -451,6 +780,10 @@ __all__ = [
     "ASK_PLACEHOLDER",
     "RunLinkingMailbox",
     "cancel_run",
+    "close_unread_reports",
+    "end_failed_run",
+    "find_sent_message",
+    "recover_segment",
     "DistributedLeadRuntime",
     "ask_tool_result",
     "dispatch_items",

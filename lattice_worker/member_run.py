@@ -198,7 +198,9 @@ async def complete_work_item(
 
     The message is already finished in the mailbox at this point, so a Redis
     hiccup here is retried (``complete_item`` is idempotent) rather than left
-    to Celery: a redelivered ``deliver`` would find nothing to claim."""
+    to Celery: a redelivered ``deliver`` would find nothing to claim. When the
+    run has already ended (cancelled, failed, completed), its lead will never
+    read the outcome's upstream message: it is closed as ``cancelled``."""
     await ctx.flush_events()  # the member's events precede the resumed lead's
     data = outcome.to_dict()
     result = await _complete_item(ctx, run_id, work_item_id, data)
@@ -210,6 +212,10 @@ async def complete_work_item(
         await ctx.save_early_outcome(work_item_id, data)
         result = await _complete_item(ctx, run_id, work_item_id, data)
     apply_completion(ctx, run_id, team_name, result)
+    if outcome.report is not None and result.run_status in ("completed", "failed", "cancelled"):
+        from .lead_run import close_unread_reports
+
+        await close_unread_reports(ctx.mailbox, [outcome.report.id])
 
 
 def apply_completion(ctx: WorkerContext, run_id: str, team_name: str, result: Any) -> None:

@@ -21,6 +21,15 @@ A sweep:
    has been ``resuming`` for longer than one lease (its resume was to run in
    a worker that died) gets ``lattice.resume_lead`` again (at most once per
    lease, marker ``<prefix>:reaper:resumed:<run_id>``).
+4. Expired lead leases: a run whose lead segment stopped renewing its lease
+   (the worker died or stalled during a lead turn; the runs come from the
+   lease index ``<prefix>:runs:leased``) becomes ``resuming`` with the recover
+   flag and gets ``lattice.resume_lead``, which rebuilds it from the persisted
+   history (:func:`lattice_worker.lead_run.recover_segment`); the stale
+   worker's token stops holding the run, so its writes are refused. After
+   ``max_attempts`` segment starts the run fails instead, with an error naming
+   the attempts; its unfinished work is cancelled and a child run replies
+   upstream with the failure.
 """
 
 from __future__ import annotations
@@ -62,12 +71,15 @@ return 0
 class SweepReport:
     """What one sweep did: ``requeued`` / ``failed`` message ids (expired
     leases), ``rerung`` mailbox ids (lost doorbells), ``resumed`` run ids
-    (stale resumes)."""
+    (stale resumes), ``recovered`` / ``failed_runs`` run ids (expired lead
+    leases: re-enqueued / failed past ``max_attempts``)."""
 
     requeued: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     rerung: list[str] = field(default_factory=list)
     resumed: list[str] = field(default_factory=list)
+    recovered: list[str] = field(default_factory=list)
+    failed_runs: list[str] = field(default_factory=list)
 
 
 def lock_key(prefix: str) -> str:
@@ -99,6 +111,7 @@ async def sweep(
             await _requeue(ctx, report)
             await _lost_doorbells(ctx, report)
             await _stale_resumes(ctx, report)
+            await _expired_leads(ctx, report)
         finally:
             await ctx.flush_events()
         return report
@@ -225,6 +238,33 @@ async def _stale_resumes(ctx: WorkerContext, report: SweepReport) -> None:
             )
             ctx.send_task(RESUME_LEAD_TASK, [record.run_id], queue_name(ctx.prefix, record.team, "lead"))
             report.resumed.append(record.run_id)
+
+
+async def _expired_leads(ctx: WorkerContext, report: SweepReport) -> None:
+    from .lead_run import end_failed_run
+
+    for run_id in await ctx.runs.expired_leads():
+        try:
+            recovery = await ctx.runs.recover_lead(run_id, max_attempts=ctx.settings.max_attempts)
+        except Exception:
+            logger.exception("could not recover run %s", run_id)
+            continue
+        record = recovery.record
+        if recovery.action == "requeued" and record is not None:
+            logger.warning(
+                "the lead lease of run %s expired (attempt %d); re-enqueueing it to recover",
+                run_id,
+                recovery.attempts,
+            )
+            ctx.enqueue_resume(run_id, record.team)
+            report.recovered.append(run_id)
+        elif recovery.action == "failed" and record is not None and recovery.result is not None:
+            logger.error("run %s failed: %s", run_id, recovery.result.error)
+            report.failed_runs.append(run_id)
+            try:
+                await end_failed_run(ctx, record, recovery.result)
+            except Exception:
+                logger.exception("could not clean up after the failure of run %s", run_id)
 
 
 class Reaper:

@@ -18,13 +18,14 @@
 -- and this script are atomic against each other, exactly one of them sees the
 -- empty wait set: no wake-up is lost or doubled.
 --
--- returns  {recorded, resume, item JSON dispatched now...}
+-- returns  {recorded, resume, run status, item JSON dispatched now...}
 --          recorded = 0 when the item is unknown (or cleared) or already done:
 --          then nothing changed and resume = 0, no dispatch
+--          run status: the run's status afterwards ("" when the run is gone)
 -- errors   none
 local state = redis.call('HGET', KEYS[3], ARGV[1])
 if (not state) or state == 'done' then
-  return {0, 0}
+  return {0, 0, redis.call('HGET', KEYS[1], 'status') or ''}
 end
 redis.call('HSET', KEYS[3], ARGV[1], 'done')
 redis.call('HSET', KEYS[4], ARGV[1], ARGV[2])
@@ -33,8 +34,8 @@ redis.call('SREM', KEYS[7], ARGV[1])
 if state == 'queued' then
   redis.call('LREM', KEYS[6], 1, ARGV[1])
 end
-local out = {1, 0}
 local status = redis.call('HGET', KEYS[1], 'status')
+local out = {1, 0, status or ''}
 if not status then
   return out
 end
@@ -55,5 +56,6 @@ end
 if status == 'suspended' and redis.call('SCARD', KEYS[5]) == 0 then
   redis.call('HSET', KEYS[1], 'status', 'resuming')
   out[2] = 1
+  out[3] = 'resuming'
 end
 return out

@@ -24,6 +24,10 @@ Task words change its behaviour: ``sleep=<s>`` sleeps ``s`` seconds;
 ``barrier=<n>`` waits (up to 30 s) until ``n`` executions have started;
 ``fail`` makes the member end without replying (a no-reply failure).
 
+The e2e lead also has a tool of its own, ``chore`` (a plan call with member
+``"chore"`` calls it; it does what ``work`` does, so ``hang-first`` stalls the
+lead's tool batch on its first execution).
+
 Teams: ``team`` ("e2e": lead + ``worker`` + ``other``, max 4 concurrent work
 items), ``session_team`` ("e2e_session": member ``clerk`` is a live Agent,
 serial), ``nested_team`` ("e2e_company" whose member ``eng`` is the team
@@ -148,6 +152,16 @@ def member_model(request: Any) -> AssistantModelMessage:
 @tool
 async def work(task: str) -> str:
     """Do the task (records executions in Redis for the tests)."""
+    return await _work(task)
+
+
+@tool
+async def chore(task: str, mode: str = "ask") -> str:
+    """A lead's own tool (not a member): does the task like ``work`` (``mode`` is ignored)."""
+    return await _work(task)
+
+
+async def _work(task: str) -> str:
     client = _redis()
     prefix = _prefix()
     try:
@@ -181,8 +195,8 @@ def _member_spec(name: str) -> Any:
 
 
 def build_team() -> Any:
-    """The "e2e" team: lead + template members ``worker`` and ``other``."""
-    lead = define_agent(name="lead", model_client=ScriptedModelClient(lead_model), max_turns=8)
+    """The "e2e" team: lead (with its own tool ``chore``) + template members ``worker`` and ``other``."""
+    lead = define_agent(name="lead", model_client=ScriptedModelClient(lead_model), tools=[chore], max_turns=8)
     return create_team(
         name="e2e",
         lead=lead,

@@ -500,10 +500,10 @@ async def test_an_item_finished_before_its_run_registered_it_still_completes(env
     ctx, broker = env
     original = lead_run.dispatch_items
 
-    async def claimed_in_between(ctx_, run_id, team, items):
+    async def claimed_in_between(ctx_, run_id, team, items, **kwargs):
         for item in items:  # another worker got there first
             assert await member_run.deliver(ctx_, item["mailbox_id"]) == "done"
-        await original(ctx_, run_id, team, items)
+        await original(ctx_, run_id, team, items, **kwargs)
 
     monkeypatch.setattr(lead_run, "dispatch_items", claimed_in_between)
     run_id = await submit(ctx, broker, "e2e", plan(("worker", "handoff", "early"), ("other", "ask", "eager")))
@@ -534,3 +534,275 @@ async def test_reaper_re_enqueues_a_resume_left_behind_by_a_dead_worker(env, raw
     assert (first.resumed, second.resumed) == ([run_id], [])
     await broker.drain()
     assert (await ctx.runs.get(run_id)).result.result == "final: done:worked[a]"
+
+
+# -- lead leases: a worker dying during a lead turn (issue 6, DESIGN.md section 5 "Crash") ----
+
+
+class Gate:
+    """Blocks the first ``times`` callers at :meth:`wait` until released (a frozen
+    worker); later callers pass at once."""
+
+    def __init__(self, times: int = 1) -> None:
+        self.times = times
+        self.reached = asyncio.Event()
+        self.release = asyncio.Event()
+        self.calls = 0
+
+    async def wait(self) -> None:
+        self.calls += 1
+        if self.calls <= self.times:
+            self.reached.set()
+            await self.release.wait()
+
+
+@pytest.fixture
+def frozen_leases(monkeypatch):
+    """While ``state["frozen"]``, new lead leases never renew (their worker is
+    stuck or dead); leases made afterwards renew normally."""
+    from lattice_worker.lead_lease import LeadLease
+
+    state = {"frozen": True}
+    original = LeadLease._run
+
+    async def run(self):
+        if state["frozen"]:
+            await asyncio.Event().wait()
+        await original(self)
+
+    monkeypatch.setattr(LeadLease, "_run", run)
+    return state
+
+
+def hold_send(monkeypatch, gate: Gate, word: str, to_box: str | None = None) -> None:
+    """Block the lead's member call whose task contains ``word`` (sent to
+    ``to_box`` when given) before anything of it is written (journal, link, message)."""
+    original = lead_run.RunLinkingMailbox.send
+
+    async def send(self, from_, to, content, **kwargs):
+        if word in content and to_box in (None, to):
+            await gate.wait()
+        return await original(self, from_, to, content, **kwargs)
+
+    monkeypatch.setattr(lead_run.RunLinkingMailbox, "send", send)
+
+
+async def expire_and_sweep(ctx: WorkerContext) -> reaper.SweepReport:
+    await asyncio.sleep(ctx.settings.lease_seconds + 0.1)
+    return await reaper.sweep(ctx, force=True)
+
+
+async def one_message_each(ctx: WorkerContext, *boxes: str) -> dict[str, list[tuple[str, int]]]:
+    return {box: [(m.status.value, m.attempts) for m in await ctx.mailbox.inbox(box, "all")] for box in boxes}
+
+
+@pytest.mark.parametrize("death", ["between_member_calls", "before_registration", "before_suspension"])
+async def test_a_lead_turn_whose_worker_died_is_recovered_without_duplicating_member_work(
+    env, raw, prefix, monkeypatch, frozen_leases, death
+):
+    ctx, broker = env
+    ctx.settings = ctx.settings.with_overrides(lease_seconds=0.3)
+    gate = Gate()
+    if death == "between_member_calls":  # a1 sent (journaled, not registered), b1 not yet
+        hold_send(monkeypatch, gate, "b1")
+    elif death == "before_registration":  # both sent, tool results stored, items not registered
+        original_dispatch = lead_run.dispatch_items
+
+        async def dispatch(*args, **kwargs):
+            await gate.wait()
+            return await original_dispatch(*args, **kwargs)
+
+        monkeypatch.setattr(lead_run, "dispatch_items", dispatch)
+    else:  # items registered and doorbells rung, the run not suspended yet
+        original_suspend = ctx.runs.suspend
+
+        async def suspend(*args, **kwargs):
+            await gate.wait()
+            return await original_suspend(*args, **kwargs)
+
+        monkeypatch.setattr(ctx.runs, "suspend", suspend)
+    run_id = await submit(ctx, broker, "e2e", plan(("worker", "handoff", "a1"), ("other", "ask", "b1")))
+    name, args, _ = broker.queue.pop(0)
+    stale = asyncio.create_task(broker.run_one(name, args))
+    await gate.reached.wait()
+    history_before = raw.llen(ctx.history_key(run_id))
+    assert (await ctx.runs.get(run_id)).status.value == "running"
+
+    report = await expire_and_sweep(ctx)
+    assert report.recovered == [run_id]
+    assert (await ctx.runs.get(run_id)).status.value == "resuming"
+    assert (RESUME_LEAD_TASK, [run_id], f"{prefix}.e2e.lead") in broker.queue
+    frozen_leases["frozen"] = False
+    await broker.drain()
+
+    record = await ctx.runs.get(run_id)
+    assert record.status.value == "completed", record
+    assert record.result.result == "final: ask:worked[b1] | done:worked[a1]"
+    assert executions(raw, prefix, "a1") == 1 and executions(raw, prefix, "b1") == 1
+    assert await one_message_each(ctx, "e2e::worker", "e2e::other") == {
+        "e2e::worker": [("done", 1)],
+        "e2e::other": [("done", 1)],
+    }
+    assert {m.status.value for m in await ctx.mailbox.inbox("e2e::lead", "all")} == {"done"}
+    events = [e for _, e in await ctx.runs.events(run_id, count=1000)]
+    assert {"type": "run_status", "status": "recovering", "run_id": run_id, "attempt": 2} in events
+    history = [json.loads(x) for x in raw.lrange(ctx.history_key(run_id), 0, -1)]
+    assert len(history) >= history_before
+    # one assistant turn with the member calls, one tool_result message for it
+    assert sum(1 for m in history if m["role"] == "assistant" and "tool_use" in json.dumps(m)) == 1
+
+    # the stale worker comes back: every write it tries is refused, nothing changes
+    gate.release.set()
+    assert await stale == "lost"
+    assert raw.lrange(ctx.history_key(run_id), 0, -1) == [
+        json.dumps(m, separators=(",", ":")) for m in history
+    ]
+    assert (await ctx.runs.get(run_id)).result == record.result
+    assert executions(raw, prefix, "a1") == 1 and executions(raw, prefix, "b1") == 1
+    assert [len(await ctx.mailbox.inbox(box, "all")) for box in ("e2e::worker", "e2e::other")] == [1, 1]
+
+
+async def test_a_member_call_journaled_but_never_sent_is_sent_once_under_its_work_item(
+    env, raw, prefix, monkeypatch, frozen_leases
+):
+    ctx, broker = env
+    ctx.settings = ctx.settings.with_overrides(lease_seconds=0.3)
+    gate = Gate()
+    original = ctx.mailbox.send
+
+    async def send(from_, to, content, **kwargs):  # the worker dies inside the mailbox write
+        if "b2" in content:
+            await gate.wait()
+        return await original(from_, to, content, **kwargs)
+
+    monkeypatch.setattr(ctx.mailbox, "send", send)
+    run_id = await submit(ctx, broker, "e2e", plan(("worker", "handoff", "a2"), ("other", "handoff", "b2")))
+    name, args, _ = broker.queue.pop(0)
+    dead = asyncio.create_task(broker.run_one(name, args))
+    await gate.reached.wait()
+    journal = await ctx.runs.journal(run_id)
+    assert sorted(journal) == ["toolu_0_worker", "toolu_1_other"]
+    assert await ctx.mailbox.inbox("e2e::other", "all") == []
+    assert (await expire_and_sweep(ctx)).recovered == [run_id]
+    # kill -9: nothing more of that worker runs (what its cancellation still tries
+    # to write -- "withheld" tool results -- is refused: its lease is gone)
+    dead.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await dead
+    frozen_leases["frozen"] = False
+    await broker.drain()
+    record = await ctx.runs.get(run_id)
+    assert record.result.result == "final: done:worked[a2] | done:worked[b2]"
+    [b2] = await ctx.mailbox.inbox("e2e::other", "all")
+    assert b2.work_item_id == journal["toolu_1_other"]["work_item_id"]  # the journaled item, sent once
+    assert executions(raw, prefix, "a2") == 1 and executions(raw, prefix, "b2") == 1
+    assert await ctx.runs.journal(run_id) == {}
+
+
+async def test_a_lead_that_keeps_dying_fails_past_max_attempts_and_its_sent_work_is_cancelled(
+    env, raw, prefix, monkeypatch, frozen_leases
+):
+    ctx, broker = env  # max_attempts=2
+    ctx.settings = ctx.settings.with_overrides(lease_seconds=0.3)
+    gate = Gate(times=2)
+    hold_send(monkeypatch, gate, "b3")
+    run_id = await submit(ctx, broker, "e2e", plan(("worker", "handoff", "a3"), ("other", "handoff", "b3")))
+    name, args, _ = broker.queue.pop(0)
+    first = asyncio.create_task(broker.run_one(name, args))
+    await gate.reached.wait()
+    assert (await expire_and_sweep(ctx)).recovered == [run_id]
+    broker.queue.clear()
+    gate.reached.clear()
+    second = asyncio.create_task(lead_run.resume_lead(ctx, run_id))  # dies at the same point
+    await gate.reached.wait()
+    report = await expire_and_sweep(ctx)
+    assert (report.recovered, report.failed_runs) == ([], [run_id])
+    record = await ctx.runs.get(run_id)
+    assert record.status.value == "failed"
+    assert "started 2 time(s)" in record.result.error and "max_attempts is 2" in record.result.error
+    events = [e for _, e in await ctx.runs.events(run_id, count=1000)]
+    assert events[-1]["type"] == "run_result" and events[-1]["status"] == "failed"
+    # a3 was sent once (the second segment reused it) and is cancelled, never run
+    assert await one_message_each(ctx, "e2e::worker", "e2e::other") == {
+        "e2e::worker": [("cancelled", 0)],
+        "e2e::other": [],
+    }
+    assert await member_run.deliver(ctx, "e2e::worker") == "idle"
+    gate.release.set()
+    assert await first == "lost" and await second == "lost"
+    assert executions(raw, prefix, "a3") == 0 and executions(raw, prefix, "b3") == 0
+    assert await ctx.mailbox.inbox("e2e::other", "all") == []
+
+
+async def test_a_child_run_whose_worker_died_recovers_and_completes_the_parent_message(
+    env, raw, prefix, monkeypatch, frozen_leases
+):
+    ctx, broker = env
+    ctx.settings = ctx.settings.with_overrides(lease_seconds=0.3)
+    gate = Gate()
+    hold_send(monkeypatch, gate, "build api", "e2e_eng::backend")
+    inner = plan(("backend", "handoff", "build api"))
+    run_id = await submit(ctx, broker, "e2e_company", plan(("eng", "handoff", inner)))
+    # run until the child run's lead task is next
+    while not any(q.endswith(".e2e_eng.lead") for _, _, q in broker.queue):
+        name, args, _ = broker.queue.pop(0)
+        await broker.run_one(name, args)
+    name, args, _ = broker.queue.pop(0)
+    child_id = args[0]
+    stale = asyncio.create_task(broker.run_one(name, args))  # the child's worker freezes mid-turn
+    await gate.reached.wait()
+    [eng_message] = await ctx.mailbox.inbox("e2e_company::eng", "all")
+    assert (eng_message.status.value, eng_message.lease_until) == ("processing", None)  # no lease of its own
+
+    assert (await expire_and_sweep(ctx)).recovered == [child_id]
+    frozen_leases["frozen"] = False
+    await broker.drain()
+    assert (await ctx.runs.get(child_id)).status.value == "completed"
+    record = await ctx.runs.get(run_id)
+    assert record.status.value == "completed"
+    assert record.result.result == "final: done:final: done:worked[build api]"
+    [eng_message] = await ctx.mailbox.inbox("e2e_company::eng", "all")
+    assert eng_message.status.value == "done"  # the parent message is completed
+    assert {m.status.value for m in await all_messages(ctx, "e2e_company")} == {"done"}
+    assert executions(raw, prefix, "build api") == 1
+    gate.release.set()
+    assert await stale == "lost"
+    assert [len(await ctx.mailbox.inbox("e2e_eng::backend", "all"))] == [1]
+
+
+async def test_a_child_run_failing_past_max_attempts_reports_the_failure_upstream(
+    env, raw, prefix, monkeypatch, frozen_leases
+):
+    ctx, broker = env  # max_attempts=2
+    ctx.settings = ctx.settings.with_overrides(lease_seconds=0.3)
+    gate = Gate(times=2)
+    hold_send(monkeypatch, gate, "never built", "e2e_eng::backend")
+    run_id = await submit(
+        ctx, broker, "e2e_company", plan(("eng", "handoff", plan(("backend", "handoff", "never built"))))
+    )
+    while not any(q.endswith(".e2e_eng.lead") for _, _, q in broker.queue):
+        name, args, _ = broker.queue.pop(0)
+        await broker.run_one(name, args)
+    name, args, _ = broker.queue.pop(0)
+    child_id = args[0]
+    tasks = [asyncio.create_task(broker.run_one(name, args))]
+    await gate.reached.wait()
+    assert (await expire_and_sweep(ctx)).recovered == [child_id]
+    broker.queue.clear()
+    gate.reached.clear()
+    tasks.append(asyncio.create_task(lead_run.resume_lead(ctx, child_id)))
+    await gate.reached.wait()
+    assert (await expire_and_sweep(ctx)).failed_runs == [child_id]
+    assert (await ctx.runs.get(child_id)).status.value == "failed"
+    # the parent's message failed with the child's error, the parent run resumed with the report
+    [eng_message] = await ctx.mailbox.inbox("e2e_company::eng", "all")
+    assert eng_message.status.value == "failed"
+    assert [n for n, _, _ in broker.queue] == [RESUME_LEAD_TASK]
+    await broker.drain()
+    record = await ctx.runs.get(run_id)
+    assert record.status.value == "completed"
+    assert record.result.result.startswith("final: failed:")
+    assert "max_attempts is 2" in record.result.result
+    gate.release.set()
+    assert [await t for t in tasks] == ["lost", "lost"]
+    assert executions(raw, prefix, "never built") == 0
