@@ -362,7 +362,11 @@ class AsyncLatticeClient:
 
         Marks the run ``cancelled`` (unless it already completed or failed),
         appends its ``run_result`` event, and moves the mailbox message of every
-        unfinished work item to ``cancelled``, so no worker runs it later.
+        unfinished work item to ``cancelled``, so no worker runs it later --
+        including tasks a lead turn in progress had sent but not registered yet
+        (its call journal). Replies and failure reports already sent to the
+        lead for this run, which its lead will now never read, are moved from
+        ``pending`` to ``cancelled`` too (so ``status`` shows nothing pending).
         Idempotent. Raises :class:`RunNotFoundError` for an unknown run.
         """
         items = await self.runs.cancel(run_id)
@@ -389,7 +393,29 @@ class AsyncLatticeClient:
         record = await self.runs.get(run_id)
         if record is not None:
             report.status = record.status
+        if record is not None and record.status == RunStatus.CANCELLED:
+            for message_id in await self._unread_messages(run_id):
+                try:
+                    message = await mailbox.get(message_id)
+                    if message is None or message.status.terminal:
+                        continue
+                    if await mailbox.update_status(message_id, MessageStatus.CANCELLED):
+                        report.cancelled_messages.append(message_id)
+                except ValueError:  # finished meanwhile
+                    continue
         return report
+
+    async def _unread_messages(self, run_id: str) -> list[str]:
+        # replies to the lead of finished items not consumed yet, then the task
+        # messages of a lead batch in progress (journaled, not registered)
+        ids = await self.runs.unread_reports(run_id)
+        for entry in (await self.runs.journal(run_id)).values():
+            box, work_item_id = entry.get("mailbox_id"), entry.get("work_item_id")
+            if box and work_item_id:
+                ids += [
+                    m.id for m in await self.mailbox.inbox(str(box), "all") if m.work_item_id == work_item_id
+                ]
+        return ids
 
     async def status(self, team: str | None = None, *, limit: int = 20) -> StatusReport:
         """Per-status message counts of every ``<team>::*`` mailbox (every mailbox

@@ -611,19 +611,31 @@ async def cancel_run(ctx: WorkerContext, run_id: str, reason: str) -> list[str]:
             continue
     record = await ctx.runs.get(run_id)
     if record is not None and record.status == RunStatus.CANCELLED:
-        cancelled += await close_unread_reports(ctx.mailbox, await ctx.runs.unread_reports(run_id))
+        unread = await ctx.runs.unread_reports(run_id) + await _journaled_messages(ctx, run_id)
+        cancelled += await close_unread_reports(ctx.mailbox, unread)
     return cancelled
 
 
+async def _journaled_messages(ctx: WorkerContext, run_id: str) -> list[str]:
+    """Ids of the task messages a lead batch in progress sent but had not registered."""
+    ids = []
+    for entry in (await ctx.runs.journal(run_id)).values():
+        sent = await find_sent_message(ctx.mailbox, entry)
+        if sent is not None:
+            ids.append(sent.id)
+    return ids
+
+
 async def close_unread_reports(mailbox: Any, message_ids: list[str]) -> list[str]:
-    """Move the given upstream messages (replies, failure reports to a lead)
-    that are still ``pending`` to ``cancelled``: their run ended without its
-    lead reading them. Returns the ids moved; others are left as they are."""
+    """Move the given messages (replies and failure reports to a lead, task
+    messages nobody registered) that are not finished to ``cancelled``: their
+    run ended without anyone reading them. Returns the ids moved; finished
+    ones are left as they are."""
     closed = []
     for message_id in message_ids:
         try:
             message = await mailbox.get(message_id)
-            if message is None or message.status != MessageStatus.PENDING:
+            if message is None or message.status.terminal:
                 continue
             if await mailbox.update_status(message_id, MessageStatus.CANCELLED):
                 closed.append(message_id)
@@ -640,10 +652,7 @@ async def end_failed_run(ctx: WorkerContext, record: RunRecord, result: RunResul
     message_ids = [
         str(it.get("message_id")) for it in await ctx.runs.items(record.run_id) if it.get("state") != "done"
     ]
-    for entry in (await ctx.runs.journal(record.run_id)).values():  # sent, not registered yet
-        sent = await find_sent_message(ctx.mailbox, entry)
-        if sent is not None:
-            message_ids.append(sent.id)
+    message_ids += await _journaled_messages(ctx, record.run_id)  # sent, not registered yet
     for message_id in message_ids:
         try:
             message = await ctx.mailbox.get(message_id)

@@ -806,3 +806,81 @@ async def test_a_child_run_failing_past_max_attempts_reports_the_failure_upstrea
     gate.release.set()
     assert [await t for t in tasks] == ["lost", "lost"]
     assert executions(raw, prefix, "never built") == 0
+
+
+# -- cancel closes what the lead will never read (issue 6) ----------------------------------------
+
+
+async def test_cancel_with_no_worker_online_closes_the_replies_waiting_for_the_lead(env, raw, prefix):
+    from lattice_client import AsyncLatticeClient
+
+    ctx, broker = env
+    run_id = await submit(ctx, broker, "e2e", plan(("worker", "handoff", "r1"), ("other", "handoff", "r2")))
+    name, args, _ = broker.queue.pop(0)
+    assert await broker.run_one(name, args) == "suspended"
+    assert await member_run.deliver(ctx, "e2e::worker") == "done"  # its reply waits for the lead
+    [reply] = await ctx.mailbox.inbox("e2e::lead", "pending")
+    broker.queue.clear()  # every worker is gone from here on
+
+    client = AsyncLatticeClient(broker_url=REDIS_URL, key_prefix=prefix)
+    try:
+        report = await client.cancel(run_id)
+        [r2] = await ctx.mailbox.inbox("e2e::other", "all")
+        assert report.status.value == "cancelled"
+        assert sorted(report.cancelled_messages) == sorted([r2.id, reply.id])
+        status = await client.status("e2e")
+        assert status.mailboxes["e2e::lead"].get("pending", 0) == 0
+        assert status.mailboxes["e2e::lead"]["cancelled"] == 1
+        assert (await ctx.mailbox.get(reply.id)).status.value == "cancelled"
+        assert (await client.cancel(run_id)).cancelled_messages == []  # idempotent
+    finally:
+        await client.aclose()
+    # a worker coming back finds nothing to run
+    assert await member_run.deliver(ctx, "e2e::other") == "idle"
+    assert executions(raw, prefix, "r2") == 0
+
+
+async def test_a_reply_sent_after_the_run_was_cancelled_is_closed_by_the_worker(env, raw, prefix):
+    ctx, broker = env
+    run_id = await submit(ctx, broker, "e2e", plan(("worker", "handoff", "late sleep=0.4")))
+    name, args, _ = broker.queue.pop(0)
+    await broker.run_one(name, args)
+    member = asyncio.create_task(member_run.deliver(ctx, "e2e::worker"))
+    for _ in range(100):  # the member is working
+        if raw.lrange(f"{prefix}:test:log", 0, -1):
+            break
+        await asyncio.sleep(0.02)
+    # the run is cancelled before its message is (a cancel racing the member's reply)
+    await ctx.runs.cancel(run_id)
+    assert await member == "done"  # the member replied upstream...
+    [reply] = await ctx.mailbox.inbox("e2e::lead", "all")
+    assert reply.metadata.get("kind") != "failure"
+    assert reply.status.value == "cancelled"  # ...and the worker closed the reply nobody will read
+    assert (await ctx.mailbox.counts("e2e::lead")).get("pending", 0) == 0
+
+
+async def test_cancel_during_a_lead_turn_cancels_its_sent_tasks_and_stops_the_turn(
+    env, raw, prefix, monkeypatch
+):
+    from lattice_client import AsyncLatticeClient
+
+    ctx, broker = env
+    gate = Gate()
+    hold_send(monkeypatch, gate, "c2")
+    run_id = await submit(ctx, broker, "e2e", plan(("worker", "handoff", "c1"), ("other", "handoff", "c2")))
+    name, args, _ = broker.queue.pop(0)
+    lead = asyncio.create_task(broker.run_one(name, args))
+    await gate.reached.wait()  # c1 sent (not registered yet), c2 not
+    [c1] = await ctx.mailbox.inbox("e2e::worker", "pending")
+    client = AsyncLatticeClient(broker_url=REDIS_URL, key_prefix=prefix)
+    try:
+        report = await client.cancel(run_id)
+    finally:
+        await client.aclose()
+    assert report.cancelled_messages == [c1.id]
+    gate.release.set()
+    assert await lead == "cancelled"  # its next write was refused: it stopped
+    assert await ctx.mailbox.inbox("e2e::other", "all") == []  # c2 was never sent
+    assert (await ctx.mailbox.get(c1.id)).status.value == "cancelled"
+    assert await member_run.deliver(ctx, "e2e::worker") == "idle"
+    assert executions(raw, prefix, "c1") == 0
