@@ -21,6 +21,7 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import redis
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
@@ -32,7 +33,7 @@ from lattice_client.settings import get_settings
 from .errors import ConfigError
 from .member_run import process_claimed
 from .process import make_mailbox
-from .registry import TeamRegistry, member_mode
+from .registry import TeamRegistry, member_mode, teams_key
 from .team.drain import DrainResult
 from .team.member import TeamMember
 from .team.team import Team
@@ -50,7 +51,7 @@ class _Target:
 
 
 def _targets(registry: TeamRegistry, root: Team, members: Sequence[str]) -> list[_Target]:
-    teams = [root] + [t for t in registry.teams() if t.name != root.name]
+    teams = [root] + registry.descendants(root.name)
     targets = [_Target(t, m) for t in teams for m in t.members]
     if members:
         known = {t.member.name for t in targets}
@@ -109,6 +110,24 @@ async def drain_async(
     return DrainResult(processed=processed, failed=failed, rounds=rounds)
 
 
+def load_root(registry: TeamRegistry, team_ref: str, broker_url: str, prefix: str) -> Team:
+    """The team ``lattice drain`` works on: a reference, a name registered in
+    this process, or -- failing both -- a name a running worker published in
+    the Redis hash ``<prefix>:teams`` (its reference is imported here, see
+    :meth:`TeamRegistry.load_published`). Raises :class:`ConfigError`."""
+    try:
+        return registry.load(team_ref)
+    except ConfigError:
+        if not isinstance(team_ref, str) or ":" in team_ref or not team_ref.strip():
+            raise
+    client = redis.Redis.from_url(broker_url, decode_responses=True)
+    try:
+        published = client.hgetall(teams_key(prefix))
+    finally:
+        client.close()
+    return registry.load_published(team_ref, published)
+
+
 def run_drain(
     team_ref: str,
     members: Sequence[str] | None,
@@ -119,7 +138,8 @@ def run_drain(
     """Body of ``lattice drain``.
 
     Args:
-        team_ref: ``"package.module:attribute"`` or a registered team name.
+        team_ref: ``"package.module:attribute"`` or a team name (registered in
+            this process, or by a running worker in ``<prefix>:teams``).
         members: member names to drain (empty = every member of the team and its nested teams).
         max_rounds: passes over the members (>= 1).
         max_messages: messages to process at most (>= 1).
@@ -134,7 +154,7 @@ def run_drain(
     console = console or Console()
     settings = get_settings()
     registry = TeamRegistry(make_mailbox(settings))
-    root = registry.load(team_ref)
+    root = load_root(registry, team_ref, settings.broker_url, settings.key_prefix)
     targets = _targets(registry, root, list(members or []))
     celery = make_celery_app(settings)
 
@@ -170,4 +190,4 @@ def run_drain(
     return result
 
 
-__all__ = ["drain_async", "run_drain"]
+__all__ = ["drain_async", "load_root", "run_drain"]

@@ -38,7 +38,7 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 from .errors import ConfigError
@@ -238,6 +238,39 @@ class TeamRegistry:
         self._teams[team.name] = rebound
         return rebound
 
+    def load_published(self, name: str, published: Mapping[str, str]) -> Team:
+        """Load team ``name`` through the references workers published
+        (``published``: the hash ``<prefix>:teams``, ``{ref -> name, name -> name}``,
+        see :func:`publish_teams`) -- for a team registered by name in a worker
+        process but not in this one. A reference published for ``name`` is
+        loaded; a nested team (published by name only) is found by loading, in
+        a scratch registry, each published reference until one holds it.
+        Returns the rebound team. Raises :class:`ConfigError` naming the
+        published teams when none is ``name`` (or its reference cannot be
+        imported here)."""
+        refs = sorted(r for r in published if _REF.match(r))
+        direct = [r for r in refs if published[r] == name]
+        for ref in direct:
+            self.load(ref)
+            team = self.get(name)
+            if team is not None:
+                return team
+        if name in published.values():
+            for ref in [r for r in refs if r not in direct]:
+                probe = TeamRegistry(self.mailbox)
+                try:
+                    probe.load(ref)
+                except ConfigError:
+                    continue
+                if probe.get(name) is not None:
+                    self.load(ref)
+                    return self.require(name)
+        known = ", ".join(sorted(set(published.values()))) or "(none)"
+        raise ConfigError(
+            f"unknown team {name!r}: not a registered name in this process, and no reference published by a "
+            f"worker loads it (published teams: {known})"
+        )
+
     # -- lookups ------------------------------------------------------------------
 
     def get(self, name: str) -> Team | None:
@@ -263,6 +296,16 @@ class TeamRegistry:
     def teams(self) -> list[Team]:
         """Every loaded (rebound) team."""
         return [self._teams[n] for n in sorted(self._teams)]
+
+    def descendants(self, name: str) -> list[Team]:
+        """The loaded teams nested (at any depth) in team ``name``, depth first."""
+        out: list[Team] = []
+        team = self._teams.get(name)
+        for member in team.members if team is not None else []:
+            if member.kind == "team" and member.agent.name not in {t.name for t in out}:
+                out.append(member.agent)
+                out += [t for t in self.descendants(member.agent.name) if t not in out]
+        return out
 
     def member(self, team_name: str, member_name: str) -> TeamMember | None:
         """The member ``member_name`` of loaded team ``team_name``, or ``None``."""

@@ -122,3 +122,47 @@ def test_drain_rejects_bad_input(prefix):
         run_drain("tests.e2e.teams:team", [], 0, 1, console)
     with pytest.raises(ConfigError, match="cannot import"):
         run_drain("no_such_module_q:team", [], 1, 1, console)
+
+
+def publish(prefix: str, mapping: dict[str, str]) -> None:
+    """What ``lattice worker`` writes at start-up (``<prefix>:teams``)."""
+    sync = redis.Redis.from_url(REDIS_URL)
+    try:
+        sync.hset(f"{prefix}:teams", mapping=mapping)
+    finally:
+        sync.close()
+
+
+async def test_drain_by_a_name_only_a_running_worker_registered(prefix):
+    run_id, _ = await suspended_run(prefix, plan(("worker", "handoff", "n1")))
+    console = Console(file=io.StringIO())
+    with pytest.raises(ConfigError, match=r"published teams: \(none\)"):
+        run_drain("e2e", [], 5, 10, console)  # nothing registered here, no worker yet
+    publish(prefix, {"tests.e2e.teams:team": "e2e", "e2e": "e2e"})
+    result = await asyncio.to_thread(run_drain, "e2e", [], 5, 10, console)
+    assert (result.processed, result.failed) == (1, 0)
+    assert queued_tasks(prefix, f"{prefix}.e2e.lead") == [("lattice.resume_lead", [run_id])]
+    with pytest.raises(ConfigError, match=r"unknown team 'nosuch'.*published teams: e2e"):
+        run_drain("nosuch", [], 1, 1, console)
+
+
+def test_a_published_nested_team_name_drains_that_team_only(prefix):
+    from lattice_mailbox.memory import MemoryMailbox
+    from lattice_worker.drain_cli import _targets, load_root
+
+    publish(
+        prefix,
+        {
+            "tests.e2e.teams:team": "e2e",
+            "tests.e2e.teams:nested_team": "e2e_company",
+            "e2e": "e2e",
+            "e2e_company": "e2e_company",
+            "e2e_eng": "e2e_eng",
+        },
+    )
+    registry = TeamRegistry(MemoryMailbox())
+    root = load_root(registry, "e2e_eng", REDIS_URL, prefix)
+    assert root.name == "e2e_eng"
+    assert [t.mailbox_id for t in _targets(registry, root, [])] == ["e2e_eng::backend"]
+    company = load_root(TeamRegistry(MemoryMailbox()), "e2e_company", REDIS_URL, prefix)
+    assert company.name == "e2e_company"
