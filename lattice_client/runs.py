@@ -48,6 +48,7 @@ import re
 import time
 import uuid
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -55,7 +56,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 
 from .errors import RunLeaseLostError, RunNotFoundError, RunStateError
 from .models import RunParent, RunRecord, RunResult, RunStatus
@@ -169,6 +170,11 @@ class SegmentStart:
     lease_until: int
     attempts: int
     recover: bool
+    record: RunRecord | None = None
+    """The run record right after the start (``begin_segment(..., read_record=True)``)."""
+    history: list[str] | None = None
+    """The elements of the list ``begin_segment(..., history_key=)`` names, read
+    right after the start (``[]`` when it does not exist)."""
 
 
 @dataclass(frozen=True)
@@ -277,6 +283,27 @@ class RunStore:
         conn = self._per_loop.pop(loop, None)
         if conn is not None:
             await conn.client.aclose()
+
+    async def _pipeline(self, build: Callable[[Any, dict[str, AsyncScript]], None]) -> list[Any]:
+        """Execute the non-transactional pipeline ``build(pipe, scripts)`` queues
+        and return its replies (the first error reply is raised). Its scripts
+        are called by ``EVALSHA`` (``scripts[name].sha``), not through redis-py's
+        pipeline registration, which costs a ``SCRIPT EXISTS`` round trip per
+        execution. When the server lacks a script (first use, ``SCRIPT FLUSH``)
+        the scripts are loaded and the pipeline is sent again: only pipeline
+        commands that are idempotent beside a refused (not run) script."""
+        conn = self._conn()
+        for attempt in range(2):
+            try:
+                async with conn.client.pipeline(transaction=False) as pipe:
+                    build(pipe, conn.scripts)
+                    return await pipe.execute()
+            except NoScriptError:
+                if attempt:
+                    raise
+                for script in conn.scripts.values():
+                    await conn.client.script_load(script.script)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def _run(self, name: str, run_id: str, keys: list[str], args: list[Any]) -> Any:
         try:
@@ -551,34 +578,61 @@ class RunStore:
     # -- lead leases (DESIGN.md section 5, "Crash") --------------------------------------------
 
     async def begin_segment(
-        self, run_id: str, *, expect: RunStatus | str, lease_s: float, token: str | None = None
+        self,
+        run_id: str,
+        *,
+        expect: RunStatus | str,
+        lease_s: float,
+        token: str | None = None,
+        read_record: bool = False,
+        history_key: str | None = None,
     ) -> SegmentStart | None:
         """Start a lead segment: ``expect`` (``queued`` or ``resuming``) ->
         ``running`` under a new lead lease of ``lease_s`` **seconds**, exactly
         once (a duplicate or redelivered task gets ``None``, as does an unknown
         or cancelled run). The run enters the lease index first, so the reaper
-        finds it even if this process dies right after. Raises ``ValueError``
-        for a non-positive ``lease_s`` or an ``expect`` other than ``queued`` /
-        ``resuming``."""
+        finds it even if this process dies right after. In the same round
+        trip, ``read_record=True`` reads the run record (``SegmentStart.record``)
+        and ``history_key`` (a list key of the run, under its hash tag) the
+        lead's history (``SegmentStart.history``). Raises ``ValueError`` for a
+        non-positive ``lease_s``, an ``expect`` other than ``queued`` /
+        ``resuming`` or a ``history_key`` that is not the run's."""
         expected = RunStatus.parse(expect)
         if expected not in (RunStatus.QUEUED, RunStatus.RESUMING):
             raise ValueError(f"begin_segment expects 'queued' or 'resuming', got {expected.value!r}")
         lease_ms = _lease_ms(lease_s)
         token = token or uuid.uuid4().hex
         k = self.keys(run_id)
+        if history_key is not None and not history_key.startswith(k.record + ":"):
+            raise ValueError(f"history key {history_key!r} is not a key of run {run_id!r}")
         now = now_ms()
         until = now + lease_ms
-        conn = self._conn()
-        async with conn.client.pipeline(transaction=False) as pipe:
-            pipe.zadd(self.leases_key, {run_id: until}, gt=True)
-            await conn.scripts["begin_segment"](
-                keys=[k.record], args=[expected.value, token, until, now], client=pipe
-            )
-            out = (await pipe.execute())[1]
+
+        def build(pipe: Any, scripts: dict[str, AsyncScript]) -> None:
+            pipe.zadd(self.leases_key, {run_id: until}, gt=True)  # idempotent: may be sent twice
+            pipe.evalsha(scripts["begin_segment"].sha, 1, k.record, expected.value, token, until, now)
+            if read_record:
+                pipe.hgetall(k.record)
+            if history_key is not None:
+                pipe.lrange(history_key, 0, -1)
+
+        replies = await self._pipeline(build)
+        out = replies[1]
         if not int(out[0]):
             return None
+        record = history = None
+        if read_record:
+            raw = replies[2]
+            record = _parse_record({_text(a): _text(b) for a, b in raw.items()}) if raw else None
+        if history_key is not None:
+            history = [_text(x) for x in replies[-1]]
         return SegmentStart(
-            token=token, lease_until=until, attempts=int(out[1]), recover=_text(out[2]) == "1"
+            token=token,
+            lease_until=until,
+            attempts=int(out[1]),
+            recover=_text(out[2]) == "1",
+            record=record,
+            history=history,
         )
 
     async def extend_lead_lease(self, run_id: str, token: str, lease_s: float) -> bool:

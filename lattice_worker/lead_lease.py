@@ -122,12 +122,29 @@ class FencedHistoryStore(RedisHistoryStore):
     segment's lease: ``append`` and ``replace`` are one Lua script each that
     checks the token (``RunStore.write_history``) and raise
     :class:`RunLeaseLostError` -- aborting the segment -- when it no longer
-    holds the run. ``load`` is the plain list read. ``ttl_seconds``: expiry
-    (seconds) renewed on every write."""
+    holds the run. ``load`` is the plain list read, or -- once -- the
+    elements given as ``history`` (read when the segment started). ``ttl_seconds``:
+    expiry (seconds) renewed on every write."""
 
-    def __init__(self, lease: LeadLease, client: Any, key: str, *, ttl_seconds: float | None = None) -> None:
+    def __init__(
+        self,
+        lease: LeadLease,
+        client: Any,
+        key: str,
+        *,
+        ttl_seconds: float | None = None,
+        history: list[str] | None = None,
+    ) -> None:
         super().__init__(client, key, fail_on_error=True, ttl_seconds=ttl_seconds)
         self.lease = lease
+        self._preloaded = history
+
+    async def load(self) -> list[dict[str, Any]]:
+        """The stored messages (see :meth:`RedisHistoryStore.load`)."""
+        preloaded, self._preloaded = self._preloaded, None
+        if preloaded is not None:
+            return self._decode_list(preloaded)
+        return await super().load()
 
     async def _write(self, values: list[bytes], *, replace: bool) -> None:
         try:

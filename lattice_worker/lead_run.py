@@ -34,6 +34,7 @@ from typing import Any
 
 from lattice_client.errors import RunLeaseLostError, RunStateError
 from lattice_client.models import RunRecord, RunResult, RunStatus
+from lattice_client.runs import SegmentStart
 from lattice_mailbox.message import MessageStatus, TeamMessage
 
 from .agent.agent import Agent
@@ -272,6 +273,7 @@ def spawn_lead(
     *,
     lease: LeadLease | None = None,
     replay: dict[str, Any] | None = None,
+    history: list[str] | None = None,
 ) -> Agent:
     """A fresh lead session for run ``run_id`` over its persisted history, with
     the member tools (and the mailbox tools when the team exposes them).
@@ -280,8 +282,10 @@ def spawn_lead(
     under it (:class:`~lattice_worker.lead_lease.FencedHistoryStore`).
     ``replay``: a persisted assistant message the first model request returns
     instead of calling the model (a recovering segment finishing the turn its
-    dead predecessor started). Raises :class:`ConfigError` when the team's
-    lead is not an ``AgentSpec``."""
+    dead predecessor started). ``history``: the persisted history's elements
+    when the caller already read them (with ``lease`` only; spares the
+    session's first read). Raises :class:`ConfigError` when the team's lead is
+    not an ``AgentSpec``."""
     spec = team.lead_spec
     if spec is None:
         raise ConfigError(
@@ -290,7 +294,7 @@ def spawn_lead(
     store: RedisHistoryStore
     if lease is not None:
         store = FencedHistoryStore(
-            lease, ctx.client, ctx.history_key(run_id), ttl_seconds=RUN_KEY_TTL_SECONDS
+            lease, ctx.client, ctx.history_key(run_id), ttl_seconds=RUN_KEY_TTL_SECONDS, history=history
         )
     else:
         store = RedisHistoryStore(
@@ -335,19 +339,32 @@ async def run_lead(ctx: WorkerContext, run_id: str) -> str:
     run), ``"skipped"`` (not ``queued``: a duplicate or redelivered task, or a
     cancelled run), ``"suspended"``, ``"completed"``, ``"failed"``,
     ``"cancelled"``, ``"lost"`` (the lease was lost: another worker owns the run now)."""
-    record = await ctx.runs.get(run_id)
-    if record is None:
-        logger.warning("run_lead: no run %s (prefix %s)", run_id, ctx.prefix)
-        return "missing"
-    start = await ctx.runs.begin_segment(run_id, expect=RunStatus.QUEUED, lease_s=ctx.settings.lease_seconds)
+    start = await _begin_segment(ctx, run_id, RunStatus.QUEUED)
     if start is None:
+        record = await ctx.runs.get(run_id)
+        if record is None:
+            logger.warning("run_lead: no run %s (prefix %s)", run_id, ctx.prefix)
+            return "missing"
         logger.info("run_lead: run %s is %s, not queued; nothing to do", run_id, record.status.value)
         return "skipped"
+    if start.record is None:  # deleted meanwhile
+        return "missing"
     lease = LeadLease(ctx.runs, run_id, start, ctx.settings.lease_seconds)
     try:
-        return await _guarded(ctx, record, lease, resume=False)
+        return await _guarded(ctx, start.record, lease, resume=False, history=start.history)
     finally:
         await ctx.flush_events()
+
+
+async def _begin_segment(ctx: WorkerContext, run_id: str, expect: RunStatus) -> SegmentStart | None:
+    # one round trip: the start, the run record and the lead's persisted history
+    return await ctx.runs.begin_segment(
+        run_id,
+        expect=expect,
+        lease_s=ctx.settings.lease_seconds,
+        read_record=True,
+        history_key=ctx.history_key(run_id),
+    )
 
 
 async def resume_lead(ctx: WorkerContext, run_id: str) -> str:
@@ -357,23 +374,27 @@ async def resume_lead(ctx: WorkerContext, run_id: str) -> str:
     suspension; a cancelled run is never resumed); else like :func:`run_lead`.
     A run the reaper re-enqueued after its worker died (recover flag) is
     rebuilt from its persisted state first (:func:`recover_segment`)."""
-    start = await ctx.runs.begin_segment(
-        run_id, expect=RunStatus.RESUMING, lease_s=ctx.settings.lease_seconds
-    )
+    start = await _begin_segment(ctx, run_id, RunStatus.RESUMING)
     if start is None:
         logger.info("resume_lead: run %s is not resuming; nothing to do", run_id)
         return "skipped"
-    record = await ctx.runs.get(run_id)
-    if record is None:  # deleted meanwhile
+    if start.record is None:  # deleted meanwhile
         return "missing"
     lease = LeadLease(ctx.runs, run_id, start, ctx.settings.lease_seconds)
     try:
-        return await _guarded(ctx, record, lease, resume=True)
+        return await _guarded(ctx, start.record, lease, resume=True, history=start.history)
     finally:
         await ctx.flush_events()
 
 
-async def _guarded(ctx: WorkerContext, record: RunRecord, lease: LeadLease, *, resume: bool) -> str:
+async def _guarded(
+    ctx: WorkerContext,
+    record: RunRecord,
+    lease: LeadLease,
+    *,
+    resume: bool,
+    history: list[str] | None = None,
+) -> str:
     try:
         async with lease:
             team = team_for_run(ctx, record)
@@ -382,7 +403,7 @@ async def _guarded(ctx: WorkerContext, record: RunRecord, lease: LeadLease, *, r
                 if agent is None:
                     return str(prompt)
             else:
-                agent = spawn_lead(ctx, team, record.run_id, lease=lease)
+                agent = spawn_lead(ctx, team, record.run_id, lease=lease, history=history)
                 prompt = None if resume else record.prompt
                 if resume:
                     await prepare_resume(ctx, team, record.run_id, agent, lease=lease)

@@ -403,7 +403,9 @@ class RedisHistoryStore:
         """All stored messages, oldest first; ``[]`` when the key does not exist.
         Elements that are not well-formed messages are skipped with one warning
         per call naming the key and the 0-based list indexes."""
-        raw = await self._redis().lrange(self.key, 0, -1)
+        return self._decode_list(await self._redis().lrange(self.key, 0, -1))
+
+    def _decode_list(self, raw: list[Any]) -> list[Message]:
         messages: list[Message] = []
         skipped: list[int] = []
         for index, item in enumerate(raw):

@@ -1,0 +1,111 @@
+"""RunStore.begin_segment reads against the real Redis: the run record and the
+lead's history in the start's round trip, and its pipeline when the server
+does not know the script yet (NOSCRIPT).
+
+Every test works under its own ``test-<uuid>`` key prefix and deletes every key
+under it afterwards; the database is never flushed and no script cache is
+flushed (others share the server).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+import redis
+
+from lattice_client.models import RunStatus
+from lattice_client.runs import RunStore
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+@pytest.fixture
+def prefix():
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    yield name
+    sync = redis.Redis.from_url(REDIS_URL)
+    try:
+        keys = list(sync.scan_iter(match=f"{name}:*", count=1000))
+        if keys:
+            sync.delete(*keys)
+    finally:
+        sync.close()
+
+
+@pytest.fixture
+def raw():
+    sync = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    yield sync
+    sync.close()
+
+
+@pytest.fixture
+async def store(prefix):
+    s = RunStore(REDIS_URL, prefix=prefix)
+    yield s
+    await s.aclose()
+
+
+def history_key(store: RunStore, run_id: str) -> str:
+    return f"{store.keys(run_id).record}:history"
+
+
+async def test_begin_segment_reads_the_record_and_history_with_the_start(store, raw):
+    await store.create("r1", "team", "the prompt", metadata={"k": "v"})
+    key = history_key(store, "r1")
+    start = await store.begin_segment(
+        "r1", expect=RunStatus.QUEUED, lease_s=30, read_record=True, history_key=key
+    )
+    assert start is not None and start.attempts == 1 and not start.recover
+    assert start.record is not None
+    assert (start.record.run_id, start.record.team, start.record.prompt) == ("r1", "team", "the prompt")
+    assert start.record.status == RunStatus.RUNNING and start.record.metadata == {"k": "v"}
+    assert start.history == []  # no history yet
+    assert raw.zscore(store.leases_key, "r1") == start.lease_until
+    # a suspension later, the next segment gets the stored messages in order
+    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    raw.rpush(key, *[json.dumps(m) for m in messages])
+    raw.hset(store.keys("r1").record, "status", "resuming")
+    again = await store.begin_segment(
+        "r1", expect=RunStatus.RESUMING, lease_s=30, read_record=True, history_key=key
+    )
+    assert again is not None and again.attempts == 2
+    assert [json.loads(x) for x in again.history] == messages
+    # without the options nothing more is read
+    raw.hset(store.keys("r1").record, "status", "resuming")
+    plain = await store.begin_segment("r1", expect=RunStatus.RESUMING, lease_s=30)
+    assert plain is not None and plain.record is None and plain.history is None
+
+
+async def test_begin_segment_refusals_and_bad_history_keys(store):
+    assert await store.begin_segment("nope", expect=RunStatus.QUEUED, lease_s=30, read_record=True) is None
+    await store.create("r1", "team", "p")
+    assert await store.begin_segment("r1", expect=RunStatus.RESUMING, lease_s=30, read_record=True) is None
+    with pytest.raises(ValueError, match="not a key of run"):
+        await store.begin_segment(
+            "r1", expect=RunStatus.QUEUED, lease_s=30, history_key=history_key(store, "r2")
+        )
+    start = await store.begin_segment("r1", expect=RunStatus.QUEUED, lease_s=30, read_record=True)
+    assert start is not None and start.record is not None
+    assert await store.begin_segment("r1", expect=RunStatus.QUEUED, lease_s=30) is None  # exactly once
+
+
+async def test_begin_segment_loads_an_unknown_script_and_starts_once(store, raw):
+    await store.create("r1", "team", "p")
+    conn = store._conn()
+    original = conn.scripts["begin_segment"]
+    # the same script under a sha this server has never seen: the first send is refused (NOSCRIPT)
+    fresh = conn.client.register_script(f"{original.script}\n-- {uuid.uuid4().hex}\n")
+    conn.scripts["begin_segment"] = fresh
+    try:
+        start = await store.begin_segment("r1", expect=RunStatus.QUEUED, lease_s=30, read_record=True)
+    finally:
+        conn.scripts["begin_segment"] = original
+    assert start is not None and start.attempts == 1
+    assert start.record is not None and start.record.status == RunStatus.RUNNING
+    assert raw.zscore(store.leases_key, "r1") == start.lease_until
+    assert raw.hget(store.keys("r1").record, "lead_attempts") == "1"
