@@ -89,7 +89,7 @@ async def drain_async(
                 mode = member_mode(target.member)
                 message = await ctx.mailbox.claim_next(
                     target.mailbox_id,
-                    lease_s=None if mode == "team" else ctx.settings.lease_seconds,
+                    lease_s=ctx.settings.lease_seconds,
                     worker_id=ctx.worker_id,
                     max_in_flight=1 if mode == "session" else None,
                 )

@@ -19,10 +19,14 @@ Member modes (:func:`~lattice_worker.registry.member_mode`):
 * ``session`` (a live ``Agent`` / AgentLike): claimed with ``max_in_flight=1``
   so the mailbox is serial; an ``Agent``'s history is kept in Redis per mailbox
   and rebuilt for every item;
-* ``team`` (a nested team): the message is claimed without expiry and becomes
+* ``team`` (a nested team): the message is claimed with a lease and becomes
   a *child run* of that team (``run_lead`` on its lead queue, ``parent`` =
-  this message); when the child run ends, :func:`reply_from_child` replies
-  upstream and completes the work item.
+  this message); once the child run exists the claim is extended for
+  :data:`CHILD_CLAIM_SECONDS` (the child run's own lead lease covers crashes
+  from then on). A worker dying between the claim and that point leaves a
+  claim whose lease expires: the message is re-claimed and the (deterministic)
+  child run reused, under the new claim token. When the child run ends,
+  :func:`reply_from_child` replies upstream and completes the work item.
 
 A message whose run was cancelled is marked ``cancelled`` and not run.
 """
@@ -51,9 +55,13 @@ from .team.member import TeamMember
 from .team.member_tools import MailboxToolState, set_message_status
 from .team.team import Team
 from .team.work import WorkItemOutcome, run_work_item
-from .worker_context import WorkerContext
+from .worker_context import RUN_KEY_TTL_SECONDS, WorkerContext
 
 logger = logging.getLogger("lattice_worker.runtime")
+
+CHILD_CLAIM_SECONDS = 10 * 365 * 24 * 3600.0
+"""How long (seconds) a nested team's message stays claimed once its child run
+exists: in effect no expiry, the child run holds lead leases of its own."""
 
 
 def _public(message: TeamMessage) -> dict[str, Any]:
@@ -83,7 +91,7 @@ async def deliver(ctx: WorkerContext, mailbox_id: str) -> str:
     mode = member_mode(member)
     claimed = await ctx.mailbox.claim_next(
         mailbox_id,
-        lease_s=None if mode == "team" else ctx.settings.lease_seconds,
+        lease_s=ctx.settings.lease_seconds,
         worker_id=ctx.worker_id,
         max_in_flight=1 if mode == "session" else None,
     )
@@ -266,6 +274,12 @@ async def _cancel_message(ctx: WorkerContext, team: Team, message: TeamMessage, 
 # -- nested teams ----------------------------------------------------------------------------
 
 
+def child_claim_key(ctx: WorkerContext, child_id: str) -> str:
+    """The Redis string holding the current claim token of the message a child
+    run serves (it changes when the message is re-claimed after a crash)."""
+    return f"{ctx.prefix}:child:{child_id}:claim"
+
+
 def child_run_id(message: TeamMessage) -> str:
     """The run id of the child run serving ``message`` (deterministic, so a
     duplicate claim can never start two child runs)."""
@@ -275,10 +289,12 @@ def child_run_id(message: TeamMessage) -> str:
 async def start_child_run(
     ctx: WorkerContext, team: Team, member: TeamMember, message: TeamMessage, run_id: str | None
 ) -> str:
-    """Start the nested team's own lead run for ``message`` (claimed without
-    expiry; the child run replies upstream when it ends)."""
+    """Start the nested team's own lead run for ``message`` (the child run
+    replies upstream when it ends); see the module doc for the claim. Returns
+    ``"child"``, or ``"lost"`` when the claim was taken meanwhile."""
     nested: Team = member.agent
     child_id = child_run_id(message)
+    existing = False
     try:
         await ctx.runs.create(
             child_id,
@@ -296,7 +312,21 @@ async def start_child_run(
             parent={"run_id": run_id or "", "message_id": message.id, "mailbox_id": message.to},
         )
     except ValueError:
-        logger.info("child run %s already exists; not starting it twice", child_id)
+        existing = True
+    if message.claim_token:
+        client = await ctx.redis()
+        await client.set(child_claim_key(ctx, child_id), message.claim_token, ex=RUN_KEY_TTL_SECONDS)
+        if message.lease_until is not None:
+            try:
+                await ctx.mailbox.extend_lease(message.id, message.claim_token, CHILD_CLAIM_SECONDS)
+            except ClaimError as exc:
+                logger.warning("claim of %s lost before its child run was handed over: %s", message.id, exc)
+                return "lost"
+    if existing:
+        child = await ctx.runs.get(child_id)
+        logger.info("child run %s already exists (a re-claim after a crash); not starting it twice", child_id)
+        if child is not None and child.status.finished and child.result is not None:
+            await reply_from_child(ctx, child, child.result)  # it ended while nobody held the message
         return "child"
     if run_id:
         await ctx.emit(
@@ -323,7 +353,8 @@ async def reply_from_child(ctx: WorkerContext, child: RunRecord, result: RunResu
     info = dict(child.metadata.get("lattice_parent") or {})
     team_name = str(info.get("team") or split_mailbox_id(parent.mailbox_id)[0])
     member_name = str(info.get("member") or split_mailbox_id(parent.mailbox_id)[1])
-    token = info.get("claim_token") or None
+    client = await ctx.redis()
+    token = await client.get(child_claim_key(ctx, child.run_id)) or info.get("claim_token") or None
     team = ctx.registry.get(team_name)
     message = await ctx.mailbox.get(parent.message_id)
     if team is None or message is None:

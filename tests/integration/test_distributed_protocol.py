@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from typing import Any
 
@@ -752,7 +753,9 @@ async def test_a_child_run_whose_worker_died_recovers_and_completes_the_parent_m
     stale = asyncio.create_task(broker.run_one(name, args))  # the child's worker freezes mid-turn
     await gate.reached.wait()
     [eng_message] = await ctx.mailbox.inbox("e2e_company::eng", "all")
-    assert (eng_message.status.value, eng_message.lease_until) == ("processing", None)  # no lease of its own
+    # handed over to the child run: the claim no longer expires on the lease's scale
+    assert eng_message.status.value == "processing"
+    assert eng_message.lease_until > time.time() * 1000 + 365 * 24 * 3600 * 1000
 
     assert (await expire_and_sweep(ctx)).recovered == [child_id]
     frozen_leases["frozen"] = False
@@ -884,3 +887,55 @@ async def test_cancel_during_a_lead_turn_cancels_its_sent_tasks_and_stops_the_tu
     assert (await ctx.mailbox.get(c1.id)).status.value == "cancelled"
     assert await member_run.deliver(ctx, "e2e::worker") == "idle"
     assert executions(raw, prefix, "c1") == 0
+
+
+@pytest.mark.parametrize("death", ["before_the_child_run_exists", "before_the_claim_was_handed_over"])
+async def test_a_worker_dying_while_starting_a_child_run_loses_nothing(env, raw, prefix, monkeypatch, death):
+    ctx, broker = env
+    ctx.settings = ctx.settings.with_overrides(lease_seconds=0.3)
+    run_id = await submit(
+        ctx, broker, "e2e_company", plan(("eng", "handoff", plan(("backend", "handoff", "x1"))))
+    )
+    name, args, _ = broker.queue.pop(0)
+    assert await broker.run_one(name, args) == "suspended"
+    broker.queue.clear()  # the doorbell went to the worker that dies
+    dead = None
+    if death == "before_the_child_run_exists":  # claimed by the real step, which dies right after
+        gate = Gate()
+        original_create = ctx.runs.create
+
+        async def create(*a, **kw):
+            await gate.wait()
+            return await original_create(*a, **kw)
+
+        monkeypatch.setattr(ctx.runs, "create", create)
+        dead = asyncio.create_task(member_run.deliver(ctx, "e2e_company::eng"))
+        await gate.reached.wait()
+    else:  # the child run was created and enqueued, the claim not extended yet
+        original = ctx.mailbox.extend_lease
+        calls = []
+
+        async def dies(*a, **kw):
+            calls.append(a)
+            if len(calls) == 1:
+                return 0  # never reached the store
+            return await original(*a, **kw)
+
+        monkeypatch.setattr(ctx.mailbox, "extend_lease", dies)
+        assert await member_run.deliver(ctx, "e2e_company::eng") == "child"
+        [(task, _, _)] = broker.queue
+        assert task == RUN_LEAD_TASK
+    report = await expire_and_sweep(ctx)
+    assert len(report.requeued) == 1  # the claim expired: the message is pending again, doorbell rung
+    if dead is not None:
+        dead.cancel()  # kill -9
+        with pytest.raises(asyncio.CancelledError):
+            await dead
+    await broker.drain()
+    record = await ctx.runs.get(run_id)
+    assert record.status.value == "completed", record
+    assert record.result.result == "final: done:final: done:worked[x1]"
+    [eng_message] = await ctx.mailbox.inbox("e2e_company::eng", "all")
+    assert (eng_message.status.value, eng_message.attempts) == ("done", 2)
+    assert len(await ctx.runs.list_runs("e2e_eng")) == 1  # one child run
+    assert executions(raw, prefix, "x1") == 1
