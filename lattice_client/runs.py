@@ -43,6 +43,7 @@ as is (its owner keeps it on one loop).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import re
 import time
@@ -92,6 +93,7 @@ def _load_scripts() -> dict[str, str]:
 
 
 _SCRIPTS = _load_scripts()
+_SHAS = {name: hashlib.sha1(src.encode("utf-8")).hexdigest() for name, src in _SCRIPTS.items()}
 
 
 def now_ms() -> int:
@@ -309,12 +311,28 @@ class RunStore:
         try:
             return await self._conn().scripts[name](keys=keys, args=args)
         except ResponseError as exc:
-            message = str(exc)
-            if message.startswith("NORUN"):
-                raise RunNotFoundError(run_id) from None
-            if message.startswith("FENCED"):
-                raise RunLeaseLostError(run_id, name) from None
-            raise
+            mapped = self.script_error(exc, run_id, name)
+            if mapped is exc:
+                raise
+            raise mapped from None
+
+    @staticmethod
+    def script_error(exc: BaseException, run_id: str, operation: str) -> BaseException:
+        """The exception a run-store method raises for the error reply ``exc``
+        of one of its scripts: :class:`RunNotFoundError` for ``NORUN``,
+        :class:`RunLeaseLostError` (naming ``operation``) for ``FENCED``, else
+        ``exc`` itself. For callers that send script calls in their own
+        pipelines (:meth:`write_history_call`, :meth:`journal_call_call`)."""
+        message = str(exc) if isinstance(exc, ResponseError) else ""
+        if message.startswith("NORUN"):
+            return RunNotFoundError(run_id)
+        if message.startswith("FENCED"):
+            return RunLeaseLostError(run_id, operation)
+        return exc
+
+    @staticmethod
+    def _call(name: str, keys: list[str], args: list[Any]) -> tuple[tuple[Any, ...], str]:
+        return ("evalsha", _SHAS[name], len(keys), *keys, *args), _SCRIPTS[name]
 
     # -- keys ---------------------------------------------------------------------------------
 
@@ -729,13 +747,30 @@ class RunStore:
         that work item, do not send again), or ``None`` when written now. Raises
         :class:`RunLeaseLostError` when ``token`` does not hold the run (nothing
         may be sent)."""
+        (_, _, _, *keys_args), _ = self.journal_call_call(run_id, token, tool_use_id, entry)
+        out = await self._run("journal_call", run_id, keys_args[:2], keys_args[2:])
+        return self.journal_reply(out)
+
+    def journal_call_call(
+        self, run_id: str, token: str, tool_use_id: str, entry: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], str]:
+        """:meth:`journal_call` as ``(command, source)`` for the caller's own
+        pipeline: ``command`` is ``("evalsha", sha, numkeys, *keys, *args)``;
+        on a NOSCRIPT reply load ``source`` and send it again. Read its reply
+        with :meth:`journal_reply`, map an error reply with :meth:`script_error`.
+        Raises ``ValueError`` for an empty ``tool_use_id`` or an entry that is
+        not JSON-serialisable."""
         if not isinstance(tool_use_id, str) or not tool_use_id:
             raise ValueError(f"tool_use_id must be a non-empty string, got {tool_use_id!r}")
         k = self.keys(run_id)
-        out = await self._run(
-            "journal_call", run_id, [k.record, k.calls], [token, tool_use_id, dumps(entry, "journal entry")]
+        return self._call(
+            "journal_call", [k.record, k.calls], [token, tool_use_id, dumps(entry, "journal entry")]
         )
-        text = _text(out) if out is not None else ""
+
+    @staticmethod
+    def journal_reply(reply: Any) -> dict[str, Any] | None:
+        """The entry journaled earlier (a dict) from a ``journal_call`` reply, or ``None``."""
+        text = _text(reply) if reply is not None else ""
         return json.loads(text) if text else None
 
     async def journal(self, run_id: str) -> dict[str, dict[str, Any]]:
@@ -763,11 +798,29 @@ class RunStore:
         ``token`` holds the run (else :class:`RunLeaseLostError`, nothing
         written). ``key`` must carry the run's hash tag (``{run:<run_id>}``);
         ``ttl_ms``: expiry of the list in milliseconds. Returns its length."""
+        (_, _, _, *keys_args), _ = self.write_history_call(
+            run_id, token, key, values, replace=replace, ttl_ms=ttl_ms
+        )
+        return int(await self._run("write_history", run_id, keys_args[:2], keys_args[2:]))
+
+    def write_history_call(
+        self,
+        run_id: str,
+        token: str,
+        key: str,
+        values: list[str | bytes],
+        *,
+        replace: bool = False,
+        ttl_ms: int | None = None,
+    ) -> tuple[tuple[Any, ...], str]:
+        """:meth:`write_history` as ``(command, source)`` for the caller's own
+        pipeline (see :meth:`journal_call_call`); its reply is the list's
+        length. Raises ``ValueError`` when ``key`` is not a key of the run."""
         k = self.keys(run_id)
         if not key.startswith(k.record + ":"):
             raise ValueError(f"history key {key!r} is not a key of run {run_id!r}")
         args: list[Any] = [token, "replace" if replace else "append", "" if ttl_ms is None else int(ttl_ms)]
-        return int(await self._run("write_history", run_id, [k.record, key], args + list(values)))
+        return self._call("write_history", [k.record, key], args + list(values))
 
     async def unread_reports(self, run_id: str) -> list[str]:
         """Ids of the upstream messages (replies, failure reports) of the run's

@@ -124,7 +124,16 @@ class FencedHistoryStore(RedisHistoryStore):
     :class:`RunLeaseLostError` -- aborting the segment -- when it no longer
     holds the run. ``load`` is the plain list read, or -- once -- the
     elements given as ``history`` (read when the segment started). ``ttl_seconds``:
-    expiry (seconds) renewed on every write."""
+    expiry (seconds) renewed on every write.
+
+    With a ``writer`` (the worker's :class:`~lattice_worker.worker_context.WorkerContext`)
+    the writes go through its event writer, in order with the run's events:
+    assistant messages and replacements are written at once (the next tool
+    batch may send member work; a recovering segment replays the last
+    assistant turn), user messages (prompt, tool results, reports) are queued
+    and written with the next write or flush. The segment's fenced steps call
+    ``writer.sync(lease.token)`` first (registration, suspension, finish),
+    which writes them and raises a failure of theirs."""
 
     def __init__(
         self,
@@ -134,9 +143,11 @@ class FencedHistoryStore(RedisHistoryStore):
         *,
         ttl_seconds: float | None = None,
         history: list[str] | None = None,
+        writer: Any = None,
     ) -> None:
         super().__init__(client, key, fail_on_error=True, ttl_seconds=ttl_seconds)
         self.lease = lease
+        self.writer = writer
         self._preloaded = history
 
     async def load(self) -> list[dict[str, Any]]:
@@ -146,18 +157,35 @@ class FencedHistoryStore(RedisHistoryStore):
             return self._decode_list(preloaded)
         return await super().load()
 
-    async def _write(self, values: list[bytes], *, replace: bool) -> None:
-        try:
-            await self.lease.runs.write_history(
-                self.lease.run_id, self.lease.token, self.key, values, replace=replace, ttl_ms=self._ttl_ms()
-            )
-        except RunLeaseLostError:
+    async def _write(self, values: list[bytes], *, replace: bool, queue: bool = False) -> None:
+        lease = self.lease
+        if self.writer is None:
+            try:
+                await lease.runs.write_history(
+                    lease.run_id, lease.token, self.key, values, replace=replace, ttl_ms=self._ttl_ms()
+                )
+            except RunLeaseLostError:
+                lease.mark_lost()
+                raise
+            return
+        command, source = lease.runs.write_history_call(
+            lease.run_id, lease.token, self.key, values, replace=replace, ttl_ms=self._ttl_ms()
+        )
+        if queue:
+            self.writer.queue_write([command], scripts=(source,), fence=lease.token, on_error=self._failed)
+        else:
+            await self.writer.write([command], scripts=(source,), on_error=self._failed)
+
+    def _failed(self, exc: BaseException) -> BaseException:
+        mapped = self.lease.runs.script_error(exc, self.lease.run_id, "write_history")
+        if isinstance(mapped, RunLeaseLostError):
             self.lease.mark_lost()
-            raise
+        return mapped
 
     async def append(self, message: dict[str, Any]) -> None:
         """Append one message (``TypeError`` for a non-dict / non-JSON message)."""
-        await self._write([_encode(message, "FencedHistoryStore.append")], replace=False)
+        value = _encode(message, "FencedHistoryStore.append")
+        await self._write([value], replace=False, queue=message.get("role") == "user")
 
     async def replace(self, messages: list[dict[str, Any]]) -> None:
         """Make the list hold exactly ``messages`` (all encoded first: a bad one

@@ -113,11 +113,14 @@ class RunLinkingMailbox:
                     "mode": (metadata or {}).get("mode"),
                     "tool_use_id": tool_use_id,
                 }
-                try:
-                    earlier = await self.ctx.runs.journal_call(run_id, lease.token, tool_use_id, entry)
-                except RunLeaseLostError:
-                    lease.mark_lost()
-                    raise
+                # the journal entry and the work item's link in one round trip
+                journal, source = self.ctx.runs.journal_call_call(run_id, lease.token, tool_use_id, entry)
+                link = self.ctx.link_command(run_id, self.team_name, work_item_id)
+                replies = await self.ctx.write(
+                    [journal, link], scripts=(source,), on_error=lease_error(lease, "journal_call")
+                )
+                earlier = self.ctx.runs.journal_reply(replies[0])
+                linked = work_item_id
                 if earlier is not None:
                     sent = await find_sent_message(self.inner, earlier)
                     if sent is not None:
@@ -129,7 +132,10 @@ class RunLinkingMailbox:
                         )
                         return sent
                     work_item_id = str(earlier.get("work_item_id") or work_item_id)
-            await self.ctx.link_work_items(run_id, self.team_name, [work_item_id])
+                if work_item_id != linked:
+                    await self.ctx.link_work_items(run_id, self.team_name, [work_item_id])
+            else:
+                await self.ctx.link_work_items(run_id, self.team_name, [work_item_id])
             metadata = {**(metadata or {}), "run_id": run_id}
         return await self.inner.send(
             from_,
@@ -140,6 +146,20 @@ class RunLinkingMailbox:
             reply_to=reply_to,
             metadata=metadata,
         )
+
+
+def lease_error(lease: LeadLease, operation: str) -> Any:
+    """An ``on_error`` for :meth:`WorkerContext.write` of the fenced script call
+    ``operation``: a ``FENCED`` reply becomes :class:`RunLeaseLostError` and
+    marks ``lease`` lost."""
+
+    def mapped(exc: BaseException) -> BaseException:
+        error = lease.runs.script_error(exc, lease.run_id, operation)
+        if isinstance(error, RunLeaseLostError):
+            lease.mark_lost()
+        return error
+
+    return mapped
 
 
 async def find_sent_message(mailbox: Any, entry: dict[str, Any]) -> TeamMessage | None:
@@ -242,7 +262,9 @@ async def dispatch_items(
     the ones ``RunStore.add_items`` lets start now (their messages were linked
     to the run when they were sent, see :class:`RunLinkingMailbox`). Under a
     ``lease`` the registration is fenced by its token (``RunLeaseLostError``)."""
-    await ctx.flush_events()  # the lead's events precede its members' in the stream
+    # the lead's events precede its members' in the stream; its history (the
+    # tool results) is stored before the batch is registered
+    await ctx.sync(lease.token if lease is not None else None)
     try:
         rung = await ctx.runs.add_items(
             run_id,
@@ -279,7 +301,8 @@ def spawn_lead(
     the member tools (and the mailbox tools when the team exposes them).
 
     ``lease``: the segment's lead lease; its history is then written only
-    under it (:class:`~lattice_worker.lead_lease.FencedHistoryStore`).
+    under it (:class:`~lattice_worker.lead_lease.FencedHistoryStore`, through
+    ``ctx``'s writer: ``ctx.sync(lease.token)`` writes what it queued).
     ``replay``: a persisted assistant message the first model request returns
     instead of calling the model (a recovering segment finishing the turn its
     dead predecessor started). ``history``: the persisted history's elements
@@ -294,7 +317,12 @@ def spawn_lead(
     store: RedisHistoryStore
     if lease is not None:
         store = FencedHistoryStore(
-            lease, ctx.client, ctx.history_key(run_id), ttl_seconds=RUN_KEY_TTL_SECONDS, history=history
+            lease,
+            ctx.client,
+            ctx.history_key(run_id),
+            ttl_seconds=RUN_KEY_TTL_SECONDS,
+            history=history,
+            writer=ctx,
         )
     else:
         store = RedisHistoryStore(
@@ -479,7 +507,7 @@ async def recover_segment(
             await dispatch_items(ctx, run_id, team, items, lease=lease)
         else:
             await ctx.runs.clear_journal(run_id)
-    await ctx.flush_events()
+    await ctx.sync(lease.token)
     try:
         suspended = await ctx.runs.suspend(run_id, token=lease.token)
     except RunStateError as exc:
@@ -589,7 +617,7 @@ async def drive(
         suspending = final.subtype == "suspended"
         usage = await ctx.add_usage(run_id, final.usage, total=not suspending)
         if suspending:
-            await ctx.flush_events()  # before a resume elsewhere can add its own
+            await ctx.sync(fence)  # events and history, before a resume elsewhere adds its own
             try:
                 suspended = await ctx.runs.suspend(run_id, token=fence)
             except RunStateError as exc:
@@ -786,7 +814,12 @@ async def finish_run(
     """Write the final result (record + ``run_result`` event); a child run then
     replies upstream. Returns False when the run had already finished or was
     cancelled, or when ``lease`` no longer holds it (nothing written, no reply)."""
-    await ctx.flush_events()  # the run_result event comes last
+    try:
+        await ctx.sync(lease.token if lease is not None else None)  # the run_result event comes last
+    except RunLeaseLostError:
+        pass  # finish (fenced) is refused below
+    except Exception:
+        logger.warning("run %s: a history write failed before the end", record.run_id, exc_info=True)
     try:
         written = await ctx.runs.finish(
             record.run_id, result, token=lease.token if lease is not None else None

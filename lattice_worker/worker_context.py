@@ -119,6 +119,7 @@ class WorkerContext:
     _writer: Any = field(default=None, repr=False)
     _wake: Any = field(default=None, repr=False)
     _flushing: int = field(default=0, repr=False)
+    _write_errors: dict[str, BaseException] = field(default_factory=dict, repr=False)
     lead_tools: dict[str, list[Any]] = field(default_factory=dict, repr=False)
 
     @property
@@ -203,11 +204,17 @@ class WorkerContext:
         if not work_item_ids:
             return
         client = await self.redis()
-        value = json.dumps({"run_id": run_id, "team": team})
         async with client.pipeline(transaction=False) as pipe:
             for wid in work_item_ids:
-                pipe.set(self.work_item_key(wid), value, ex=RUN_KEY_TTL_SECONDS)
+                name, *args = self.link_command(run_id, team, wid)
+                getattr(pipe, name)(*args)
             await pipe.execute()
+
+    def link_command(self, run_id: str, team: str, work_item_id: str) -> tuple[Any, ...]:
+        """The command of :meth:`link_work_items` for one item, as ``(redis method, *args)``
+        (for :meth:`write` / :meth:`queue_write`)."""
+        value = json.dumps({"run_id": run_id, "team": team})
+        return ("set", self.work_item_key(work_item_id), value, RUN_KEY_TTL_SECONDS)
 
     async def run_of(self, work_item_id: str | None) -> tuple[str, str] | None:
         """``(run_id, team)`` waiting for ``work_item_id``, or ``None`` (a message
@@ -286,6 +293,9 @@ class WorkerContext:
             }
             current = parent_run
             depth += 1
+        self._start_writer()
+
+    def _start_writer(self) -> None:
         if self._writer is None or self._writer.done():
             self._writer = asyncio.get_running_loop().create_task(self._write_events())
 
@@ -299,12 +309,13 @@ class WorkerContext:
             except Exception as exc:
                 logger.warning("could not write %d run events", len(batch), exc_info=True)
                 for op in batch:
-                    if isinstance(op, _Write) and not op.future.done():
-                        op.future.set_exception(exc)
+                    if isinstance(op, _Write):
+                        self._settle(op, None, exc)
 
     async def _write_batch(self, batch: list[tuple[str, str, str] | _Write]) -> None:
-        """One pipeline for the batch, in order; event appends refused with
-        NOSCRIPT (first use on this server) are retried once after loading the script."""
+        """One pipeline for the batch, in order; event appends and script writes
+        refused with NOSCRIPT (first use on this server) are sent again once
+        after loading their scripts."""
         client = self.client()
         lost: list[Exception] = []
         for attempt in range(2):
@@ -325,36 +336,89 @@ class WorkerContext:
                         )
                 results = iter(await pipe.execute(raise_on_error=False))
             retry: list[tuple[str, str, str] | _Write] = []
+            scripts: set[str] = set()
             for op in batch:
                 if isinstance(op, _Write):
                     replies = [next(results) for _ in op.commands]
                     error = next((r for r in replies if isinstance(r, Exception)), None)
-                    if not op.future.done():
-                        if error is None:
-                            op.future.set_result(replies)
-                        else:
-                            op.future.set_exception(error)
+                    if attempt == 0 and op.scripts and isinstance(error, NoScriptError):
+                        retry.append(op)
+                        scripts.update(op.scripts)
+                    else:
+                        self._settle(op, replies, error)
                     continue
                 reply = next(results)
                 if attempt == 0 and isinstance(reply, NoScriptError):
                     retry.append(op)
+                    scripts.add(_APPEND_EVENT_LUA)
                 elif isinstance(reply, Exception):
                     lost.append(reply)
             if not retry:
                 break
-            await client.script_load(_APPEND_EVENT_LUA)
+            for source in scripts:
+                await client.script_load(source)
             batch = retry
         if lost:
             logger.warning("%d run events not written: %s", len(lost), lost[0])
 
-    async def _write_now(self, commands: list[tuple[Any, ...]]) -> list[Any]:
-        """Write ``commands`` (``(redis method name, *args)``) in one pipeline
-        with the queued events (after them) and return their replies; the first
-        error reply is raised."""
+    def _settle(self, op: _Write, replies: list[Any] | None, error: BaseException | None) -> None:
+        if error is not None and op.on_error is not None:
+            error = op.on_error(error)
+        if op.future is None:
+            if error is not None:
+                logger.warning("a queued write failed: %s", error)
+                if op.fence is not None:
+                    if len(self._write_errors) > 1000:
+                        self._write_errors.clear()
+                    self._write_errors.setdefault(op.fence, error)
+        elif not op.future.done():
+            if error is None:
+                op.future.set_result(replies or [])
+            else:
+                op.future.set_exception(error)
+
+    def queue_write(
+        self,
+        commands: list[tuple[Any, ...]],
+        *,
+        scripts: tuple[str, ...] = (),
+        fence: str | None = None,
+        on_error: Callable[[BaseException], BaseException] | None = None,
+    ) -> None:
+        """Queue ``commands`` (``(redis method name, *args)``) to be written
+        with the next batch of run events, in order with them and with other
+        queued writes; nothing waits. ``scripts``: the Lua sources of their
+        ``EVALSHA`` commands, loaded when the server answers NOSCRIPT (the
+        commands are then sent again: keep them idempotent beside a refused
+        script). A failure goes through ``on_error`` (which may map it), is
+        logged, and is kept for :meth:`sync` under ``fence``."""
+        self._events.append(_Write(commands, None, scripts, fence, on_error))
+        self._start_writer()
+
+    async def write(
+        self,
+        commands: list[tuple[Any, ...]],
+        *,
+        scripts: tuple[str, ...] = (),
+        on_error: Callable[[BaseException], BaseException] | None = None,
+    ) -> list[Any]:
+        """Write ``commands`` now, in one pipeline with the queued events and
+        writes (after them), and return their replies; the first error reply
+        (through ``on_error``) is raised. ``scripts``: as for :meth:`queue_write`."""
         future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
-        self._events.append(_Write(commands, future))
+        self._events.append(_Write(commands, future, scripts, None, on_error))
         await self.flush_events()
         return await future
+
+    async def sync(self, fence: str | None = None) -> None:
+        """Write everything queued now (:meth:`flush_events`), then raise the
+        first failure of the writes queued under ``fence`` since the last
+        ``sync`` of it, if any (once)."""
+        await self.flush_events()
+        if fence is not None:
+            error = self._write_errors.pop(fence, None)
+            if error is not None:
+                raise error
 
     async def _linger(self) -> None:
         loop = asyncio.get_running_loop()
@@ -420,7 +484,7 @@ class WorkerContext:
             commands.append(("expire", key, RUN_KEY_TTL_SECONDS))
         if total:
             commands.append(("hgetall", key))
-        out = await self._write_now(commands)
+        out = await self.write(commands)
         if not total:
             return {}
         summed = {name: 0 for name in counts}
@@ -430,10 +494,13 @@ class WorkerContext:
 
 @dataclass
 class _Write:
-    """Commands written with a batch of run events (see ``WorkerContext._write_now``)."""
+    """Commands written with a batch of run events (see ``WorkerContext.queue_write``/``write``)."""
 
     commands: list[tuple[Any, ...]]
-    future: asyncio.Future[list[Any]]
+    future: asyncio.Future[list[Any]] | None
+    scripts: tuple[str, ...] = ()
+    fence: str | None = None
+    on_error: Callable[[BaseException], BaseException] | None = None
 
 
 def _text(value: Any) -> str:

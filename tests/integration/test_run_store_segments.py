@@ -15,6 +15,7 @@ import uuid
 import pytest
 import redis
 
+from lattice_client.errors import RunLeaseLostError
 from lattice_client.models import RunStatus
 from lattice_client.runs import RunStore
 
@@ -109,3 +110,34 @@ async def test_begin_segment_loads_an_unknown_script_and_starts_once(store, raw)
     assert start.record is not None and start.record.status == RunStatus.RUNNING
     assert raw.zscore(store.leases_key, "r1") == start.lease_until
     assert raw.hget(store.keys("r1").record, "lead_attempts") == "1"
+
+
+async def test_script_calls_for_a_callers_pipeline_behave_like_the_methods(store, raw):
+    await store.create("r1", "team", "p")
+    start = await store.begin_segment("r1", expect=RunStatus.QUEUED, lease_s=30)
+    assert start is not None
+    entry = {"work_item_id": "wi-1", "mailbox_id": "team::m", "tool_use_id": "t1"}
+    journal, journal_src = store.journal_call_call("r1", start.token, "t1", entry)
+    history, history_src = store.write_history_call(
+        "r1", start.token, history_key(store, "r1"), [b'{"role":"user","content":"x"}'], ttl_ms=60_000
+    )
+    assert journal[0] == history[0] == "evalsha" and "journal" in journal_src and "history" in history_src
+    client = await store.redis()
+    for source in (journal_src, history_src):  # the caller loads them (on NOSCRIPT, or up front)
+        await client.script_load(source)
+    async with client.pipeline(transaction=False) as pipe:
+        for command in (journal, history, journal):
+            getattr(pipe, command[0])(*command[1:])
+        first, length, again = await pipe.execute()
+    assert store.journal_reply(first) is None and length == 1
+    assert store.journal_reply(again) == entry  # journaled once: the second call gets the entry back
+    assert await store.journal("r1") == {"t1": entry}
+    # a stale token: the reply maps to the methods' RunLeaseLostError
+    stale, _ = store.write_history_call("r1", "not-the-token", history_key(store, "r1"), [b"{}"])
+    async with client.pipeline(transaction=False) as pipe:
+        getattr(pipe, stale[0])(*stale[1:])
+        (reply,) = await pipe.execute(raise_on_error=False)
+    assert isinstance(store.script_error(reply, "r1", "write_history"), RunLeaseLostError)
+    assert raw.llen(history_key(store, "r1")) == 1
+    with pytest.raises(RunLeaseLostError):
+        await store.write_history("r1", "not-the-token", history_key(store, "r1"), [b"{}"])

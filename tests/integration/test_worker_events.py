@@ -8,6 +8,7 @@ Every test has its own ``test-<uuid>`` key prefix; its keys are deleted afterwar
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import uuid
 
 import pytest
@@ -129,3 +130,45 @@ async def test_add_usage_raises_a_failed_write_and_the_events_still_land(ctx, ra
     await ctx.emit("r1", {"type": "after"})  # the writer goes on
     await ctx.flush_events()
     assert await _types(ctx, "r1") == ["assistant", "after"]
+
+
+async def test_queued_writes_go_with_the_next_flush_and_sync_raises_their_failure_once(ctx, raw):
+    key = f"{ctx.prefix}:test:list"
+    ctx.queue_write([("rpush", key, "a")], fence="seg-1")
+    ctx.queue_write([("rpush", key, "b")], fence="seg-1")
+    await ctx.sync("seg-1")
+    assert raw.lrange(key, 0, -1) == ["a", "b"]
+    # a failing queued write: logged, kept for sync() of its fence, mapped by on_error
+    raw.set(f"{ctx.prefix}:test:str", "x")
+    ctx.queue_write(
+        [("rpush", f"{ctx.prefix}:test:str", "c")],
+        fence="seg-2",
+        on_error=lambda exc: RuntimeError(f"mapped: {exc}"),
+    )
+    ctx.queue_write([("rpush", key, "d")], fence="seg-2")  # the rest of the batch is written
+    await ctx.sync("seg-1")  # another fence: nothing to raise
+    with pytest.raises(RuntimeError, match="mapped: .*WRONGTYPE"):
+        await ctx.sync("seg-2")
+    await ctx.sync("seg-2")  # raised once
+    assert raw.lrange(key, 0, -1) == ["a", "b", "d"]
+
+
+async def test_write_returns_replies_after_the_queued_ones_and_raises_errors(ctx, raw):
+    key = f"{ctx.prefix}:test:list"
+    ctx.queue_write([("rpush", key, "queued")])
+    replies = await ctx.write([("rpush", key, "now"), ("lrange", key, 0, -1)])
+    assert replies == [2, [b"queued", b"now"]]
+    raw.set(f"{ctx.prefix}:test:str", "x")
+    with pytest.raises(ValueError, match="WRONGTYPE"):
+        await ctx.write([("rpush", f"{ctx.prefix}:test:str", "c")], on_error=lambda exc: ValueError(str(exc)))
+
+
+async def test_writes_of_a_script_the_server_lacks_are_loaded_and_sent_again(ctx, raw):
+    key = f"{ctx.prefix}:test:list"
+    # a script this server has never seen (unique text): the first EVALSHA is refused with NOSCRIPT
+    source = f"-- {uuid.uuid4().hex}\nreturn redis.call('RPUSH', KEYS[1], ARGV[1])"
+    sha = hashlib.sha1(source.encode()).hexdigest()
+    ctx.queue_write([("evalsha", sha, 1, key, "queued")], scripts=(source,), fence="seg")
+    assert await ctx.write([("evalsha", sha, 1, key, "now")], scripts=(source,)) == [2]
+    await ctx.sync("seg")
+    assert raw.lrange(key, 0, -1) == ["queued", "now"]

@@ -1,0 +1,124 @@
+"""A lead segment's history writes through the worker's writer, against the real Redis.
+
+``FencedHistoryStore(..., writer=ctx)``: assistant messages and replacements
+are written at once, user messages are queued and written with the next write
+or ``ctx.sync(token)``; every write stays fenced by the segment's lease.
+Every test has its own ``test-<uuid>`` key prefix; its keys are deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+import redis
+
+from lattice_client.errors import RunLeaseLostError
+from lattice_client.models import RunStatus
+from lattice_client.runs import RunStore
+from lattice_client.settings import get_settings
+from lattice_worker.lead_lease import FencedHistoryStore, LeadLease
+from lattice_worker.worker_context import WorkerContext
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+USER = {"role": "user", "content": "the prompt"}
+CALL = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "x", "input": {}}]}
+RESULT = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "ok"}]}
+
+
+@pytest.fixture
+def prefix():
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    yield name
+    sync = redis.Redis.from_url(REDIS_URL)
+    try:
+        keys = list(sync.scan_iter(match=f"{name}:*", count=1000))
+        if keys:
+            sync.delete(*keys)
+    finally:
+        sync.close()
+
+
+@pytest.fixture
+def raw():
+    sync = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    yield sync
+    sync.close()
+
+
+@pytest.fixture
+async def ctx(prefix):
+    runs = RunStore(REDIS_URL, prefix)
+    context = WorkerContext(
+        settings=get_settings(key_prefix=prefix, broker_url=REDIS_URL),
+        registry=None,
+        mailbox=None,
+        runs=runs,
+        send_task=lambda *a: None,
+    )
+    yield context
+    await runs.aclose()
+
+
+async def segment(ctx: WorkerContext, run_id: str = "r1") -> tuple[LeadLease, FencedHistoryStore]:
+    await ctx.runs.create(run_id, "team", "p")
+    start = await ctx.runs.begin_segment(run_id, expect=RunStatus.QUEUED, lease_s=30)
+    assert start is not None
+    lease = LeadLease(ctx.runs, run_id, start, 30)
+    store = FencedHistoryStore(lease, ctx.client, ctx.history_key(run_id), ttl_seconds=60, writer=ctx)
+    return lease, store
+
+
+def stored(raw: redis.Redis, ctx: WorkerContext, run_id: str = "r1") -> list[dict]:
+    return [json.loads(x) for x in raw.lrange(ctx.history_key(run_id), 0, -1)]
+
+
+async def test_user_messages_wait_for_the_next_write_or_sync(ctx, raw):
+    lease, store = await segment(ctx)
+    await store.append(USER)
+    assert stored(raw, ctx) == []  # queued: nothing was awaited since
+    await store.append(CALL)  # an assistant turn is stored at once, after what was queued
+    assert stored(raw, ctx) == [USER, CALL]
+    await store.append(RESULT)
+    assert stored(raw, ctx) == [USER, CALL]
+    await ctx.sync(lease.token)
+    assert stored(raw, ctx) == [USER, CALL, RESULT]
+    assert 0 < raw.pttl(ctx.history_key("r1")) <= 60_000
+    await store.replace([USER])  # at once, in order after anything queued
+    assert stored(raw, ctx) == [USER]
+    assert await store.load() == [USER]
+    assert not lease.lost
+
+
+async def test_a_lost_lease_refuses_every_write_and_says_so(ctx, raw):
+    lease, store = await segment(ctx)
+    await store.append(USER)
+    raw.hset(ctx.runs.keys("r1").record, "lease_token", "someone-else")
+    await store.append(RESULT)  # queued: the refusal comes with sync
+    with pytest.raises(RunLeaseLostError):
+        await ctx.sync(lease.token)
+    assert lease.lost
+    with pytest.raises(RunLeaseLostError):
+        await store.append(CALL)
+    with pytest.raises(RunLeaseLostError):
+        await store.replace([USER])
+    assert stored(raw, ctx) == []
+
+
+async def test_preloaded_history_is_the_first_load_only(ctx, raw):
+    await ctx.runs.create("r1", "team", "p")
+    start = await ctx.runs.begin_segment(
+        "r1", expect=RunStatus.QUEUED, lease_s=30, history_key=ctx.history_key("r1")
+    )
+    assert start is not None and start.history == []
+    lease = LeadLease(ctx.runs, "r1", start, 30)
+    raw.rpush(ctx.history_key("r1"), json.dumps(USER), "not json")
+    store = FencedHistoryStore(
+        lease, ctx.client, ctx.history_key("r1"), history=[json.dumps(CALL), "{bad"], writer=ctx
+    )
+    assert await store.load() == [CALL]  # the elements given (malformed ones skipped)
+    assert await store.load() == [USER]  # then the list itself
