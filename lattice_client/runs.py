@@ -177,6 +177,9 @@ class SegmentStart:
     history: list[str] | None = None
     """The elements of the list ``begin_segment(..., history_key=)`` names, read
     right after the start (``[]`` when it does not exist)."""
+    items: list[dict[str, Any]] | None = None
+    """The run's registered items as :meth:`RunStore.items` lists them, read right
+    after the start (``begin_segment(..., read_items=True)``)."""
 
 
 @dataclass(frozen=True)
@@ -476,6 +479,18 @@ class RunStore:
         ``max_active``, a malformed item (see :class:`WorkItem`) or a duplicated
         id within ``items``.
         """
+        (_, _, numkeys, *keys_args), _ = self.add_items_call(
+            run_id, items, max_active=max_active, token=token
+        )
+        out = await self._run("add_items", run_id, keys_args[:numkeys], keys_args[numkeys:])
+        return self.add_items_reply(out)
+
+    def add_items_call(
+        self, run_id: str, items: list[dict[str, Any]], *, max_active: int, token: str | None = None
+    ) -> tuple[tuple[Any, ...], str]:
+        """:meth:`add_items` as ``(command, source)`` for the caller's own
+        pipeline (see :meth:`journal_call_call`); read its reply with
+        :meth:`add_items_reply`. Raises ``ValueError`` like :meth:`add_items`."""
         if isinstance(max_active, bool) or not isinstance(max_active, int) or max_active < 1:
             raise ValueError(f"max_active must be an integer >= 1, got {max_active!r}")
         if not isinstance(items, list):
@@ -494,13 +509,14 @@ class RunStore:
             seen.add(checked.work_item_id)
             args += [checked.work_item_id, dumps(item, f"work item #{index}")]
         k = self.keys(run_id)
-        out = await self._run(
-            "add_items",
-            run_id,
-            [k.record, k.items, k.order, k.state, k.wait, k.queued, k.active, k.calls],
-            args,
+        return self._call(
+            "add_items", [k.record, k.items, k.order, k.state, k.wait, k.queued, k.active, k.calls], args
         )
-        return [json.loads(_text(x)) for x in out]
+
+    @staticmethod
+    def add_items_reply(reply: Any) -> list[dict[str, Any]]:
+        """The items dispatched now, from an ``add_items`` reply."""
+        return [json.loads(_text(x)) for x in reply]
 
     async def complete_item(self, run_id: str, work_item_id: str, outcome: dict[str, Any]) -> CompleteResult:
         """Record the outcome of one work item; idempotent.
@@ -514,17 +530,30 @@ class RunStore:
         nothing is dispatched or resumed. Raises ``ValueError`` when ``outcome``
         is not a JSON-serialisable dict.
         """
+        (_, _, numkeys, *keys_args), _ = self.complete_item_call(run_id, work_item_id, outcome)
+        out = await self._run("complete_item", run_id, keys_args[:numkeys], keys_args[numkeys:])
+        return self.complete_reply(out)
+
+    def complete_item_call(
+        self, run_id: str, work_item_id: str, outcome: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], str]:
+        """:meth:`complete_item` as ``(command, source)`` for the caller's own
+        pipeline (see :meth:`journal_call_call`); read its reply with
+        :meth:`complete_reply`. Raises ``ValueError`` like :meth:`complete_item`."""
         if not isinstance(outcome, dict):
             raise ValueError(f"outcome must be a dict, got {type(outcome).__name__}")
         if not isinstance(work_item_id, str) or not work_item_id:
             raise ValueError(f"work_item_id must be a non-empty string, got {work_item_id!r}")
         k = self.keys(run_id)
-        out = await self._run(
+        return self._call(
             "complete_item",
-            run_id,
             [k.record, k.items, k.state, k.outcomes, k.wait, k.queued, k.active],
             [work_item_id, dumps(outcome, "outcome"), now_ms()],
         )
+
+    @staticmethod
+    def complete_reply(out: Any) -> CompleteResult:
+        """The :class:`CompleteResult` of a ``complete_item`` reply."""
         return CompleteResult(
             resume=bool(int(out[1])),
             dispatch=[json.loads(_text(x)) for x in out[3:]],
@@ -532,7 +561,7 @@ class RunStore:
             run_status=_text(out[2]) or None,
         )
 
-    async def suspend(self, run_id: str, *, token: str | None = None) -> bool:
+    async def suspend(self, run_id: str, *, token: str | None = None, unindex_lease: bool = True) -> bool:
         """Suspend a ``running`` run until its wait set is empty.
 
         True: the run is now ``suspended`` (the caller's task ends; the last
@@ -543,7 +572,9 @@ class RunStore:
         neither running nor suspended, e.g. cancelled). ``token``: the calling
         lead segment's lease token; when given, an unfinished run must be
         running under it (else :class:`RunLeaseLostError`); a suspension ends
-        the segment (its lease is removed from the record and the lease index).
+        the segment (its lease is removed from the record and -- unless
+        ``unindex_lease=False``: the caller removes ``run_id`` from
+        :attr:`leases_key` itself, e.g. in its next pipeline -- the lease index).
         """
         k = self.keys(run_id)
         try:
@@ -553,7 +584,7 @@ class RunStore:
             if message.startswith("BADSTATE"):
                 raise RunStateError(run_id, message.split(" ", 1)[1], "suspend") from None
             raise
-        if suspended and token:
+        if suspended and token and unindex_lease:
             await self._unindex_lease(run_id)
         return suspended
 
@@ -567,19 +598,7 @@ class RunStore:
             pipe.hgetall(k.state)
             pipe.hgetall(k.outcomes)
             order, items, states, outcomes = await pipe.execute()
-        items = {_text(a): _text(b) for a, b in items.items()}
-        states = {_text(a): _text(b) for a, b in states.items()}
-        outcomes = {_text(a): _text(b) for a, b in outcomes.items()}
-        result = []
-        for raw_id in order:
-            item_id = _text(raw_id)
-            if item_id not in items:
-                continue
-            item = json.loads(items[item_id])
-            item["state"] = states.get(item_id, "queued")
-            item["outcome"] = json.loads(outcomes[item_id]) if item_id in outcomes else None
-            result.append(item)
-        return result
+        return _parse_items(order, items, states, outcomes)
 
     async def clear_items(self, run_id: str, *, token: str | None = None) -> int:
         """Forget the run's finished items (after a resume consumed their
@@ -604,15 +623,17 @@ class RunStore:
         token: str | None = None,
         read_record: bool = False,
         history_key: str | None = None,
+        read_items: bool = False,
     ) -> SegmentStart | None:
         """Start a lead segment: ``expect`` (``queued`` or ``resuming``) ->
         ``running`` under a new lead lease of ``lease_s`` **seconds**, exactly
         once (a duplicate or redelivered task gets ``None``, as does an unknown
         or cancelled run). The run enters the lease index first, so the reaper
         finds it even if this process dies right after. In the same round
-        trip, ``read_record=True`` reads the run record (``SegmentStart.record``)
-        and ``history_key`` (a list key of the run, under its hash tag) the
-        lead's history (``SegmentStart.history``). Raises ``ValueError`` for a
+        trip, ``read_record=True`` reads the run record (``SegmentStart.record``),
+        ``history_key`` (a list key of the run, under its hash tag) the
+        lead's history (``SegmentStart.history``) and ``read_items=True`` the
+        run's work items (``SegmentStart.items``). Raises ``ValueError`` for a
         non-positive ``lease_s``, an ``expect`` other than ``queued`` /
         ``resuming`` or a ``history_key`` that is not the run's."""
         expected = RunStatus.parse(expect)
@@ -633,17 +654,25 @@ class RunStore:
                 pipe.hgetall(k.record)
             if history_key is not None:
                 pipe.lrange(history_key, 0, -1)
+            if read_items:
+                pipe.lrange(k.order, 0, -1)
+                pipe.hgetall(k.items)
+                pipe.hgetall(k.state)
+                pipe.hgetall(k.outcomes)
 
         replies = await self._pipeline(build)
         out = replies[1]
         if not int(out[0]):
             return None
-        record = history = None
+        rest = iter(replies[2:])
+        record = history = items = None
         if read_record:
-            raw = replies[2]
+            raw = next(rest)
             record = _parse_record({_text(a): _text(b) for a, b in raw.items()}) if raw else None
         if history_key is not None:
-            history = [_text(x) for x in replies[-1]]
+            history = [_text(x) for x in next(rest)]
+        if read_items:
+            items = _parse_items(next(rest), next(rest), next(rest), next(rest))
         return SegmentStart(
             token=token,
             lease_until=until,
@@ -651,6 +680,7 @@ class RunStore:
             recover=_text(out[2]) == "1",
             record=record,
             history=history,
+            items=items,
         )
 
     async def extend_lead_lease(self, run_id: str, token: str, lease_s: float) -> bool:
@@ -976,6 +1006,22 @@ def _lease_ms(lease_s: float) -> int:
     if isinstance(lease_s, bool) or not isinstance(lease_s, int | float) or not lease_s > 0:
         raise ValueError(f"lease_s must be a positive number of seconds, got {lease_s!r}")
     return max(1, int(lease_s * 1000))
+
+
+def _parse_items(order: Any, items: Any, states: Any, outcomes: Any) -> list[dict[str, Any]]:
+    items = {_text(a): _text(b) for a, b in items.items()}
+    states = {_text(a): _text(b) for a, b in states.items()}
+    outcomes = {_text(a): _text(b) for a, b in outcomes.items()}
+    result = []
+    for raw_id in order:
+        item_id = _text(raw_id)
+        if item_id not in items:
+            continue
+        item = json.loads(items[item_id])
+        item["state"] = states.get(item_id, "queued")
+        item["outcome"] = json.loads(outcomes[item_id]) if item_id in outcomes else None
+        result.append(item)
+    return result
 
 
 def _parse_record(raw: dict[str, str]) -> RunRecord:

@@ -28,6 +28,7 @@ run with ``parent``) replies upstream when it ends (:mod:`lattice_worker.member_
 
 from __future__ import annotations
 
+import json
 import logging
 from contextvars import ContextVar
 from typing import Any
@@ -262,25 +263,29 @@ async def dispatch_items(
     the ones ``RunStore.add_items`` lets start now (their messages were linked
     to the run when they were sent, see :class:`RunLinkingMailbox`). Under a
     ``lease`` the registration is fenced by its token (``RunLeaseLostError``)."""
-    # the lead's events precede its members' in the stream; its history (the
-    # tool results) is stored before the batch is registered
-    await ctx.sync(lease.token if lease is not None else None)
-    try:
-        rung = await ctx.runs.add_items(
-            run_id,
-            items,
-            max_active=team.runner_options.max_concurrent_work_items,
-            token=lease.token if lease is not None else None,
-        )
-    except RunLeaseLostError:
-        if lease is not None:
-            lease.mark_lost()
-        raise
-    for item in rung:
+    fence = lease.token if lease is not None else None
+    call, source = ctx.runs.add_items_call(
+        run_id, items, max_active=team.runner_options.max_concurrent_work_items, token=fence
+    )
+    ids = [it["work_item_id"] for it in items]
+    # One round trip, in this order: the lead's queued events (they precede its
+    # members' in the stream) and history (the tool results are stored before
+    # the batch is registered), the registration, then the outcomes of items a
+    # member finished before they were registered (their messages are claimable
+    # from the moment they are sent; both sides write, then read).
+    replies = await ctx.write(
+        [call, ("mget", [ctx.early_outcome_key(w) for w in ids])],
+        scripts=(source,),
+        on_error=(
+            lease_error(lease, "add_items")
+            if lease is not None
+            else lambda exc: ctx.runs.script_error(exc, run_id, "add_items")
+        ),
+    )
+    await ctx.sync(fence)  # a failed history write of the batch is raised here
+    for item in ctx.runs.add_items_reply(replies[0]):
         ctx.ring(item["mailbox_id"])
-    # A member may have finished an item before it was registered (its message
-    # is claimable from the moment it is sent): complete those now.
-    early = await ctx.early_outcomes([it["work_item_id"] for it in items])
+    early = {w: json.loads(r) for w, r in zip(ids, replies[1], strict=True) if r}
     for work_item_id, outcome in early.items():
         result = await ctx.runs.complete_item(run_id, work_item_id, outcome)
         from .member_run import apply_completion
@@ -379,19 +384,21 @@ async def run_lead(ctx: WorkerContext, run_id: str) -> str:
         return "missing"
     lease = LeadLease(ctx.runs, run_id, start, ctx.settings.lease_seconds)
     try:
-        return await _guarded(ctx, start.record, lease, resume=False, history=start.history)
+        return await _guarded(ctx, start.record, lease, resume=False, start=start)
     finally:
         await ctx.flush_events()
 
 
 async def _begin_segment(ctx: WorkerContext, run_id: str, expect: RunStatus) -> SegmentStart | None:
-    # one round trip: the start, the run record and the lead's persisted history
+    # one round trip: the start, the run record, the lead's persisted history
+    # and (to resume) the run's work items
     return await ctx.runs.begin_segment(
         run_id,
         expect=expect,
         lease_s=ctx.settings.lease_seconds,
         read_record=True,
         history_key=ctx.history_key(run_id),
+        read_items=expect == RunStatus.RESUMING,
     )
 
 
@@ -410,7 +417,7 @@ async def resume_lead(ctx: WorkerContext, run_id: str) -> str:
         return "missing"
     lease = LeadLease(ctx.runs, run_id, start, ctx.settings.lease_seconds)
     try:
-        return await _guarded(ctx, start.record, lease, resume=True, history=start.history)
+        return await _guarded(ctx, start.record, lease, resume=True, start=start)
     finally:
         await ctx.flush_events()
 
@@ -421,7 +428,7 @@ async def _guarded(
     lease: LeadLease,
     *,
     resume: bool,
-    history: list[str] | None = None,
+    start: SegmentStart | None = None,
 ) -> str:
     try:
         async with lease:
@@ -431,10 +438,12 @@ async def _guarded(
                 if agent is None:
                     return str(prompt)
             else:
+                history = start.history if start is not None else None
                 agent = spawn_lead(ctx, team, record.run_id, lease=lease, history=history)
                 prompt = None if resume else record.prompt
                 if resume:
-                    await prepare_resume(ctx, team, record.run_id, agent, lease=lease)
+                    items = start.items if start is not None else None
+                    await prepare_resume(ctx, team, record.run_id, agent, lease=lease, items=items)
             return await drive(ctx, team, record, agent, prompt, lease=lease)
     except RunLeaseLostError:
         return await _lost(ctx, record.run_id)
@@ -619,13 +628,15 @@ async def drive(
         if suspending:
             await ctx.sync(fence)  # events and history, before a resume elsewhere adds its own
             try:
-                suspended = await ctx.runs.suspend(run_id, token=fence)
+                suspended = await ctx.runs.suspend(run_id, token=fence, unindex_lease=fence is None)
             except RunStateError as exc:
                 if isinstance(exc, RunLeaseLostError) or (lease is not None and exc.status != "cancelled"):
                     raise RunLeaseLostError(run_id, "suspend") from None
                 logger.info("run %s not suspended (%s); stopping", run_id, exc)
                 return exc.status if exc.status in ("cancelled", "completed", "failed") else "skipped"
             if suspended:
+                if fence is not None:  # the segment ended: out of the lease index, with the event's write
+                    ctx.queue_write([("zrem", ctx.runs.leases_key, run_id)])
                 await ctx.emit(run_id, {"type": "run_status", "status": "suspended", "run_id": run_id})
                 return "suspended"
             await prepare_resume(ctx, team, run_id, agent, lease=lease)
@@ -725,7 +736,13 @@ async def _parent_gone(ctx: WorkerContext, record: RunRecord) -> bool:
 
 
 async def prepare_resume(
-    ctx: WorkerContext, team: Team, run_id: str, agent: Agent, *, lease: LeadLease | None = None
+    ctx: WorkerContext,
+    team: Team,
+    run_id: str,
+    agent: Agent,
+    *,
+    lease: LeadLease | None = None,
+    items: list[dict[str, Any]] | None = None,
 ) -> None:
     """Give the lead its finished work items: ``ask`` answers replace their
     placeholders in the persisted history, ``handoff`` reports are appended as
@@ -734,8 +751,12 @@ async def prepare_resume(
 
     Idempotent, so a recovering segment may run it again after a crash in the
     middle: a report message already at the end of the history for the same
-    work items is not appended twice (ask results are replaced in place)."""
-    items = [it for it in await ctx.runs.items(run_id) if it.get("outcome") is not None]
+    work items is not appended twice (ask results are replaced in place).
+    ``items``: the run's items (``RunStore.items``) when the caller read them
+    since the wait set emptied (the segment start does)."""
+    if items is None:
+        items = await ctx.runs.items(run_id)
+    items = [it for it in items if it.get("outcome") is not None]
     history = await agent.get_history()
     asks: dict[str, WorkItemOutcome] = {}
     reports: list[WorkItemOutcome] = []

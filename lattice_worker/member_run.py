@@ -209,7 +209,6 @@ async def complete_work_item(
     to Celery: a redelivered ``deliver`` would find nothing to claim. When the
     run has already ended (cancelled, failed, completed), its lead will never
     read the outcome's upstream message: it is closed as ``cancelled``."""
-    await ctx.flush_events()  # the member's events precede the resumed lead's
     data = outcome.to_dict()
     result = await _complete_item(ctx, run_id, work_item_id, data)
     if not result.recorded:
@@ -243,7 +242,15 @@ async def _complete_item(ctx: WorkerContext, run_id: str, work_item_id: str, dat
         reraise=True,
     ):
         with attempt:
-            return await ctx.runs.complete_item(run_id, work_item_id, data)
+            # with the queued events, in one round trip: the member's events
+            # precede the resumed lead's
+            call, source = ctx.runs.complete_item_call(run_id, work_item_id, data)
+            (reply,) = await ctx.write(
+                [call],
+                scripts=(source,),
+                on_error=lambda exc: ctx.runs.script_error(exc, run_id, "complete_item"),
+            )
+            return ctx.runs.complete_reply(reply)
     raise AssertionError("unreachable")  # pragma: no cover
 
 

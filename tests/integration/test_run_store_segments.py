@@ -141,3 +141,40 @@ async def test_script_calls_for_a_callers_pipeline_behave_like_the_methods(store
     assert raw.llen(history_key(store, "r1")) == 1
     with pytest.raises(RunLeaseLostError):
         await store.write_history("r1", "not-the-token", history_key(store, "r1"), [b"{}"])
+
+
+def _item(n: int) -> dict:
+    return {"work_item_id": f"wi-{n}", "message_id": f"m-{n}", "mailbox_id": "team::m", "member": "m"}
+
+
+async def test_items_read_with_the_start_and_suspension_left_in_the_index(store, raw):
+    await store.create("r1", "team", "p")
+    start = await store.begin_segment("r1", expect=RunStatus.QUEUED, lease_s=30, read_items=True)
+    assert start is not None and start.items == []
+    # registration and completion through the caller's-pipeline forms
+    call, source = store.add_items_call("r1", [_item(1), _item(2)], max_active=1, token=start.token)
+    client = await store.redis()
+    await client.script_load(source)
+    async with client.pipeline(transaction=False) as pipe:
+        getattr(pipe, call[0])(*call[1:])
+        (reply,) = await pipe.execute()
+    assert [it["work_item_id"] for it in store.add_items_reply(reply)] == ["wi-1"]  # max_active 1
+    with pytest.raises(ValueError, match="appears twice"):
+        store.add_items_call("r1", [_item(1), _item(1)], max_active=1)
+    assert await store.suspend("r1", token=start.token, unindex_lease=False) is True
+    assert raw.zscore(store.leases_key, "r1") is not None  # the caller removes it
+    call, source = store.complete_item_call("r1", "wi-1", {"status": "done", "content": "a"})
+    await client.script_load(source)
+    async with client.pipeline(transaction=False) as pipe:
+        getattr(pipe, call[0])(*call[1:])
+        (reply,) = await pipe.execute()
+    first = store.complete_reply(reply)
+    assert first.recorded and not first.resume and [d["work_item_id"] for d in first.dispatch] == ["wi-2"]
+    last = await store.complete_item("r1", "wi-2", {"status": "done", "content": "b"})
+    assert last.resume and last.run_status == "resuming"
+    again = await store.begin_segment("r1", expect=RunStatus.RESUMING, lease_s=30, read_items=True)
+    assert again is not None and again.items == await store.items("r1")
+    assert [(it["work_item_id"], it["state"], it["outcome"]["content"]) for it in again.items] == [
+        ("wi-1", "done", "a"),
+        ("wi-2", "done", "b"),
+    ]
