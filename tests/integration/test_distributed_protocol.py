@@ -610,6 +610,7 @@ async def test_a_lead_turn_whose_worker_died_is_recovered_without_duplicating_me
         original_dispatch = lead_run.dispatch_items
 
         async def dispatch(*args, **kwargs):
+            await args[0].flush_events()  # the tool results are stored (queued, they go with the next write)
             await gate.wait()
             return await original_dispatch(*args, **kwargs)
 
@@ -627,6 +628,8 @@ async def test_a_lead_turn_whose_worker_died_is_recovered_without_duplicating_me
     stale = asyncio.create_task(broker.run_one(name, args))
     await gate.reached.wait()
     history_before = raw.llen(ctx.history_key(run_id))
+    if death == "before_registration":  # the recovery finds the tool results stored
+        assert json.loads(raw.lindex(ctx.history_key(run_id), -1))["role"] == "user"
     assert (await ctx.runs.get(run_id)).status.value == "running"
 
     report = await expire_and_sweep(ctx)
