@@ -605,12 +605,14 @@ class RunStore:
         outcomes); unfinished items stay. Returns how many were removed.
         ``token``: as for :meth:`suspend` (:class:`RunLeaseLostError` when it
         does not hold the run; nothing removed)."""
+        (_, _, numkeys, *keys_args), _ = self.clear_items_call(run_id, token=token)
+        return int(await self._run("clear_items", run_id, keys_args[:numkeys], keys_args[numkeys:]))
+
+    def clear_items_call(self, run_id: str, *, token: str | None = None) -> tuple[tuple[Any, ...], str]:
+        """:meth:`clear_items` as ``(command, source)`` for the caller's own
+        pipeline (see :meth:`journal_call_call`); its reply is the count removed."""
         k = self.keys(run_id)
-        return int(
-            await self._run(
-                "clear_items", run_id, [k.items, k.order, k.state, k.outcomes, k.record], [token or ""]
-            )
-        )
+        return self._call("clear_items", [k.items, k.order, k.state, k.outcomes, k.record], [token or ""])
 
     # -- lead leases (DESIGN.md section 5, "Crash") --------------------------------------------
 

@@ -128,12 +128,13 @@ class FencedHistoryStore(RedisHistoryStore):
 
     With a ``writer`` (the worker's :class:`~lattice_worker.worker_context.WorkerContext`)
     the writes go through its event writer, in order with the run's events:
-    assistant messages and replacements are written at once (the next tool
-    batch may send member work; a recovering segment replays the last
-    assistant turn), user messages (prompt, tool results, reports) are queued
-    and written with the next write or flush. The segment's fenced steps call
-    ``writer.sync(lease.token)`` first (registration, suspension, finish),
-    which writes them and raises a failure of theirs."""
+    assistant turns that call tools and replacements are written at once (the
+    tool batch may send member work; a recovering segment replays that turn),
+    other messages (prompt, tool results, reports, a final answer) are queued
+    and written with the next write or flush (a final answer lost with its
+    worker is asked for again by the recovering segment). The segment's fenced
+    steps call ``writer.sync(lease.token)`` first or write with the queue
+    (registration, suspension, finish), which raises a failure of theirs."""
 
     def __init__(
         self,
@@ -185,7 +186,7 @@ class FencedHistoryStore(RedisHistoryStore):
     async def append(self, message: dict[str, Any]) -> None:
         """Append one message (``TypeError`` for a non-dict / non-JSON message)."""
         value = _encode(message, "FencedHistoryStore.append")
-        await self._write([value], replace=False, queue=message.get("role") == "user")
+        await self._write([value], replace=False, queue=not _calls_tools(message))
 
     async def replace(self, messages: list[dict[str, Any]]) -> None:
         """Make the list hold exactly ``messages`` (all encoded first: a bad one
@@ -193,6 +194,15 @@ class FencedHistoryStore(RedisHistoryStore):
         if not isinstance(messages, list):
             raise TypeError(f"FencedHistoryStore.replace: expected a list, got {type(messages).__name__}")
         await self._write([_encode(m, "FencedHistoryStore.replace") for m in messages], replace=True)
+
+
+def _calls_tools(message: dict[str, Any]) -> bool:
+    content = message.get("content")
+    return (
+        message.get("role") == "assistant"
+        and isinstance(content, list)
+        and any(isinstance(b, dict) and b.get("type") == "tool_use" for b in content)
+    )
 
 
 def _encode(message: Any, where: str) -> bytes:

@@ -775,7 +775,13 @@ async def prepare_resume(
     for outcome in [*asks.values(), *reports]:
         if outcome.report is not None:
             await _mark_read(team, outcome.report.id)
-    await ctx.runs.clear_items(run_id, token=lease.token if lease is not None else None)
+    if lease is None:
+        await ctx.runs.clear_items(run_id)
+        return
+    # queued: written with the segment's next write (its next step, at the latest
+    # its suspension or finish), fenced like the rest of the segment's writes
+    call, source = ctx.runs.clear_items_call(run_id, token=lease.token)
+    ctx.queue_write([call], scripts=(source,), fence=lease.token, on_error=lease_error(lease, "clear_items"))
 
 
 def _already_reported(history: list[dict[str, Any]], reports: list[WorkItemOutcome]) -> bool:

@@ -1,8 +1,9 @@
 """A lead segment's history writes through the worker's writer, against the real Redis.
 
-``FencedHistoryStore(..., writer=ctx)``: assistant messages and replacements
-are written at once, user messages are queued and written with the next write
-or ``ctx.sync(token)``; every write stays fenced by the segment's lease.
+``FencedHistoryStore(..., writer=ctx)``: assistant turns that call tools and
+replacements are written at once, other messages are queued and written with
+the next write or ``ctx.sync(token)``; every write stays fenced by the
+segment's lease.
 Every test has its own ``test-<uuid>`` key prefix; its keys are deleted afterwards.
 """
 
@@ -88,6 +89,9 @@ async def test_user_messages_wait_for_the_next_write_or_sync(ctx, raw):
     await ctx.sync(lease.token)
     assert stored(raw, ctx) == [USER, CALL, RESULT]
     assert 0 < raw.pttl(ctx.history_key("r1")) <= 60_000
+    final = {"role": "assistant", "content": [{"type": "text", "text": "the answer"}]}
+    await store.append(final)  # a turn without tool calls is queued like user messages
+    assert stored(raw, ctx) == [USER, CALL, RESULT]
     await store.replace([USER])  # at once, in order after anything queued
     assert stored(raw, ctx) == [USER]
     assert await store.load() == [USER]
