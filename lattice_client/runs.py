@@ -299,15 +299,17 @@ class RunStore:
         commands that are idempotent beside a refused (not run) script."""
         conn = self._conn()
         for attempt in range(2):
-            try:
-                async with conn.client.pipeline(transaction=False) as pipe:
-                    build(pipe, conn.scripts)
-                    return await pipe.execute()
-            except NoScriptError:
-                if attempt:
-                    raise
+            async with conn.client.pipeline(transaction=False) as pipe:
+                build(pipe, conn.scripts)
+                replies = await pipe.execute(raise_on_error=False)
+            errors = [r for r in replies if isinstance(r, Exception)]
+            if not errors:
+                return replies
+            if attempt == 0 and any(isinstance(e, NoScriptError) for e in errors):
                 for script in conn.scripts.values():
                     await conn.client.script_load(script.script)
+                continue
+            raise errors[0]  # as the server said it (NORUN, FENCED... for script_error)
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _run(self, name: str, run_id: str, keys: list[str], args: list[Any]) -> Any:
@@ -427,6 +429,11 @@ class RunStore:
             metadata=meta,
             parent=parent_model,
         )
+
+    async def status(self, run_id: str) -> RunStatus | None:
+        """The run's status alone (one ``HGET``), or ``None`` when there is no such run."""
+        raw = await self._conn().client.hget(self.keys(run_id).record, "status")
+        return RunStatus.parse(_text(raw)) if raw is not None else None
 
     async def get(self, run_id: str) -> RunRecord | None:
         """The run record, or ``None`` when there is no such run."""
@@ -697,6 +704,13 @@ class RunStore:
             await self._conn().client.zadd(self.leases_key, {run_id: until}, gt=True)
         return ok
 
+    async def _reindex_lease(self, run_id: str) -> None:
+        # put a running run's lease back in the index after a removal that was not ours to make
+        client = self._conn().client
+        status, until = await client.hmget(self.keys(run_id).record, ["status", "lease_until"])
+        if status is not None and _text(status) == RunStatus.RUNNING.value and until:
+            await client.zadd(self.leases_key, {run_id: int(_text(until))}, gt=True)
+
     async def _unindex_lease(self, run_id: str) -> None:
         try:
             await self._conn().client.zrem(self.leases_key, run_id)
@@ -921,21 +935,33 @@ class RunStore:
         if result.status == "cancelled":
             raise ValueError("finish() takes a completed or failed result; use cancel() to cancel")
         k = self.keys(run_id)
-        ok = await self._run(
-            "finish",
-            run_id,
-            [k.record, k.events],
-            [
-                result.status,
-                result.model_dump_json(),
-                dumps(result.to_event(), "result"),
-                self.max_events,
-                now_ms(),
-                token or "",
-            ],
-        )
-        if ok and token:
-            await self._unindex_lease(run_id)
+        args = [
+            result.status,
+            result.model_dump_json(),
+            dumps(result.to_event(), "result"),
+            self.max_events,
+            now_ms(),
+            token or "",
+        ]
+        if not token:
+            return bool(await self._run("finish", run_id, [k.record, k.events], args))
+
+        # The segment ends: out of the lease index in the same round trip. That
+        # is right whatever the script answers (the run ended, now or before),
+        # except a refused token: another segment holds the run, its entry goes back.
+        def build(pipe: Any, scripts: dict[str, AsyncScript]) -> None:
+            pipe.evalsha(scripts["finish"].sha, 2, k.record, k.events, *args)
+            pipe.zrem(self.leases_key, run_id)  # idempotent: may be sent twice
+
+        try:
+            ok = (await self._pipeline(build))[0]
+        except ResponseError as exc:
+            mapped = self.script_error(exc, run_id, "finish")
+            if isinstance(mapped, RunLeaseLostError):
+                await self._reindex_lease(run_id)
+            if mapped is exc:
+                raise
+            raise mapped from None
         return bool(ok)
 
     async def cancel(self, run_id: str, *, reason: str = "cancelled by request") -> list[dict[str, Any]]:

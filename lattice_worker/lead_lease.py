@@ -127,14 +127,14 @@ class FencedHistoryStore(RedisHistoryStore):
     expiry (seconds) renewed on every write.
 
     With a ``writer`` (the worker's :class:`~lattice_worker.worker_context.WorkerContext`)
-    the writes go through its event writer, in order with the run's events:
-    assistant turns that call tools and replacements are written at once (the
-    tool batch may send member work; a recovering segment replays that turn),
-    other messages (prompt, tool results, reports, a final answer) are queued
-    and written with the next write or flush (a final answer lost with its
-    worker is asked for again by the recovering segment). The segment's fenced
-    steps call ``writer.sync(lease.token)`` first or write with the queue
-    (registration, suspension, finish), which raises a failure of theirs."""
+    the writes are queued on its event writer, in order with the run's events,
+    and go with the segment's next write -- a member call's journal entry
+    (so a tool batch's assistant turn is stored before any member work is
+    sent), the registration, the suspension, the finish -- or at the latest
+    after the writer's linger (``EVENT_LINGER_SECONDS``). A worker dying
+    within that window loses the turn: the recovering segment asks the model
+    again instead of replaying it. Those steps raise a failure of the queued
+    writes (``writer.sync(lease.token)``); ``load`` writes them first."""
 
     def __init__(
         self,
@@ -156,9 +156,11 @@ class FencedHistoryStore(RedisHistoryStore):
         preloaded, self._preloaded = self._preloaded, None
         if preloaded is not None:
             return self._decode_list(preloaded)
+        if self.writer is not None:
+            await self.writer.sync(self.lease.token)  # what this segment queued is part of it
         return await super().load()
 
-    async def _write(self, values: list[bytes], *, replace: bool, queue: bool = False) -> None:
+    async def _write(self, values: list[bytes], *, replace: bool) -> None:
         lease = self.lease
         if self.writer is None:
             try:
@@ -172,10 +174,7 @@ class FencedHistoryStore(RedisHistoryStore):
         command, source = lease.runs.write_history_call(
             lease.run_id, lease.token, self.key, values, replace=replace, ttl_ms=self._ttl_ms()
         )
-        if queue:
-            self.writer.queue_write([command], scripts=(source,), fence=lease.token, on_error=self._failed)
-        else:
-            await self.writer.write([command], scripts=(source,), on_error=self._failed)
+        self.writer.queue_write([command], scripts=(source,), fence=lease.token, on_error=self._failed)
 
     def _failed(self, exc: BaseException) -> BaseException:
         mapped = self.lease.runs.script_error(exc, self.lease.run_id, "write_history")
@@ -185,8 +184,7 @@ class FencedHistoryStore(RedisHistoryStore):
 
     async def append(self, message: dict[str, Any]) -> None:
         """Append one message (``TypeError`` for a non-dict / non-JSON message)."""
-        value = _encode(message, "FencedHistoryStore.append")
-        await self._write([value], replace=False, queue=not _calls_tools(message))
+        await self._write([_encode(message, "FencedHistoryStore.append")], replace=False)
 
     async def replace(self, messages: list[dict[str, Any]]) -> None:
         """Make the list hold exactly ``messages`` (all encoded first: a bad one
@@ -194,15 +192,6 @@ class FencedHistoryStore(RedisHistoryStore):
         if not isinstance(messages, list):
             raise TypeError(f"FencedHistoryStore.replace: expected a list, got {type(messages).__name__}")
         await self._write([_encode(m, "FencedHistoryStore.replace") for m in messages], replace=True)
-
-
-def _calls_tools(message: dict[str, Any]) -> bool:
-    content = message.get("content")
-    return (
-        message.get("role") == "assistant"
-        and isinstance(content, list)
-        and any(isinstance(b, dict) and b.get("type") == "tool_use" for b in content)
-    )
 
 
 def _encode(message: Any, where: str) -> bytes:

@@ -122,10 +122,12 @@ async def process_claimed(ctx: WorkerContext, team: Team, member: TeamMember, me
     (see :func:`deliver`; also used by ``lattice drain``)."""
     link = _run_link(message) or await ctx.run_of(message.work_item_id)
     run_id = link[0] if link else None
-    record = await ctx.runs.get(run_id) if run_id else None
+    status = await ctx.runs.status(run_id) if run_id else None  # the status alone: cheaper than the record
     token = message.claim_token
-    if record is not None and record.status.finished:
-        return await _cancel_message(ctx, team, message, record)
+    if run_id and status is not None and status.finished:
+        record = await ctx.runs.get(run_id)
+        if record is not None:
+            return await _cancel_message(ctx, team, message, record)
 
     async def emit(event: Any) -> None:
         if run_id:

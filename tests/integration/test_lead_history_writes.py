@@ -1,14 +1,14 @@
 """A lead segment's history writes through the worker's writer, against the real Redis.
 
-``FencedHistoryStore(..., writer=ctx)``: assistant turns that call tools and
-replacements are written at once, other messages are queued and written with
-the next write or ``ctx.sync(token)``; every write stays fenced by the
-segment's lease.
+``FencedHistoryStore(..., writer=ctx)``: appends and replacements are queued
+and go with the segment's next write, ``ctx.sync(token)``, a read, or after the
+writer's linger; every write stays fenced by the segment's lease.
 Every test has its own ``test-<uuid>`` key prefix; its keys are deleted afterwards.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 
@@ -78,23 +78,29 @@ def stored(raw: redis.Redis, ctx: WorkerContext, run_id: str = "r1") -> list[dic
     return [json.loads(x) for x in raw.lrange(ctx.history_key(run_id), 0, -1)]
 
 
-async def test_user_messages_wait_for_the_next_write_or_sync(ctx, raw):
+async def test_writes_wait_for_the_segments_next_write_or_sync(ctx, raw):
     lease, store = await segment(ctx)
     await store.append(USER)
+    await store.append(CALL)
     assert stored(raw, ctx) == []  # queued: nothing was awaited since
-    await store.append(CALL)  # an assistant turn is stored at once, after what was queued
+    await ctx.write([("get", "unrelated")])  # any write of the segment takes them along, first
     assert stored(raw, ctx) == [USER, CALL]
     await store.append(RESULT)
     assert stored(raw, ctx) == [USER, CALL]
     await ctx.sync(lease.token)
     assert stored(raw, ctx) == [USER, CALL, RESULT]
     assert 0 < raw.pttl(ctx.history_key("r1")) <= 60_000
-    final = {"role": "assistant", "content": [{"type": "text", "text": "the answer"}]}
-    await store.append(final)  # a turn without tool calls is queued like user messages
+    await store.replace([USER])
+    await store.append(CALL)
     assert stored(raw, ctx) == [USER, CALL, RESULT]
-    await store.replace([USER])  # at once, in order after anything queued
-    assert stored(raw, ctx) == [USER]
-    assert await store.load() == [USER]
+    assert await store.load() == [USER, CALL]  # a read writes what was queued first
+    assert stored(raw, ctx) == [USER, CALL]
+    await store.append(RESULT)
+    for _ in range(100):  # without any write or sync the writer's linger sends them (well within 5 s)
+        if stored(raw, ctx) == [USER, CALL, RESULT]:
+            break
+        await asyncio.sleep(0.05)
+    assert stored(raw, ctx) == [USER, CALL, RESULT]
     assert not lease.lost
 
 
@@ -106,10 +112,9 @@ async def test_a_lost_lease_refuses_every_write_and_says_so(ctx, raw):
     with pytest.raises(RunLeaseLostError):
         await ctx.sync(lease.token)
     assert lease.lost
+    await store.replace([USER])
     with pytest.raises(RunLeaseLostError):
-        await store.append(CALL)
-    with pytest.raises(RunLeaseLostError):
-        await store.replace([USER])
+        await store.load()  # reads write what was queued first: refused
     assert stored(raw, ctx) == []
 
 

@@ -178,3 +178,26 @@ async def test_items_read_with_the_start_and_suspension_left_in_the_index(store,
         ("wi-1", "done", "a"),
         ("wi-2", "done", "b"),
     ]
+
+
+async def test_finish_leaves_the_lease_index_unless_another_segment_holds_the_run(store, raw):
+    from lattice_client.models import RunResult
+
+    assert await store.status("nope") is None
+    await store.create("r1", "team", "p")
+    assert await store.status("r1") == RunStatus.QUEUED
+    start = await store.begin_segment("r1", expect=RunStatus.QUEUED, lease_s=30)
+    assert start is not None and await store.status("r1") == RunStatus.RUNNING
+    # a stale segment's finish is refused and the holder's index entry stays
+    with pytest.raises(RunLeaseLostError):
+        await store.finish("r1", RunResult(run_id="r1", status="completed", result="x"), token="stale")
+    assert raw.zscore(store.leases_key, "r1") == start.lease_until
+    assert await store.status("r1") == RunStatus.RUNNING
+    ok = await store.finish("r1", RunResult(run_id="r1", status="completed", result="x"), token=start.token)
+    assert ok and raw.zscore(store.leases_key, "r1") is None
+    assert await store.status("r1") == RunStatus.COMPLETED
+    # finished before: nothing written, and no entry left behind
+    raw.zadd(store.leases_key, {"r1": 1})
+    assert not await store.finish("r1", RunResult(run_id="r1", status="failed", error="e"), token=start.token)
+    assert raw.zscore(store.leases_key, "r1") is None
+    assert (await store.get("r1")).result.result == "x"
