@@ -65,6 +65,7 @@ async def run_step(ctx: WorkerContext, task: str, arg: str, *, max_inline: int =
             logger.info("inline %s(%s) -> %s", name, value, inline)
     finally:
         ctx.publish_follow_ups()  # whatever was not done here goes to the queues
+        await ctx.flush_events()  # the bodies leave their writes to the next inline step
     return outcome
 
 

@@ -410,6 +410,14 @@ class WorkerContext:
         await self.flush_events()
         return await future
 
+    async def end_step(self) -> None:
+        """The end of a task body: write everything queued now -- unless a
+        follow-up step runs next in this task (:attr:`follow_ups`): its writes
+        take them along, in order, and :func:`lattice_worker.tasks.run_step`
+        flushes when the task ends."""
+        if not self.follow_ups:
+            await self.flush_events()
+
     async def sync(self, fence: str | None = None) -> None:
         """Write everything queued now (:meth:`flush_events`), then raise the
         first failure of the writes queued under ``fence`` since the last

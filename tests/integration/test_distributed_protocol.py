@@ -401,6 +401,11 @@ async def test_follow_ups_on_served_queues_run_inline(env, raw, prefix):
         # (after a crash the reaper re-rings pending messages and re-enqueues stale resumes)
         assert broker.queue == []
         assert executions(raw, prefix, "a") == 1 and executions(raw, prefix, "b") == 1
+        # a step leaves its writes to the next inline step; the task writes them all by its end
+        types = [e["type"] for _, e in await ctx.runs.events(run_id, count=1000)]
+        assert types[-2:] == ["result", "run_result"] and types.count("run_status") == 1
+        assert types.index("run_status") < types.index("agent_message")  # suspended, then the members
+        assert raw.zscore(ctx.runs.leases_key, run_id) is None
     finally:
         ctx.served_queues = None
 
