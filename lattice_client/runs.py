@@ -77,6 +77,7 @@ _SCRIPT_NAMES = (
     "suspend",
     "clear_items",
     "append_event",
+    "append_events",
     "finish",
     "cancel",
     "begin_segment",
@@ -892,6 +893,26 @@ class RunStore:
             "append_event", run_id, [k.record, k.events], [self.max_events, dumps(event, "event")]
         )
         return _text(entry)
+
+    async def append_events(self, run_id: str, events: list[dict[str, Any]]) -> list[str]:
+        """Append ``events`` (as for :meth:`append_event`), in order, with one
+        script call; returns their stream entry ids. Nothing is appended when
+        one is bad (``ValueError``) or the run is unknown (:class:`RunNotFoundError`)."""
+        for event in events:
+            if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+                raise ValueError("an event must be a dict with a string 'type'")
+        if not events:
+            return []
+        (_, _, numkeys, *keys_args), _ = self.append_events_call(run_id, [dumps(e, "event") for e in events])
+        out = await self._run("append_events", run_id, keys_args[:numkeys], keys_args[numkeys:])
+        return [_text(x) for x in out]
+
+    def append_events_call(self, run_id: str, payloads: list[str]) -> tuple[tuple[Any, ...], str]:
+        """:meth:`append_events` of already encoded event JSONs as ``(command,
+        source)`` for the caller's own pipeline (see :meth:`journal_call_call`);
+        its reply is the entry ids."""
+        k = self.keys(run_id)
+        return self._call("append_events", [k.record, k.events], [self.max_events, *payloads])
 
     async def events(
         self,

@@ -56,11 +56,12 @@ logger = logging.getLogger("lattice_worker.runtime")
 TaskSender = Callable[[str, list[Any], str], None]
 """``send_task(task_name, args, queue)``: enqueue one Celery task (sync)."""
 
-_APPEND_EVENT_LUA = (
-    resources.files("lattice_client").joinpath("lua", "append_event.lua").read_text(encoding="utf-8")
+_APPEND_EVENTS_LUA = (
+    resources.files("lattice_client").joinpath("lua", "append_events.lua").read_text(encoding="utf-8")
 )
-"""The run store's own append script (same checks and stream format), pipelined by the event writer."""
-_APPEND_EVENT_SHA = hashlib.sha1(_APPEND_EVENT_LUA.encode("utf-8")).hexdigest()
+"""The run store's multi-event append script (``RunStore.append_events``: same checks and
+stream format), pipelined by the event writer: one call per run stream and batch."""
+_APPEND_EVENTS_SHA = hashlib.sha1(_APPEND_EVENTS_LUA.encode("utf-8")).hexdigest()
 
 RUN_KEY_TTL_SECONDS = 7 * 24 * 3600
 """How long (seconds) a run's history, usage and work-item links are kept after their last write."""
@@ -254,7 +255,7 @@ class WorkerContext:
         stream, wrapped as ``agent_message`` of the member the child run serves.
 
         Events are written in order by one background writer per context, in
-        pipelined batches (the script of ``RunStore.append_event``), so the
+        pipelined batches (one ``RunStore.append_events`` script call per stream), so the
         agent loop does not wait for each write: a batch is written
         :data:`EVENT_LINGER_SECONDS` after its first event, or at once by
         :meth:`flush_events`, which waits for it. Token-level ``stream_event``
@@ -313,51 +314,64 @@ class WorkerContext:
                         self._settle(op, None, exc)
 
     async def _write_batch(self, batch: list[tuple[str, str, str] | _Write]) -> None:
-        """One pipeline for the batch, in order; event appends and script writes
-        refused with NOSCRIPT (first use on this server) are sent again once
-        after loading their scripts."""
+        """One pipeline for the batch: the command batches in order, each run
+        stream's events in one script call (in their order; placed where the
+        stream's first event of the batch was queued). Calls refused with
+        NOSCRIPT (first use on this server) are sent again once after loading
+        their scripts."""
+        units: list[_Write | _Events] = []
+        streams: dict[tuple[str, str], _Events] = {}
+        for op in batch:
+            if isinstance(op, _Write):
+                units.append(op)
+                continue
+            record_key, events_key, payload = op
+            group = streams.get((record_key, events_key))
+            if group is None:
+                group = streams[(record_key, events_key)] = _Events(record_key, events_key, [])
+                units.append(group)
+            group.payloads.append(payload)
         client = self.client()
         lost: list[Exception] = []
         for attempt in range(2):
             async with client.pipeline(transaction=False) as pipe:
-                for op in batch:
-                    if isinstance(op, _Write):
-                        for name, *args in op.commands:
+                for unit in units:
+                    if isinstance(unit, _Write):
+                        for name, *args in unit.commands:
                             getattr(pipe, name)(*args)
                     else:
-                        record_key, events_key, payload = op
                         pipe.evalsha(
-                            _APPEND_EVENT_SHA,
+                            _APPEND_EVENTS_SHA,
                             2,
-                            record_key,
-                            events_key,
+                            unit.record_key,
+                            unit.events_key,
                             self.settings.max_run_events,
-                            payload,
+                            *unit.payloads,
                         )
                 results = iter(await pipe.execute(raise_on_error=False))
-            retry: list[tuple[str, str, str] | _Write] = []
+            retry: list[_Write | _Events] = []
             scripts: set[str] = set()
-            for op in batch:
-                if isinstance(op, _Write):
-                    replies = [next(results) for _ in op.commands]
+            for unit in units:
+                if isinstance(unit, _Write):
+                    replies = [next(results) for _ in unit.commands]
                     error = next((r for r in replies if isinstance(r, Exception)), None)
-                    if attempt == 0 and op.scripts and isinstance(error, NoScriptError):
-                        retry.append(op)
-                        scripts.update(op.scripts)
+                    if attempt == 0 and unit.scripts and isinstance(error, NoScriptError):
+                        retry.append(unit)
+                        scripts.update(unit.scripts)
                     else:
-                        self._settle(op, replies, error)
+                        self._settle(unit, replies, error)
                     continue
                 reply = next(results)
                 if attempt == 0 and isinstance(reply, NoScriptError):
-                    retry.append(op)
-                    scripts.add(_APPEND_EVENT_LUA)
+                    retry.append(unit)
+                    scripts.add(_APPEND_EVENTS_LUA)
                 elif isinstance(reply, Exception):
-                    lost.append(reply)
+                    lost.extend([reply] * len(unit.payloads))
             if not retry:
                 break
             for source in scripts:
                 await client.script_load(source)
-            batch = retry
+            units = retry
         if lost:
             logger.warning("%d run events not written: %s", len(lost), lost[0])
 
@@ -498,6 +512,15 @@ class WorkerContext:
         summed = {name: 0 for name in counts}
         summed.update({_text(k): int(v) for k, v in (out[-1] or {}).items()})
         return summed
+
+
+@dataclass
+class _Events:
+    """One run stream's events of a batch (see ``WorkerContext._write_batch``)."""
+
+    record_key: str
+    events_key: str
+    payloads: list[str]
 
 
 @dataclass

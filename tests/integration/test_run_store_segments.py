@@ -201,3 +201,24 @@ async def test_finish_leaves_the_lease_index_unless_another_segment_holds_the_ru
     assert not await store.finish("r1", RunResult(run_id="r1", status="failed", error="e"), token=start.token)
     assert raw.zscore(store.leases_key, "r1") is None
     assert (await store.get("r1")).result.result == "x"
+
+
+async def test_append_events_appends_in_order_in_one_call(store):
+    from lattice_client.errors import RunNotFoundError
+
+    await store.create("r1", "team", "p")
+    first = await store.append_event("r1", {"type": "a"})
+    ids = await store.append_events("r1", [{"type": "b", "n": 1}, {"type": "c", "text": "é"}])
+    order = [tuple(int(x) for x in i.split("-")) for i in (first, *ids)]
+    assert len(ids) == 2 and order == sorted(order) and len(set(order)) == 3
+    assert [(e["type"], e.get("n"), e.get("text")) for _, e in await store.events("r1")] == [
+        ("a", None, None),
+        ("b", 1, None),
+        ("c", None, "é"),
+    ]
+    assert await store.append_events("r1", []) == []
+    with pytest.raises(ValueError, match="string 'type'"):
+        await store.append_events("r1", [{"type": "ok"}, {"no": "type"}])
+    with pytest.raises(RunNotFoundError):
+        await store.append_events("nope", [{"type": "x"}])
+    assert len(await store.events("r1")) == 3  # nothing of the refused calls
