@@ -181,6 +181,9 @@ class SegmentStart:
     items: list[dict[str, Any]] | None = None
     """The run's registered items as :meth:`RunStore.items` lists them, read right
     after the start (``begin_segment(..., read_items=True)``)."""
+    usage: dict[str, int] | None = None
+    """The integer fields of the hash ``begin_segment(..., usage_key=)`` names
+    (the worker's token usage totals), read right after the start."""
 
 
 @dataclass(frozen=True)
@@ -634,6 +637,7 @@ class RunStore:
         read_record: bool = False,
         history_key: str | None = None,
         read_items: bool = False,
+        usage_key: str | None = None,
     ) -> SegmentStart | None:
         """Start a lead segment: ``expect`` (``queued`` or ``resuming``) ->
         ``running`` under a new lead lease of ``lease_s`` **seconds**, exactly
@@ -642,18 +646,21 @@ class RunStore:
         finds it even if this process dies right after. In the same round
         trip, ``read_record=True`` reads the run record (``SegmentStart.record``),
         ``history_key`` (a list key of the run, under its hash tag) the
-        lead's history (``SegmentStart.history``) and ``read_items=True`` the
-        run's work items (``SegmentStart.items``). Raises ``ValueError`` for a
-        non-positive ``lease_s``, an ``expect`` other than ``queued`` /
-        ``resuming`` or a ``history_key`` that is not the run's."""
+        lead's history (``SegmentStart.history``), ``read_items=True`` the
+        run's work items (``SegmentStart.items``) and ``usage_key`` (a hash key
+        of the run) its integer fields (``SegmentStart.usage``). Raises
+        ``ValueError`` for a non-positive ``lease_s``, an ``expect`` other than
+        ``queued`` / ``resuming`` or a ``history_key`` / ``usage_key`` that is
+        not the run's."""
         expected = RunStatus.parse(expect)
         if expected not in (RunStatus.QUEUED, RunStatus.RESUMING):
             raise ValueError(f"begin_segment expects 'queued' or 'resuming', got {expected.value!r}")
         lease_ms = _lease_ms(lease_s)
         token = token or uuid.uuid4().hex
         k = self.keys(run_id)
-        if history_key is not None and not history_key.startswith(k.record + ":"):
-            raise ValueError(f"history key {history_key!r} is not a key of run {run_id!r}")
+        for key in (history_key, usage_key):
+            if key is not None and not key.startswith(k.record + ":"):
+                raise ValueError(f"history/usage key {key!r} is not a key of run {run_id!r}")
         now = now_ms()
         until = now + lease_ms
 
@@ -669,13 +676,15 @@ class RunStore:
                 pipe.hgetall(k.items)
                 pipe.hgetall(k.state)
                 pipe.hgetall(k.outcomes)
+            if usage_key is not None:
+                pipe.hgetall(usage_key)
 
         replies = await self._pipeline(build)
         out = replies[1]
         if not int(out[0]):
             return None
         rest = iter(replies[2:])
-        record = history = items = None
+        record = history = items = usage = None
         if read_record:
             raw = next(rest)
             record = _parse_record({_text(a): _text(b) for a, b in raw.items()}) if raw else None
@@ -683,6 +692,13 @@ class RunStore:
             history = [_text(x) for x in next(rest)]
         if read_items:
             items = _parse_items(next(rest), next(rest), next(rest), next(rest))
+        if usage_key is not None:
+            usage = {}
+            for name, value in next(rest).items():
+                try:
+                    usage[_text(name)] = int(_text(value))
+                except ValueError:
+                    continue
         return SegmentStart(
             token=token,
             lease_until=until,
@@ -691,6 +707,7 @@ class RunStore:
             record=record,
             history=history,
             items=items,
+            usage=usage,
         )
 
     async def extend_lead_lease(self, run_id: str, token: str, lease_s: float) -> bool:
@@ -705,8 +722,10 @@ class RunStore:
             await self._conn().client.zadd(self.leases_key, {run_id: until}, gt=True)
         return ok
 
-    async def _reindex_lease(self, run_id: str) -> None:
-        # put a running run's lease back in the index after a removal that was not ours to make
+    async def reindex_lease(self, run_id: str) -> None:
+        """Put a running run's lead lease back in the lease index (after a
+        removal that turned out not to be the caller's to make: its ``finish``
+        was refused, another segment holds the run)."""
         client = self._conn().client
         status, until = await client.hmget(self.keys(run_id).record, ["status", "lease_until"])
         if status is not None and _text(status) == RunStatus.RUNNING.value and until:
@@ -951,6 +970,35 @@ class RunStore:
         """
         if not isinstance(result, RunResult):
             result = RunResult.model_validate(result)
+        (_, _, numkeys, *keys_args), _ = self.finish_call(run_id, result, token or "")
+        if not token:
+            return bool(await self._run("finish", run_id, keys_args[:numkeys], keys_args[numkeys:]))
+
+        # The segment ends: out of the lease index in the same round trip. That
+        # is right whatever the script answers (the run ended, now or before),
+        # except a refused token: another segment holds the run, its entry goes back.
+        def build(pipe: Any, scripts: dict[str, AsyncScript]) -> None:
+            pipe.evalsha(scripts["finish"].sha, numkeys, *keys_args)
+            pipe.zrem(self.leases_key, run_id)  # idempotent: may be sent twice
+
+        try:
+            ok = (await self._pipeline(build))[0]
+        except ResponseError as exc:
+            mapped = self.script_error(exc, run_id, "finish")
+            if isinstance(mapped, RunLeaseLostError):
+                await self.reindex_lease(run_id)
+            if mapped is exc:
+                raise
+            raise mapped from None
+        return bool(ok)
+
+    def finish_call(self, run_id: str, result: RunResult, token: str) -> tuple[tuple[Any, ...], str]:
+        """:meth:`finish` as ``(command, source)`` for the caller's own
+        pipeline (see :meth:`journal_call_call`); its reply is 1 (finished
+        now) or 0. Under a ``token`` (``""``: none) the caller removes
+        ``run_id`` from :attr:`leases_key` with it, and on a refused token
+        (``FENCED``, see :meth:`script_error`) calls :meth:`reindex_lease`.
+        Raises ``ValueError`` like :meth:`finish`."""
         if result.run_id != run_id:
             raise ValueError(f"result.run_id {result.run_id!r} does not match run {run_id!r}")
         if result.status == "cancelled":
@@ -962,28 +1010,9 @@ class RunStore:
             dumps(result.to_event(), "result"),
             self.max_events,
             now_ms(),
-            token or "",
+            token,
         ]
-        if not token:
-            return bool(await self._run("finish", run_id, [k.record, k.events], args))
-
-        # The segment ends: out of the lease index in the same round trip. That
-        # is right whatever the script answers (the run ended, now or before),
-        # except a refused token: another segment holds the run, its entry goes back.
-        def build(pipe: Any, scripts: dict[str, AsyncScript]) -> None:
-            pipe.evalsha(scripts["finish"].sha, 2, k.record, k.events, *args)
-            pipe.zrem(self.leases_key, run_id)  # idempotent: may be sent twice
-
-        try:
-            ok = (await self._pipeline(build))[0]
-        except ResponseError as exc:
-            mapped = self.script_error(exc, run_id, "finish")
-            if isinstance(mapped, RunLeaseLostError):
-                await self._reindex_lease(run_id)
-            if mapped is exc:
-                raise
-            raise mapped from None
-        return bool(ok)
+        return self._call("finish", [k.record, k.events], args)
 
     async def cancel(self, run_id: str, *, reason: str = "cancelled by request") -> list[dict[str, Any]]:
         """Cancel the run unless it already completed or failed.

@@ -390,8 +390,8 @@ async def run_lead(ctx: WorkerContext, run_id: str) -> str:
 
 
 async def _begin_segment(ctx: WorkerContext, run_id: str, expect: RunStatus) -> SegmentStart | None:
-    # one round trip: the start, the run record, the lead's persisted history
-    # and (to resume) the run's work items
+    # one round trip: the start, the run record, the lead's persisted history,
+    # the run's token usage so far and (to resume) its work items
     return await ctx.runs.begin_segment(
         run_id,
         expect=expect,
@@ -399,6 +399,7 @@ async def _begin_segment(ctx: WorkerContext, run_id: str, expect: RunStatus) -> 
         read_record=True,
         history_key=ctx.history_key(run_id),
         read_items=expect == RunStatus.RESUMING,
+        usage_key=ctx.usage_key(run_id),
     )
 
 
@@ -444,7 +445,8 @@ async def _guarded(
                 if resume:
                     items = start.items if start is not None else None
                     await prepare_resume(ctx, team, record.run_id, agent, lease=lease, items=items)
-            return await drive(ctx, team, record, agent, prompt, lease=lease)
+            usage = start.usage if start is not None else None
+            return await drive(ctx, team, record, agent, prompt, lease=lease, usage=usage)
     except RunLeaseLostError:
         return await _lost(ctx, record.run_id)
     except Exception as exc:
@@ -587,13 +589,17 @@ async def drive(
     prompt: Any,
     *,
     lease: LeadLease | None = None,
+    usage: dict[str, int] | None = None,
 ) -> str:
     """Run the lead's query until it suspends with work pending or ends.
 
     When the wait set is already empty at suspension (every item finished
     before the run could suspend), the run continues at once in this task.
     Under a ``lease`` every run-store write is fenced by its token and the
-    query stops when the lease is lost (outcome ``"lost"``: nothing written)."""
+    query stops when the lease is lost (outcome ``"lost"``: nothing written).
+    ``usage``: the run's token usage totals read when the segment started
+    (kept up to date here; the segment's usage is then queued with its
+    writes, see :meth:`WorkerContext.add_usage`)."""
     run_id = record.run_id
     ctx.note_parent(run_id, record.parent)
     fence = lease.token if lease is not None else None
@@ -624,7 +630,7 @@ async def drive(
         if final is None:  # pragma: no cover - the loop always ends with a result
             raise RuntimeError("the lead's query ended without a result")
         suspending = final.subtype == "suspended"
-        usage = await ctx.add_usage(run_id, final.usage, total=not suspending)
+        totals = await ctx.add_usage(run_id, final.usage, total=not suspending, known=usage, fence=fence)
         if suspending:
             await ctx.sync(fence)  # events and history, before a resume elsewhere adds its own
             try:
@@ -649,7 +655,7 @@ async def drive(
             result=final.result if status == "completed" else (final.result or None),
             structured_result=final.structured_result,
             error=final.error if final.is_error else None,
-            usage=usage,
+            usage=totals,
         )
         if not await finish_run(ctx, record, result, lease=lease) and lease is not None and lease.lost:
             return await _lost(ctx, run_id)
@@ -840,20 +846,29 @@ async def finish_run(
 ) -> bool:
     """Write the final result (record + ``run_result`` event); a child run then
     replies upstream. Returns False when the run had already finished or was
-    cancelled, or when ``lease`` no longer holds it (nothing written, no reply)."""
+    cancelled, or when ``lease`` no longer holds it (nothing written, no reply).
+    Under a ``lease``, the segment's queued writes (events, history, usage),
+    the result and the lease-index removal go in one round trip, in that order."""
     try:
-        await ctx.sync(lease.token if lease is not None else None)  # the run_result event comes last
-    except RunLeaseLostError:
-        pass  # finish (fenced) is refused below
-    except Exception:
-        logger.warning("run %s: a history write failed before the end", record.run_id, exc_info=True)
-    try:
-        written = await ctx.runs.finish(
-            record.run_id, result, token=lease.token if lease is not None else None
-        )
+        if lease is None:
+            await ctx.flush_events()  # the run_result event comes last
+            written = await ctx.runs.finish(record.run_id, result)
+        else:
+            call, source = ctx.runs.finish_call(record.run_id, result, lease.token)
+            replies = await ctx.write(
+                [call, ("zrem", ctx.runs.leases_key, record.run_id)],
+                scripts=(source,),
+                on_error=lease_error(lease, "finish"),
+            )
+            written = bool(replies[0])
+            try:
+                await ctx.sync(lease.token)
+            except Exception:  # the result is written; a queued write before it failed
+                logger.warning("run %s: a write before the result failed", record.run_id, exc_info=True)
     except RunLeaseLostError:
         if lease is not None:
             lease.mark_lost()
+            await ctx.runs.reindex_lease(record.run_id)  # the entry is the holder's
         logger.warning("run %s: lead lease lost; the result of this worker is discarded", record.run_id)
         return False
     except Exception:

@@ -487,13 +487,24 @@ class WorkerContext:
         return link
 
     async def add_usage(
-        self, run_id: str, usage: dict[str, Any] | None, *, total: bool = False
+        self,
+        run_id: str,
+        usage: dict[str, Any] | None,
+        *,
+        total: bool = False,
+        known: dict[str, int] | None = None,
+        fence: str | None = None,
     ) -> dict[str, int]:
         """Add one lead segment's token usage to the run's total (nothing is
         written for an all-zero usage). With ``total=True`` returns the run's
         total so far (every key of ``usage`` present, zeros included), else ``{}``.
         Written in the same pipeline as the queued events (which it flushes).
-        Raises the Redis error when the write fails."""
+        Raises the Redis error when the write fails.
+
+        ``known``: the run's totals as this segment knows them (read when it
+        started -- a lead segment holds its run alone -- and kept up to date
+        here, in place). The increments are then queued under ``fence`` (see
+        :meth:`queue_write`) and the total needs no read."""
         counts = {
             str(k): v for k, v in (usage or {}).items() if isinstance(v, int) and not isinstance(v, bool)
         }
@@ -504,6 +515,12 @@ class WorkerContext:
         commands: list[tuple[Any, ...]] = [("hincrby", key, name, value) for name, value in nonzero.items()]
         if nonzero:
             commands.append(("expire", key, RUN_KEY_TTL_SECONDS))
+        if known is not None:
+            if commands:
+                self.queue_write(commands, fence=fence)
+            for name, value in nonzero.items():
+                known[name] = known.get(name, 0) + value
+            return {**{name: 0 for name in counts}, **known} if total else {}
         if total:
             commands.append(("hgetall", key))
         out = await self.write(commands)

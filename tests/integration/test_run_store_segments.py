@@ -222,3 +222,32 @@ async def test_append_events_appends_in_order_in_one_call(store):
     with pytest.raises(RunNotFoundError):
         await store.append_events("nope", [{"type": "x"}])
     assert len(await store.events("r1")) == 3  # nothing of the refused calls
+
+
+async def test_usage_read_with_the_start_and_finish_in_a_callers_pipeline(store, raw):
+    from lattice_client.models import RunResult
+
+    await store.create("r1", "team", "p")
+    usage_key = f"{store.keys('r1').record}:usage"
+    raw.hset(usage_key, mapping={"input_tokens": 3, "odd": "x"})
+    start = await store.begin_segment("r1", expect=RunStatus.QUEUED, lease_s=30, usage_key=usage_key)
+    assert start is not None and start.usage == {"input_tokens": 3}  # integer fields only
+    with pytest.raises(ValueError, match="not a key of run"):
+        await store.begin_segment("r1", expect=RunStatus.QUEUED, lease_s=30, usage_key="elsewhere:usage")
+    call, source = store.finish_call(
+        "r1", RunResult(run_id="r1", status="completed", result="x"), start.token
+    )
+    with pytest.raises(ValueError, match="does not match"):
+        store.finish_call("r1", RunResult(run_id="r2", status="completed"), start.token)
+    client = await store.redis()
+    await client.script_load(source)
+    raw.hset(store.keys("r1").record, "lease_token", "holder")  # another segment holds the run
+    async with client.pipeline(transaction=False) as pipe:
+        getattr(pipe, call[0])(*call[1:])
+        pipe.zrem(store.leases_key, "r1")
+        refused, _ = await pipe.execute(raise_on_error=False)
+    assert isinstance(store.script_error(refused, "r1", "finish"), RunLeaseLostError)
+    assert raw.zscore(store.leases_key, "r1") is None
+    await store.reindex_lease("r1")  # the holder's entry goes back
+    assert raw.zscore(store.leases_key, "r1") == start.lease_until
+    assert (await store.get("r1")).result is None

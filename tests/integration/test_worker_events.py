@@ -172,3 +172,16 @@ async def test_writes_of_a_script_the_server_lacks_are_loaded_and_sent_again(ctx
     assert await ctx.write([("evalsha", sha, 1, key, "now")], scripts=(source,)) == [2]
     await ctx.sync("seg")
     assert raw.lrange(key, 0, -1) == ["queued", "now"]
+
+
+async def test_add_usage_with_known_totals_queues_the_increments_and_reads_nothing(ctx, raw):
+    await ctx.runs.create("r1", "team", "prompt")
+    raw.hset(ctx.usage_key("r1"), mapping={"input_tokens": 10, "output_tokens": 1})
+    known = {"input_tokens": 10, "output_tokens": 1}  # as read when the segment started
+    assert await ctx.add_usage("r1", {"input_tokens": 5, "output_tokens": 0}, known=known, fence="seg") == {}
+    assert raw.hget(ctx.usage_key("r1"), "input_tokens") == "10"  # queued
+    total = await ctx.add_usage("r1", {"input_tokens": 1, "cache": 0}, total=True, known=known, fence="seg")
+    assert total == {"input_tokens": 16, "output_tokens": 1, "cache": 0}
+    assert known == {"input_tokens": 16, "output_tokens": 1}
+    await ctx.sync("seg")
+    assert raw.hgetall(ctx.usage_key("r1")) == {"input_tokens": "16", "output_tokens": "1"}
