@@ -258,6 +258,7 @@ class RunStore:
             self._shared = self._make_conn(redis_url_or_client)
         else:
             raise TypeError("RunStore needs a redis:// URL or a redis.asyncio.Redis client")
+        self._keys: dict[str, RunKeys] = {}  # immutable, asked for on every call
         self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Conn] = (
             weakref.WeakKeyDictionary()
         )
@@ -347,6 +348,15 @@ class RunStore:
 
     def keys(self, run_id: str) -> RunKeys:
         """The keys of run ``run_id`` (raises ``ValueError`` on a bad run id)."""
+        found = self._keys.get(run_id) if isinstance(run_id, str) else None
+        if found is None:
+            found = self._make_keys(run_id)
+            if len(self._keys) >= 10_000:
+                self._keys.clear()
+            self._keys[run_id] = found
+        return found
+
+    def _make_keys(self, run_id: str) -> RunKeys:
         base = f"{self.prefix}:run:{{run:{check_run_id(run_id)}}}"
         return RunKeys(
             record=base,

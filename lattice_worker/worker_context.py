@@ -262,18 +262,28 @@ class WorkerContext:
         events (also wrapped ones) are not stored: they would multiply the
         stream's size for no reader's benefit.
         Stream failures are logged, never raised (events are observational)."""
-        data = _event_dict(event)
-        if _is_stream_delta(data):
+        data: dict[str, Any] | None = None
+        payload = _model_json(event)  # a model's JSON straight from pydantic: the same text
+        if payload is None:
+            data = _event_dict(event)
+            if _is_stream_delta(data):
+                return
+        elif payload == "":  # a token-level stream event
             return
         current = run_id
         depth = 0
         while current and depth < 16:
             try:
-                payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=str)
+                if payload is None:
+                    assert data is not None
+                    payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=str)
                 keys = self.runs.keys(current)
             except ValueError:
                 logger.warning(
-                    "could not queue a %s event for run %s", data.get("type"), current, exc_info=True
+                    "could not queue a %s event for run %s",
+                    getattr(event, "type", None),
+                    current,
+                    exc_info=True,
                 )
                 return
             self._events.append((keys.record, keys.events, payload))
@@ -285,6 +295,9 @@ class WorkerContext:
             if parent is None:
                 break
             parent_run, parent_team, member = parent
+            if data is None:
+                data = _event_dict(event)
+            payload = None
             data = {
                 "type": "agent_message",
                 "team": parent_team,
@@ -558,6 +571,27 @@ def _text(value: Any) -> str:
 def _wake_up(future: Any) -> None:
     if future is not None and not future.done():
         future.set_result(None)
+
+
+def _model_json(event: Any) -> str | None:
+    """The JSON of a pydantic event model (``""`` for a token-level stream
+    event, which is not stored), or ``None`` for anything else."""
+    if isinstance(event, dict):
+        return None
+    dump_json = getattr(event, "model_dump_json", None)
+    if not callable(dump_json):
+        return None
+    kind = getattr(event, "type", None)
+    if kind == "stream_event":
+        return ""
+    if kind == "agent_message":
+        message = getattr(event, "message", None)
+        if isinstance(message, dict) and _is_stream_delta(message):
+            return ""
+    try:
+        return str(dump_json())
+    except Exception:  # left to the dict path (and its default=str)
+        return None
 
 
 def _is_stream_delta(data: dict[str, Any]) -> bool:

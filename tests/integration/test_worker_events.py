@@ -185,3 +185,26 @@ async def test_add_usage_with_known_totals_queues_the_increments_and_reads_nothi
     assert known == {"input_tokens": 16, "output_tokens": 1}
     await ctx.sync("seg")
     assert raw.hgetall(ctx.usage_key("r1")) == {"input_tokens": "16", "output_tokens": "1"}
+
+
+async def test_event_models_are_stored_as_their_json_and_stream_deltas_are_not(ctx):
+    from lattice_worker.agent.events import AssistantMessage, StreamEvent
+    from lattice_worker.team.events import AgentMessageEvent, TeamMessageEvent
+
+    await ctx.runs.create("r1", "team", "prompt")
+    events = [
+        AssistantMessage(session_id="s", turn=1, message={"role": "assistant", "content": "é ✓", "x": 0.1}),
+        TeamMessageEvent(subtype="sent", team="t", message={"id": "m1", "content": "hi"}),
+        AgentMessageEvent(team="t", member="m", mailbox="t::m", message={"type": "user", "n": [1, 2]}),
+        {"type": "run_status", "status": "suspended", "run_id": "r1"},
+    ]
+    for event in events:
+        await ctx.emit("r1", event)
+    await ctx.emit("r1", StreamEvent(session_id="s", event={"type": "content_block_delta"}))
+    await ctx.emit(
+        "r1", AgentMessageEvent(team="t", member="m", mailbox="t::m", message={"type": "stream_event"})
+    )
+    await ctx.flush_events()
+    stored = [e for _, e in await ctx.runs.events("r1", count=100)]
+    expected = [e if isinstance(e, dict) else e.model_dump(mode="json") for e in events]
+    assert stored == expected
