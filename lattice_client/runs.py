@@ -419,19 +419,30 @@ class RunStore:
         meta_json = dumps(meta, "metadata")
         parent_json = parent_model.model_dump_json() if parent_model is not None else ""
         created = now_ms()
-        ok = await self._run(
-            "create",
-            run_id,
-            [keys.record],
-            [run_id, team, team_ref or "", prompt, created, meta_json, parent_json],
-        )
+        args = [run_id, team, team_ref or "", prompt, created, meta_json, parent_json]
+
+        # One round trip: the record, then its index entries (NX: an existing
+        # entry is never moved; the script and ZADD NX may be sent twice).
+        def build(pipe: Any, scripts: dict[str, AsyncScript]) -> None:
+            pipe.evalsha(scripts["create"].sha, 1, keys.record, *args)
+            pipe.zadd(self.runs_index_key, {run_id: created}, nx=True)
+            pipe.zadd(self.team_index_key(team), {run_id: created}, nx=True)
+
+        ok, added_all, added_team = await self._pipeline(build)
         if not ok:
+            # The run exists: take back the index entries this call added (only
+            # after a NOSCRIPT resend could one added by the first send stay).
+            added = [added_all, added_team]
+            stale = [
+                i for i, a in zip((self.runs_index_key, self.team_index_key(team)), added, strict=True) if a
+            ]
+            if stale:
+                client = self._conn().client
+                async with client.pipeline(transaction=False) as pipe:
+                    for index in stale:
+                        pipe.zrem(index, run_id)
+                    await pipe.execute()
             raise ValueError(f"run {run_id!r} already exists")
-        client = self._conn().client
-        async with client.pipeline(transaction=False) as pipe:
-            pipe.zadd(self.runs_index_key, {run_id: created})
-            pipe.zadd(self.team_index_key(team), {run_id: created})
-            await pipe.execute()
         return RunRecord(
             run_id=run_id,
             team=team,

@@ -251,3 +251,16 @@ async def test_usage_read_with_the_start_and_finish_in_a_callers_pipeline(store,
     await store.reindex_lease("r1")  # the holder's entry goes back
     assert raw.zscore(store.leases_key, "r1") == start.lease_until
     assert (await store.get("r1")).result is None
+
+
+async def test_create_indexes_in_its_round_trip_and_a_refused_one_changes_no_index(store, raw):
+    record = await store.create("r1", "team", "p")
+    assert raw.zscore(store.runs_index_key, "r1") == record.created_at
+    assert raw.zscore(store.team_index_key("team"), "r1") == record.created_at
+    raw.zrem(store.runs_index_key, "r1")  # an index entry gone (pruned, say)
+    with pytest.raises(ValueError, match="already exists"):
+        await store.create("r1", "other", "q")
+    assert raw.zscore(store.runs_index_key, "r1") is None  # not added back by the refused call
+    assert raw.zscore(store.team_index_key("other"), "r1") is None
+    assert raw.zscore(store.team_index_key("team"), "r1") == record.created_at
+    assert (await store.get("r1")).prompt == "p"
