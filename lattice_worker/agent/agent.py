@@ -17,7 +17,6 @@ concurrently"); a bare agent sends exactly the ``system_prompt`` you gave.
 from __future__ import annotations
 
 import asyncio
-import copy
 import inspect
 import logging
 import uuid
@@ -27,7 +26,7 @@ from typing import Any
 from ..errors import ConcurrentQueryError, ConfigError
 from ..tools.tool import ToolDefinition
 from .events import ResultMessage, SDKMessage
-from .loop import RunControl, run_query
+from .loop import RunControl, _copy, run_query
 from .options import AgentOptions, check_tool_set, validate_agent_options, validate_query_options
 from .output import build_submit_output_tool
 
@@ -221,7 +220,7 @@ class Agent:
         store = self.options.history_store
         if store is not None:
             try:
-                await _maybe_await(store.append(copy.deepcopy(message)))
+                await _maybe_await(store.append(_copy(message)))
             except Exception as exc:
                 self._store_failed("append", exc)
 
@@ -230,7 +229,7 @@ class Agent:
         including what the history store held (loaded on first use)."""
         if self._control is None:
             await self._ensure_history_loaded()
-        return copy.deepcopy(self._history)
+        return _copy(self._history)
 
     async def replace_history(self, messages: list[dict[str, Any]]) -> None:
         """Replace the whole conversation (and the history store's copy) -- spec
@@ -254,11 +253,11 @@ class Agent:
             problem = _message_problem(message)
             if problem is not None:
                 raise ConfigError(f"replace_history: messages[{i}] {problem}")
-        new = copy.deepcopy(messages)
+        new = _copy(messages)
         store = self.options.history_store
         if store is not None:
             try:
-                await _maybe_await(store.replace(copy.deepcopy(new)))
+                await _maybe_await(store.replace(_copy(new)))
             except Exception as exc:
                 self._store_failed("replace", exc)
         self._history = new

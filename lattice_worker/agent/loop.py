@@ -151,7 +151,21 @@ def _swallow(task: asyncio.Task[Any]) -> None:
         task.exception()
 
 
+_IMMUTABLE = frozenset({str, int, float, bool, type(None)})
+
+
 def _copy(value: Any) -> Any:
+    """A deep copy of ``value``. Messages and events are JSON-like (dicts,
+    lists, strings, numbers): those are copied directly, several times faster
+    than ``copy.deepcopy``; anything else (a tuple, a dict subclass, an
+    object) is handed to ``copy.deepcopy``."""
+    kind = type(value)
+    if kind is dict:
+        return {key: _copy(item) for key, item in value.items()}
+    if kind is list:
+        return [_copy(item) for item in value]
+    if kind in _IMMUTABLE:
+        return value
     return copy.deepcopy(value)
 
 
