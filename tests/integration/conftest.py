@@ -1,4 +1,5 @@
-"""Mailbox fixtures shared by the team integration tests (tests/integration/test_team_*.py).
+"""Fixtures shared by the integration tests: the team tests' mailboxes (``mailbox``,
+``small_mailbox``) and, for the Redis-backed tests, ``prefix`` and ``raw``.
 
 ``mailbox`` and ``small_mailbox`` run a test once on a ``MemoryMailbox`` and once
 on a ``RedisMailbox`` (real Redis at ``LATTICE_TEST_REDIS_URL``, default
@@ -54,3 +55,29 @@ async def small_mailbox(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
     """A store that refuses messages over 10 000 bytes."""
     async with _store(request.param, max_message_bytes=10_000) as store:
         yield store
+
+
+@pytest.fixture
+def prefix():
+    """A unique Redis key prefix for one test (``test-<12 hex>``); its keys are deleted afterwards."""
+    import redis
+
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    yield name
+    sync = redis.Redis.from_url(REDIS_URL)
+    try:
+        keys = list(sync.scan_iter(match=f"{name}:*", count=1000))
+        if keys:
+            sync.delete(*keys)
+    finally:
+        sync.close()
+
+
+@pytest.fixture
+def raw():
+    """A synchronous Redis client (decoded responses) for inspecting raw keys."""
+    import redis
+
+    sync = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    yield sync
+    sync.close()

@@ -14,12 +14,10 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import httpx
 import pytest
-import redis
 from celery.contrib.testing.worker import start_worker
 
 from lattice_client.celery_config import make_celery_app, queue_name
@@ -46,19 +44,6 @@ def wait_until(predicate, timeout: float, what: str):
             return last
         time.sleep(0.3)
     raise AssertionError(f"timed out waiting for {what}; last={last!r}")
-
-
-@pytest.fixture
-def prefix():
-    name = f"test-{uuid.uuid4().hex[:12]}"
-    yield name
-    sync = redis.Redis.from_url(REDIS_URL)
-    try:
-        keys = list(sync.scan_iter(match=f"{name}:*", count=1000))
-        if keys:
-            sync.delete(*keys)
-    finally:
-        sync.close()
 
 
 def test_lattice_flower_serves_the_api_with_basic_auth(prefix):

@@ -96,13 +96,6 @@ not_a_team = _NotATeam()
 
 
 @pytest.fixture
-def raw():
-    sync = redis.Redis.from_url(REDIS_URL, decode_responses=True)
-    yield sync
-    sync.close()
-
-
-@pytest.fixture
 def client(prefix):
     c = LatticeClient(REDIS_URL, key_prefix=prefix)
     yield c

@@ -49,13 +49,6 @@ def prefix(monkeypatch):
         sync.close()
 
 
-@pytest.fixture
-def raw():
-    sync = redis.Redis.from_url(REDIS_URL, decode_responses=True)
-    yield sync
-    sync.close()
-
-
 class Broker:
     """Collects the tasks the bodies enqueue and runs them."""
 

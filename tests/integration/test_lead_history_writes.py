@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 
 import pytest
 import redis
@@ -29,26 +28,6 @@ REDIS_URL = "redis://127.0.0.1:6379/0"
 USER = {"role": "user", "content": "the prompt"}
 CALL = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "x", "input": {}}]}
 RESULT = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "ok"}]}
-
-
-@pytest.fixture
-def prefix():
-    name = f"test-{uuid.uuid4().hex[:12]}"
-    yield name
-    sync = redis.Redis.from_url(REDIS_URL)
-    try:
-        keys = list(sync.scan_iter(match=f"{name}:*", count=1000))
-        if keys:
-            sync.delete(*keys)
-    finally:
-        sync.close()
-
-
-@pytest.fixture
-def raw():
-    sync = redis.Redis.from_url(REDIS_URL, decode_responses=True)
-    yield sync
-    sync.close()
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ import json
 import uuid
 
 import pytest
-import redis
 
 from lattice_client.errors import RunLeaseLostError
 from lattice_client.models import RunStatus
@@ -22,26 +21,6 @@ from lattice_client.runs import RunStore
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
-
-
-@pytest.fixture
-def prefix():
-    name = f"test-{uuid.uuid4().hex[:12]}"
-    yield name
-    sync = redis.Redis.from_url(REDIS_URL)
-    try:
-        keys = list(sync.scan_iter(match=f"{name}:*", count=1000))
-        if keys:
-            sync.delete(*keys)
-    finally:
-        sync.close()
-
-
-@pytest.fixture
-def raw():
-    sync = redis.Redis.from_url(REDIS_URL, decode_responses=True)
-    yield sync
-    sync.close()
 
 
 @pytest.fixture

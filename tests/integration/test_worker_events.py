@@ -24,26 +24,6 @@ REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 @pytest.fixture
-def prefix():
-    name = f"test-{uuid.uuid4().hex[:12]}"
-    yield name
-    sync = redis.Redis.from_url(REDIS_URL)
-    try:
-        keys = list(sync.scan_iter(match=f"{name}:*", count=1000))
-        if keys:
-            sync.delete(*keys)
-    finally:
-        sync.close()
-
-
-@pytest.fixture
-def raw():
-    sync = redis.Redis.from_url(REDIS_URL, decode_responses=True)
-    yield sync
-    sync.close()
-
-
-@pytest.fixture
 async def ctx(prefix):
     runs = RunStore(REDIS_URL, prefix)
     context = WorkerContext(
