@@ -27,8 +27,6 @@ found in the journal instead of being sent twice.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
 from typing import Any
@@ -39,11 +37,12 @@ from lattice_client.runs import RunStore, SegmentStart
 from .agent.abort import AbortController
 from .agent.history_stores import RedisHistoryStore
 from .agent.model import AssistantModelMessage
+from .leases import RenewalLoop
 
 logger = logging.getLogger("lattice_worker.leases")
 
 
-class LeadLease:
+class LeadLease(RenewalLoop):
     """The lease of one lead segment, renewed until the ``async with`` block ends.
 
     Args:
@@ -59,34 +58,14 @@ class LeadLease:
     """
 
     def __init__(self, runs: RunStore, run_id: str, start: SegmentStart, lease_s: float) -> None:
-        if not lease_s or lease_s <= 0:
-            raise ValueError(f"LeadLease: lease_s must be a positive number of seconds, got {lease_s!r}")
+        super().__init__(lease_s, f"lead-lease:{run_id}")
         self.runs = runs
         self.run_id = run_id
         self.token = start.token
         self.attempts = start.attempts
         self.recover = start.recover
-        self.lease_s = float(lease_s)
         self.controller = AbortController()
         self.lost = False
-        self.renewals = 0
-        self._task: asyncio.Task[None] | None = None
-
-    @property
-    def interval(self) -> float:
-        """Seconds between renewals (a third of the lease)."""
-        return self.lease_s / 3.0
-
-    async def __aenter__(self) -> LeadLease:
-        self._task = asyncio.create_task(self._run(), name=f"lead-lease:{self.run_id}")
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
 
     def mark_lost(self) -> None:
         """Record the loss (a write was refused) and abort the segment's signal."""
@@ -109,12 +88,6 @@ class LeadLease:
             return False
         self.renewals += 1
         return True
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
-            if not await self.renew_once():
-                return
 
 
 class FencedHistoryStore(RedisHistoryStore):

@@ -38,7 +38,52 @@ class LeaseLostError(Exception):
         self.reason = reason
 
 
-class LeaseKeeper:
+class RenewalLoop:
+    """Renews something every ``lease_s / 3`` seconds while an ``async with``
+    block runs. Subclasses implement ``renew_once() -> bool`` (False stops the
+    loop) and may override ``after_renewal() -> bool`` (False stops it too).
+    ``lease_s`` is in **seconds**; a non-positive value is a ``ValueError``."""
+
+    def __init__(self, lease_s: float, task_name: str) -> None:
+        if not lease_s or lease_s <= 0:
+            raise ValueError(
+                f"{type(self).__name__}: lease_s must be a positive number of seconds, got {lease_s!r}"
+            )
+        self.lease_s = float(lease_s)
+        self.renewals = 0
+        self._task_name = task_name
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def interval(self) -> float:
+        """Seconds between renewals (a third of the lease)."""
+        return self.lease_s / 3.0
+
+    async def __aenter__(self) -> Any:
+        self._task = asyncio.create_task(self._run(), name=self._task_name)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def renew_once(self) -> bool:
+        raise NotImplementedError
+
+    async def after_renewal(self) -> bool:
+        return True
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            if not await self.renew_once() or not await self.after_renewal():
+                return
+
+
+class LeaseKeeper(RenewalLoop):
     """Renew one claim until the ``async with`` block ends.
 
     Args:
@@ -64,34 +109,14 @@ class LeaseKeeper:
         *,
         check: Callable[[], Awaitable[str | None]] | None = None,
     ) -> None:
-        if not lease_s or lease_s <= 0:
-            raise ValueError(f"LeaseKeeper: lease_s must be a positive number of seconds, got {lease_s!r}")
+        super().__init__(lease_s, f"lease:{message_id}")
         self.mailbox = mailbox
         self.message_id = message_id
         self.token = token
-        self.lease_s = float(lease_s)
         self.controller = controller
         self.check = check
         self.lost: LeaseLostError | None = None
         self.aborted_reason: str | None = None
-        self.renewals = 0
-        self._task: asyncio.Task[None] | None = None
-
-    @property
-    def interval(self) -> float:
-        """Seconds between renewals (a third of the lease)."""
-        return self.lease_s / 3.0
-
-    async def __aenter__(self) -> LeaseKeeper:
-        self._task = asyncio.create_task(self._run(), name=f"lease:{self.message_id}")
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
 
     async def renew_once(self) -> bool:
         """One renewal. Returns False (and aborts the controller) when the claim is lost."""
@@ -108,21 +133,20 @@ class LeaseKeeper:
         self.renewals += 1
         return True
 
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
-            if not await self.renew_once():
-                return
-            if self.check is not None:
-                try:
-                    reason = await self.check()
-                except Exception:
-                    logger.warning("lease check of %s failed", self.message_id, exc_info=True)
-                    reason = None
-                if reason:
-                    self.aborted_reason = reason
-                    self.controller.abort(reason)
-                    return
+    async def after_renewal(self) -> bool:
+        """Run ``check``; a non-empty reason aborts the controller and stops renewing."""
+        if self.check is None:
+            return True
+        try:
+            reason = await self.check()
+        except Exception:
+            logger.warning("lease check of %s failed", self.message_id, exc_info=True)
+            return True
+        if reason:
+            self.aborted_reason = reason
+            self.controller.abort(reason)
+            return False
+        return True
 
 
-__all__ = ["LeaseKeeper", "LeaseLostError"]
+__all__ = ["LeaseKeeper", "LeaseLostError", "RenewalLoop"]
