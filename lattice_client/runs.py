@@ -685,39 +685,49 @@ class RunStore:
         now = now_ms()
         until = now + lease_ms
 
+        reads = ("r" if read_record else "") + ("h" if history_key is not None else "")
+        reads += ("i" if read_items else "") + ("u" if usage_key is not None else "")
+        script_keys = [k.record]
+        if reads:  # the reads happen in the script, right after the start (one reply)
+            script_keys += [
+                history_key or k.record,
+                k.order,
+                k.items,
+                k.state,
+                k.outcomes,
+                usage_key or k.record,
+            ]
+
         def build(pipe: Any, scripts: dict[str, AsyncScript]) -> None:
             pipe.zadd(self.leases_key, {run_id: until}, gt=True)  # idempotent: may be sent twice
-            pipe.evalsha(scripts["begin_segment"].sha, 1, k.record, expected.value, token, until, now)
-            if read_record:
-                pipe.hgetall(k.record)
-            if history_key is not None:
-                pipe.lrange(history_key, 0, -1)
-            if read_items:
-                pipe.lrange(k.order, 0, -1)
-                pipe.hgetall(k.items)
-                pipe.hgetall(k.state)
-                pipe.hgetall(k.outcomes)
-            if usage_key is not None:
-                pipe.hgetall(usage_key)
+            pipe.evalsha(
+                scripts["begin_segment"].sha,
+                len(script_keys),
+                *script_keys,
+                expected.value,
+                token,
+                until,
+                now,
+                reads,
+            )
 
         replies = await self._pipeline(build)
         out = replies[1]
         if not int(out[0]):
             return None
-        rest = iter(replies[2:])
         record = history = items = usage = None
         if read_record:
-            raw = next(rest)
-            record = _parse_record({_text(a): _text(b) for a, b in raw.items()}) if raw else None
+            raw = _pairs(out[3])
+            record = _parse_record(raw) if raw else None
         if history_key is not None:
-            history = [_text(x) for x in next(rest)]
+            history = [_text(x) for x in out[4]]
         if read_items:
-            items = _parse_items(next(rest), next(rest), next(rest), next(rest))
+            items = _parse_items(out[5], _pairs(out[6]), _pairs(out[7]), _pairs(out[8]))
         if usage_key is not None:
             usage = {}
-            for name, value in next(rest).items():
+            for name, value in _pairs(out[9]).items():
                 try:
-                    usage[_text(name)] = int(_text(value))
+                    usage[name] = int(value)
                 except ValueError:
                     continue
         return SegmentStart(
@@ -1105,6 +1115,12 @@ def _lease_ms(lease_s: float) -> int:
     if isinstance(lease_s, bool) or not isinstance(lease_s, int | float) or not lease_s > 0:
         raise ValueError(f"lease_s must be a positive number of seconds, got {lease_s!r}")
     return max(1, int(lease_s * 1000))
+
+
+def _pairs(flat: Any) -> dict[str, str]:
+    """A dict of a flat ``[field, value, ...]`` reply (a Lua script's ``HGETALL``)."""
+    it = iter(flat or ())
+    return {_text(a): _text(b) for a, b in zip(it, it, strict=False)}
 
 
 def _parse_items(order: Any, items: Any, states: Any, outcomes: Any) -> list[dict[str, Any]]:
