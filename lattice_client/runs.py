@@ -612,13 +612,30 @@ class RunStore:
         try:
             suspended = bool(await self._run("suspend", run_id, [k.record, k.wait], [now_ms(), token or ""]))
         except ResponseError as exc:
-            message = str(exc)
-            if message.startswith("BADSTATE"):
-                raise RunStateError(run_id, message.split(" ", 1)[1], "suspend") from None
-            raise
+            mapped = self.suspend_error(exc, run_id)
+            if mapped is exc:
+                raise
+            raise mapped from None
         if suspended and token and unindex_lease:
             await self._unindex_lease(run_id)
         return suspended
+
+    def suspend_call(self, run_id: str, *, token: str | None = None) -> tuple[tuple[Any, ...], str]:
+        """:meth:`suspend` as ``(command, source)`` for the caller's own pipeline
+        (see :meth:`journal_call_call`); its reply is 1 (suspended) or 0 (the
+        wait set is empty). The lease index is the caller's (see :meth:`suspend`,
+        ``unindex_lease=False``); map an error reply with :meth:`suspend_error`."""
+        k = self.keys(run_id)
+        return self._call("suspend", [k.record, k.wait], [now_ms(), token or ""])
+
+    @classmethod
+    def suspend_error(cls, exc: BaseException, run_id: str) -> BaseException:
+        """:meth:`script_error` for a ``suspend`` error reply, plus
+        :class:`RunStateError` for ``BADSTATE`` (the run is neither running nor suspended)."""
+        message = str(exc) if isinstance(exc, ResponseError) else ""
+        if message.startswith("BADSTATE"):
+            return RunStateError(run_id, message.split(" ", 1)[1], "suspend")
+        return cls.script_error(exc, run_id, "suspend")
 
     async def items(self, run_id: str) -> list[dict[str, Any]]:
         """The run's registered items in registration order, each with

@@ -66,6 +66,11 @@ class LeadLease(RenewalLoop):
         self.recover = start.recover
         self.controller = AbortController()
         self.lost = False
+        self.ended = False
+
+    def end(self) -> None:
+        """The segment ended (suspended): later renewals stop without reporting a loss."""
+        self.ended = True
 
     def mark_lost(self) -> None:
         """Record the loss (a write was refused) and abort the segment's signal."""
@@ -75,6 +80,8 @@ class LeadLease(RenewalLoop):
 
     async def renew_once(self) -> bool:
         """One renewal; False (and the signal aborted) when the lease is lost."""
+        if self.ended:
+            return False
         try:
             ok = await self.runs.extend_lead_lease(self.run_id, self.token, self.lease_s)
         except Exception:  # transient: retry next tick

@@ -7,10 +7,10 @@ tool call sends the task message (the team's lead tools do that) and
 registers a work item with :class:`DistributedLeadRuntime`, the lead query's
 ``runtime``. After the tool batch, ``after_tool_batch`` puts the batch's items
 in the run's wait set (``RunStore.add_items``, bounded by the team's
-``max_concurrent_work_items``), rings the doorbells of those allowed to start,
-and raises ``SuspendQuery``: the query ends with subtype ``"suspended"``, the
-run is suspended (``RunStore.suspend``) and the task ends -- no worker waits
-on another. The worker completing the last item enqueues ``resume_lead``.
+``max_concurrent_work_items``) and suspends the run (``RunStore.suspend``) in
+the same round trip, rings the doorbells of those allowed to start, and raises
+``SuspendQuery``: the query ends with subtype ``"suspended"`` and the task
+ends -- no worker waits on another. The worker completing the last item enqueues ``resume_lead``.
 
 On resume the lead gets exactly what it gets in-process: the result of each
 ``ask`` call fills that call's ``tool_result`` (the lead tool returned a
@@ -197,12 +197,26 @@ class DistributedLeadRuntime:
     (``ask`` / ``handoff`` register work items) and ``after_tool_batch``
     (register, ring doorbells, suspend)."""
 
-    def __init__(self, ctx: WorkerContext, team: Team, run_id: str, lease: LeadLease | None = None) -> None:
+    def __init__(
+        self,
+        ctx: WorkerContext,
+        team: Team,
+        run_id: str,
+        lease: LeadLease | None = None,
+        usage: dict[str, int] | None = None,
+    ) -> None:
         self.ctx = ctx
         self.team = team
         self.run_id = run_id
         self.lease = lease
+        self.usage = usage
         self.pending: list[dict[str, Any]] = []
+        self.suspended: bool | None = None
+        """Under a lease: whether the registration write also suspended the run
+        (``None``: it did not try; see :meth:`after_tool_batch`)."""
+        self.stopped: str | None = None
+        """``"cancelled"`` when that suspension was refused because the run was
+        cancelled meanwhile."""
         self.team_mailbox_state: MailboxToolState | None = None
         if team.expose_lead_mailbox_tools:
             self.team_mailbox_state = MailboxToolState(
@@ -247,7 +261,24 @@ class DistributedLeadRuntime:
             return None
         order = {str(call.get("id")): i for i, call in enumerate(getattr(outcome, "calls", []) or [])}
         items.sort(key=lambda it: order.get(it["tool_use_id"], len(order)))
-        await dispatch_items(self.ctx, self.run_id, self.team, items, lease=self.lease)
+        lease = self.lease
+        if lease is None or self.usage is None:
+            await dispatch_items(self.ctx, self.run_id, self.team, items, lease=lease)
+            raise SuspendQuery(f"waiting for {len(items)} member work item(s)")
+        # Under a lease the query suspends right after this batch (no model
+        # request in between), so its usage is final: queued before the
+        # registration, which also suspends the run -- one round trip for the
+        # history, events, usage, items and suspension, in that order.
+        await self.ctx.add_usage(
+            self.run_id, getattr(outcome, "usage", None), known=self.usage, fence=lease.token
+        )
+        try:
+            await dispatch_items(self.ctx, self.run_id, self.team, items, lease=lease, suspend=True)
+            self.suspended = lease.ended  # else the wait set was empty: the lead goes on
+        except RunStateError as exc:
+            if isinstance(exc, RunLeaseLostError) or exc.status != "cancelled":
+                raise RunLeaseLostError(self.run_id, "suspend") from None
+            self.stopped = exc.status
         raise SuspendQuery(f"waiting for {len(items)} member work item(s)")
 
 
@@ -258,11 +289,20 @@ async def dispatch_items(
     items: list[dict[str, Any]],
     *,
     lease: LeadLease | None = None,
-) -> None:
+    suspend: bool = False,
+) -> bool | None:
     """Add the batch's items to the run's wait set and ring the doorbells of
     the ones ``RunStore.add_items`` lets start now (their messages were linked
     to the run when they were sent, see :class:`RunLinkingMailbox`). Under a
-    ``lease`` the registration is fenced by its token (``RunLeaseLostError``)."""
+    ``lease`` the registration is fenced by its token (``RunLeaseLostError``).
+
+    ``suspend=True`` (with a ``lease``): the same round trip then suspends the
+    run (``RunStore.suspend``; ``RunStateError`` when it had ended meanwhile)
+    and the result says whether it is suspended now (``False``: its wait set
+    was already empty, the lead goes on). Items a member finished before they
+    were registered are then completed after the suspension, exactly as if
+    the member had finished just after it (the last one enqueues the resume).
+    Returns ``None`` without ``suspend``."""
     fence = lease.token if lease is not None else None
     call, source = ctx.runs.add_items_call(
         run_id, items, max_active=team.runner_options.max_concurrent_work_items, token=fence
@@ -272,16 +312,26 @@ async def dispatch_items(
     # members' in the stream) and history (the tool results are stored before
     # the batch is registered), the registration, then the outcomes of items a
     # member finished before they were registered (their messages are claimable
-    # from the moment they are sent; both sides write, then read).
-    replies = await ctx.write(
-        [call, ("mget", [ctx.early_outcome_key(w) for w in ids])],
-        scripts=(source,),
-        on_error=(
-            lease_error(lease, "add_items")
-            if lease is not None
-            else lambda exc: ctx.runs.script_error(exc, run_id, "add_items")
-        ),
-    )
+    # from the moment they are sent; both sides write, then read) -- and, to
+    # suspend, the suspension.
+    commands: list[tuple[Any, ...]] = [call, ("mget", [ctx.early_outcome_key(w) for w in ids])]
+    scripts: tuple[str, ...] = (source,)
+    on_error: Any
+    if lease is not None and suspend:
+        suspend_call, suspend_source = ctx.runs.suspend_call(run_id, token=fence)
+        commands.append(suspend_call)
+        scripts = (source, suspend_source)
+        on_error = _suspend_error(lease)
+    elif lease is not None:
+        on_error = lease_error(lease, "add_items")
+    else:
+        on_error = lambda exc: ctx.runs.script_error(exc, run_id, "add_items")  # noqa: E731
+    replies = await ctx.write(commands, scripts=scripts, on_error=on_error)
+    suspended: bool | None = None
+    if len(replies) > 2:
+        suspended = bool(replies[2])
+        if suspended and lease is not None:
+            lease.end()  # the suspension ended the segment (renewals stop quietly)
     await ctx.sync(fence)  # a failed history write of the batch is raised here
     for item in ctx.runs.add_items_reply(replies[0]):
         ctx.ring(item["mailbox_id"])
@@ -291,6 +341,21 @@ async def dispatch_items(
         from .member_run import apply_completion
 
         apply_completion(ctx, run_id, team.name, result)
+    return suspended
+
+
+def _suspend_error(lease: LeadLease) -> Any:
+    """``on_error`` of a registration that also suspends: ``FENCED`` ->
+    :class:`RunLeaseLostError` (the lease marked lost), ``BADSTATE`` ->
+    :class:`RunStateError`."""
+
+    def mapped(exc: BaseException) -> BaseException:
+        error = lease.runs.suspend_error(exc, lease.run_id)
+        if isinstance(error, RunLeaseLostError):
+            lease.mark_lost()
+        return error
+
+    return mapped
 
 
 def spawn_lead(
@@ -607,7 +672,7 @@ async def drive(
         if await _parent_gone(ctx, record):
             await cancel_run(ctx, run_id, "the parent run ended")
             return "cancelled"
-        runtime = DistributedLeadRuntime(ctx, team, run_id, lease)
+        runtime = DistributedLeadRuntime(ctx, team, run_id, lease, usage if lease is not None else None)
         final: Any = None
         token = _current_run.set(run_id)
         lease_token = _current_lease.set(lease)
@@ -625,11 +690,22 @@ async def drive(
         finally:
             _current_lease.reset(lease_token)
             _current_run.reset(token)
+        if runtime.stopped is not None:  # the run ended while the batch was registered
+            logger.info("run %s not suspended (it is %s); stopping", run_id, runtime.stopped)
+            return runtime.stopped
+        if runtime.suspended:  # suspended with the batch's registration (its usage with it)
+            ctx.queue_write([("zrem", ctx.runs.leases_key, run_id)])  # the segment ended; with the event
+            await ctx.emit(run_id, {"type": "run_status", "status": "suspended", "run_id": run_id})
+            return "suspended"
         if lease is not None and lease.lost:
             return await _lost(ctx, run_id)
         if final is None:  # pragma: no cover - the loop always ends with a result
             raise RuntimeError("the lead's query ended without a result")
         suspending = final.subtype == "suspended"
+        if runtime.suspended is False:  # registered with its usage; the wait set was empty
+            await prepare_resume(ctx, team, run_id, agent, lease=lease)
+            prompt = None
+            continue
         totals = await ctx.add_usage(run_id, final.usage, total=not suspending, known=usage, fence=fence)
         if suspending:
             await ctx.sync(fence)  # events and history, before a resume elsewhere adds its own

@@ -69,11 +69,14 @@ class SuspendQuery(Exception):  # noqa: N818 - the name is the contract (docs/co
 class ToolBatchOutcome:
     """What ``runtime.after_tool_batch`` receives: the batch's ``tool_use`` blocks
     (``calls``), its final ``tool_result`` blocks (``results``, after hooks, in the
-    same order) and the running ``agent``."""
+    same order) and the running ``agent``. ``usage``: the query's token usage
+    so far (``TokenUsage.to_dict()``; no model request follows before the
+    runtime answers, so a query that suspends here ends with this usage)."""
 
     calls: list[dict[str, Any]]
     results: list[dict[str, Any]]
     agent: Any
+    usage: dict[str, Any] | None = None
 
 
 class RunControl:
@@ -657,7 +660,9 @@ async def run_query(agent: Agent, prompt: Any, q: QueryOptions) -> AsyncIterator
             after = getattr(runtime, "after_tool_batch", None) if runtime is not None else None
             if after is not None:
                 try:
-                    extra = after(ToolBatchOutcome(calls=calls, results=blocks, agent=agent))
+                    extra = after(
+                        ToolBatchOutcome(calls=calls, results=blocks, agent=agent, usage=run.usage.to_dict())
+                    )
                     if inspect.isawaitable(extra):
                         extra = await extra
                 except SuspendQuery:
