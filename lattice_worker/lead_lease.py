@@ -114,7 +114,10 @@ class FencedHistoryStore(RedisHistoryStore):
     after the writer's linger (``EVENT_LINGER_SECONDS``). A worker dying
     within that window loses the turn: the recovering segment asks the model
     again instead of replaying it. Those steps raise a failure of the queued
-    writes (``writer.sync(lease.token)``); ``load`` writes them first."""
+    writes (``writer.sync(lease.token)``); ``load`` writes them first.
+    A write made while the previous one is still queued (only events and
+    other queued commands after it, see ``writer.still_queued``) is merged
+    into it: one script call stores both, in order, under the same token."""
 
     def __init__(
         self,
@@ -130,6 +133,9 @@ class FencedHistoryStore(RedisHistoryStore):
         self.lease = lease
         self.writer = writer
         self._preloaded = history
+        self._queued: Any = None  # the last write queued on the writer
+        self._queued_values: list[bytes] = []
+        self._queued_replace = False
 
     async def load(self) -> list[dict[str, Any]]:
         """The stored messages (see :meth:`RedisHistoryStore.load`)."""
@@ -151,10 +157,25 @@ class FencedHistoryStore(RedisHistoryStore):
                 lease.mark_lost()
                 raise
             return
+        if not replace and self._queued is not None and self.writer.still_queued(self._queued):
+            # the previous write is still waiting: one script call writes both
+            # (the same messages in the same order, under the same token)
+            values = self._queued_values + values
+            replace = self._queued_replace
+            command, _ = lease.runs.write_history_call(
+                lease.run_id, lease.token, self.key, values, replace=replace, ttl_ms=self._ttl_ms()
+            )
+            self._queued.commands[0] = command
+            self._queued_values = values
+            return
         command, source = lease.runs.write_history_call(
             lease.run_id, lease.token, self.key, values, replace=replace, ttl_ms=self._ttl_ms()
         )
-        self.writer.queue_write([command], scripts=(source,), fence=lease.token, on_error=self._failed)
+        self._queued = self.writer.queue_write(
+            [command], scripts=(source,), fence=lease.token, on_error=self._failed
+        )
+        self._queued_values = values
+        self._queued_replace = replace
 
     def _failed(self, exc: BaseException) -> BaseException:
         mapped = self.lease.runs.script_error(exc, self.lease.run_id, "write_history")

@@ -850,10 +850,15 @@ async def prepare_resume(
             reports.append(outcome)
     if asks:
         _fill_asks(history, asks)
+    report = None
     if reports and not _already_reported(history, reports):
-        history.append(format_report_message(reports))
-    if asks or reports:
+        report = format_report_message(reports)
+    if asks:
+        if report is not None:
+            history.append(report)
         await agent.replace_history(history)
+    elif report is not None:  # only appended: the stored messages stay as they are
+        await agent._append(report)
     for outcome in [*asks.values(), *reports]:
         if outcome.report is not None:
             await _mark_read(team, outcome.report.id)

@@ -411,16 +411,32 @@ class WorkerContext:
         scripts: tuple[str, ...] = (),
         fence: str | None = None,
         on_error: Callable[[BaseException], BaseException] | None = None,
-    ) -> None:
+    ) -> _Write:
         """Queue ``commands`` (``(redis method name, *args)``) to be written
         with the next batch of run events, in order with them and with other
         queued writes; nothing waits. ``scripts``: the Lua sources of their
         ``EVALSHA`` commands, loaded when the server answers NOSCRIPT (the
         commands are then sent again: keep them idempotent beside a refused
         script). A failure goes through ``on_error`` (which may map it), is
-        logged, and is kept for :meth:`sync` under ``fence``."""
-        self._events.append(_Write(commands, None, scripts, fence, on_error))
+        logged, and is kept for :meth:`sync` under ``fence``. Returns the
+        queued write (see :meth:`still_queued`)."""
+        op = _Write(commands, None, scripts, fence, on_error)
+        self._events.append(op)
         self._start_writer()
+        return op
+
+    def still_queued(self, op: Any) -> bool:
+        """Whether ``op`` (what :meth:`queue_write` returned) is still queued,
+        not taken by the writer yet, and nothing that waits for its reply
+        (a :meth:`write`) was queued after it: its ``commands`` may then still
+        be changed in place (a lead segment's history append merged into its
+        previous history write, see ``FencedHistoryStore``)."""
+        for queued in reversed(self._events):
+            if queued is op:
+                return True
+            if isinstance(queued, _Write) and queued.future is not None:
+                return False
+        return False
 
     async def write(
         self,

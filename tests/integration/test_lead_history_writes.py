@@ -110,3 +110,33 @@ async def test_preloaded_history_is_the_first_load_only(ctx, raw):
     )
     assert await store.load() == [CALL]  # the elements given (malformed ones skipped)
     assert await store.load() == [USER]  # then the list itself
+
+
+async def test_history_writes_queued_in_a_row_are_stored_as_one_in_order(ctx, raw):
+    """Writes still queued are merged into one fenced script call (around events and
+    other queued commands); the list ends up exactly as with separate writes."""
+    lease, store = await segment(ctx)
+    await store.append(USER)
+    await ctx.emit("r1", {"type": "system"})
+    ctx.queue_write([("set", f"{ctx.prefix}:marker", "1")])
+    await store.append(CALL)
+    await store.append(RESULT)
+    await ctx.sync(lease.token)
+    assert stored(raw, ctx) == [USER, CALL, RESULT]
+    assert raw.get(f"{ctx.prefix}:marker") == "1"
+    await store.replace([USER])  # a replacement, then appends: the same list as written one by one
+    await store.append(RESULT)
+    await ctx.write([("get", "unrelated")])
+    assert stored(raw, ctx) == [USER, RESULT]
+    await store.append(CALL)
+    await ctx.write([("get", "unrelated")])  # a write waited for in between: not merged across it
+    await store.append(RESULT)
+    await ctx.sync(lease.token)
+    assert stored(raw, ctx) == [USER, RESULT, CALL, RESULT]
+    raw.hset(ctx.runs.keys("r1").record, "lease_token", "someone-else")
+    await store.append(USER)
+    await store.append(CALL)  # merged: refused together
+    with pytest.raises(RunLeaseLostError):
+        await ctx.sync(lease.token)
+    assert stored(raw, ctx) == [USER, RESULT, CALL, RESULT]
+    assert lease.lost
