@@ -45,9 +45,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import re
 import time
-import uuid
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -690,57 +690,82 @@ class RunStore:
         ``ValueError`` for a non-positive ``lease_s``, an ``expect`` other than
         ``queued`` / ``resuming`` or a ``history_key`` / ``usage_key`` that is
         not the run's."""
+        commands, _ = self.begin_segment_call(
+            run_id,
+            expect=expect,
+            lease_s=lease_s,
+            token=token,
+            read_record=read_record,
+            history_key=history_key,
+            read_items=read_items,
+            usage_key=usage_key,
+        )
+
+        def build(pipe: Any, scripts: dict[str, AsyncScript]) -> None:
+            for name, *args in commands:
+                if name == "evalsha":
+                    args[0] = scripts["begin_segment"].sha
+                getattr(pipe, name)(*args)
+
+        return self.begin_segment_reply(commands, await self._pipeline(build))
+
+    def begin_segment_call(
+        self,
+        run_id: str,
+        *,
+        expect: RunStatus | str,
+        lease_s: float,
+        token: str | None = None,
+        read_record: bool = False,
+        history_key: str | None = None,
+        read_items: bool = False,
+        usage_key: str | None = None,
+    ) -> tuple[list[tuple[Any, ...]], str]:
+        """:meth:`begin_segment` as ``(commands, source)`` for the caller's own
+        pipeline (see :meth:`journal_call_call`): the lease index entry (``ZADD``,
+        idempotent: it may be sent twice) and the script call, in that order.
+        Read their replies with :meth:`begin_segment_reply`. Raises
+        ``ValueError`` like :meth:`begin_segment`."""
         expected = RunStatus.parse(expect)
         if expected not in (RunStatus.QUEUED, RunStatus.RESUMING):
             raise ValueError(f"begin_segment expects 'queued' or 'resuming', got {expected.value!r}")
         lease_ms = _lease_ms(lease_s)
-        token = token or uuid.uuid4().hex
+        token = token or os.urandom(16).hex()  # as uuid4().hex: 32 random hex digits
         k = self.keys(run_id)
         for key in (history_key, usage_key):
             if key is not None and not key.startswith(k.record + ":"):
                 raise ValueError(f"history/usage key {key!r} is not a key of run {run_id!r}")
         now = now_ms()
         until = now + lease_ms
-
         reads = ("r" if read_record else "") + ("h" if history_key is not None else "")
         reads += ("i" if read_items else "") + ("u" if usage_key is not None else "")
-        script_keys = [k.record]
+        keys = [k.record]
         if reads:  # the reads happen in the script, right after the start (one reply)
-            script_keys += [
-                history_key or k.record,
-                k.order,
-                k.items,
-                k.state,
-                k.outcomes,
-                usage_key or k.record,
-            ]
+            keys += [history_key or k.record, k.order, k.items, k.state, k.outcomes, usage_key or k.record]
+        call, source = self._call("begin_segment", keys, [expected.value, token, until, now, reads])
+        # ZADD ... GT (positional: nx, xx, ch, incr, gt), for pipelines built from (method, *args)
+        index = ("zadd", self.leases_key, {run_id: until}, False, False, False, False, True)
+        return [index, call], source
 
-        def build(pipe: Any, scripts: dict[str, AsyncScript]) -> None:
-            pipe.zadd(self.leases_key, {run_id: until}, gt=True)  # idempotent: may be sent twice
-            pipe.evalsha(
-                scripts["begin_segment"].sha,
-                len(script_keys),
-                *script_keys,
-                expected.value,
-                token,
-                until,
-                now,
-                reads,
-            )
-
-        replies = await self._pipeline(build)
-        out = replies[1]
+    @staticmethod
+    def begin_segment_reply(commands: list[tuple[Any, ...]], replies: list[Any]) -> SegmentStart | None:
+        """The :class:`SegmentStart` (or ``None``: refused) from the replies of
+        the :meth:`begin_segment_call` ``commands``."""
+        call = commands[-1]
+        numkeys = call[2]
+        token, until, reads = call[3 + numkeys + 1], call[3 + numkeys + 2], call[3 + numkeys + 4]
+        out = replies[-1]
         if not int(out[0]):
             return None
         record = history = items = usage = None
-        if read_record:
+        if "r" in reads:
             raw = _pairs(out[3])
             record = _parse_record(raw) if raw else None
-        if history_key is not None:
+        if "h" in reads:
             history = [_text(x) for x in out[4]]
-        if read_items:
+        if "i" in reads:
             items = _parse_items(out[5], _pairs(out[6]), _pairs(out[7]), _pairs(out[8]))
-        if usage_key is not None:
+        if "u" in reads:
             usage = {}
             for name, value in _pairs(out[9]).items():
                 try:

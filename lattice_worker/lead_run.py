@@ -456,8 +456,9 @@ async def run_lead(ctx: WorkerContext, run_id: str) -> str:
 
 async def _begin_segment(ctx: WorkerContext, run_id: str, expect: RunStatus) -> SegmentStart | None:
     # one round trip: the start, the run record, the lead's persisted history,
-    # the run's token usage so far and (to resume) its work items
-    return await ctx.runs.begin_segment(
+    # the run's token usage so far and (to resume) its work items -- through the
+    # context's writer, with what an earlier step of this task left queued
+    commands, source = ctx.runs.begin_segment_call(
         run_id,
         expect=expect,
         lease_s=ctx.settings.lease_seconds,
@@ -466,6 +467,8 @@ async def _begin_segment(ctx: WorkerContext, run_id: str, expect: RunStatus) -> 
         read_items=expect == RunStatus.RESUMING,
         usage_key=ctx.usage_key(run_id),
     )
+    replies = await ctx.write(commands, scripts=(source,))
+    return ctx.runs.begin_segment_reply(commands, replies)
 
 
 async def resume_lead(ctx: WorkerContext, run_id: str) -> str:

@@ -44,6 +44,7 @@ from importlib import resources
 from typing import Any
 
 from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from lattice_client.celery_config import DELIVER_TASK, RESUME_LEAD_TASK, RUN_LEAD_TASK, queue_name
 from lattice_client.runs import RunStore
@@ -65,6 +66,10 @@ _APPEND_EVENTS_SHA = hashlib.sha1(_APPEND_EVENTS_LUA.encode("utf-8")).hexdigest(
 
 RUN_KEY_TTL_SECONDS = 7 * 24 * 3600
 """How long (seconds) a run's history, usage and work-item links are kept after their last write."""
+
+WRITE_TIMEOUT_SECONDS = 5.0
+"""How long (seconds) one round trip of the run writer may wait for Redis (as
+redis-py's default per-command socket timeout) before it fails with ``TimeoutError``."""
 
 EVENT_LINGER_SECONDS = 0.05
 """How long (seconds) a queued run event may wait for others to share its write.
@@ -116,6 +121,8 @@ class WorkerContext:
     _parents: dict[str, tuple[str, str, str] | None] = field(default_factory=dict, repr=False)
     _client: Any = field(default=None, repr=False)
     _client_loop: Any = field(default=None, repr=False)
+    _write_client: Any = field(default=None, repr=False)
+    _write_client_loop: Any = field(default=None, repr=False)
     _events: list[tuple[str, str, str] | _Write] = field(default_factory=list, repr=False)
     _writer: Any = field(default=None, repr=False)
     _wake: Any = field(default=None, repr=False)
@@ -160,6 +167,19 @@ class WorkerContext:
             self._client = Redis.from_url(self.settings.broker_url)
             self._client_loop = loop
         return self._client
+
+    def _writer_client(self) -> Any:
+        """The writer's own ``redis.asyncio`` client for the running loop: no
+        per-command socket timeout (redis-py then wraps every send in a task
+        and every reply read in a timer); :meth:`_write_batch` bounds each of
+        its round trips by :data:`WRITE_TIMEOUT_SECONDS` instead."""
+        loop = asyncio.get_running_loop()
+        if self._write_client is None or self._write_client_loop is not loop:
+            from redis.asyncio import Redis
+
+            self._write_client = Redis.from_url(self.settings.broker_url, socket_timeout=None)
+            self._write_client_loop = loop
+        return self._write_client
 
     async def redis(self) -> Any:
         """The broker's ``redis.asyncio`` client for the running loop (``decode_responses=True``)."""
@@ -344,7 +364,7 @@ class WorkerContext:
                 group = streams[(record_key, events_key)] = _Events(record_key, events_key, [])
                 units.append(group)
             group.payloads.append(payload)
-        client = self.client()
+        client = self._writer_client()
         lost: list[Exception] = []
         for attempt in range(2):
             async with client.pipeline(transaction=False) as pipe:
@@ -361,7 +381,13 @@ class WorkerContext:
                             self.settings.max_run_events,
                             *unit.payloads,
                         )
-                results = iter(await pipe.execute(raise_on_error=False))
+                try:
+                    async with asyncio.timeout(WRITE_TIMEOUT_SECONDS):
+                        results = iter(await pipe.execute(raise_on_error=False))
+                except TimeoutError:  # the connection was dropped (its state is unknown)
+                    raise RedisTimeoutError(
+                        f"a run write got no reply within {WRITE_TIMEOUT_SECONDS} s"
+                    ) from None
             retry: list[_Write | _Events] = []
             scripts: set[str] = set()
             for unit in units:
@@ -382,8 +408,9 @@ class WorkerContext:
                     lost.extend([reply] * len(unit.payloads))
             if not retry:
                 break
-            for source in scripts:
-                await client.script_load(source)
+            async with asyncio.timeout(WRITE_TIMEOUT_SECONDS):
+                for source in scripts:
+                    await client.script_load(source)
             units = retry
         if lost:
             logger.warning("%d run events not written: %s", len(lost), lost[0])
