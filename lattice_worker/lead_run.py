@@ -43,7 +43,6 @@ from .agent.history_stores import RedisHistoryStore
 from .agent.loop import SuspendQuery
 from .errors import ConfigError
 from .lead_lease import FencedHistoryStore, LeadLease, ReplayModelClient
-from .team.events import TeamMessageEvent
 from .team.lead_tools import make_lead_member_tools
 from .team.member import TeamMember
 from .team.member_tools import MailboxToolState, make_mailbox_tools
@@ -189,13 +188,31 @@ class _LeadTeamView:
 
 
 def _public(message: TeamMessage) -> dict[str, Any]:
-    return message.model_copy(update={"claim_token": None}).to_json_dict()
+    data = message.to_json_dict()
+    data["claim_token"] = None
+    return data
+
+
+def _sent_event(team: str, message: TeamMessage) -> dict[str, Any]:
+    """The ``team_message`` ``sent`` event of ``message`` as its wire dict
+    (what ``TeamMessageEvent(subtype="sent", ...).model_dump()`` gives)."""
+    return {
+        "type": "team_message",
+        "subtype": "sent",
+        "team": team,
+        "message": _public(message),
+        "error": None,
+    }
 
 
 class DistributedLeadRuntime:
     """The lead query's ``runtime`` in a worker: the member tools' dispatcher
     (``ask`` / ``handoff`` register work items) and ``after_tool_batch``
     (register, ring doorbells, suspend)."""
+
+    wants_stream_events = False
+    """Run streams do not keep token-level ``stream_event`` events: the query
+    does not produce them (the model request still streams)."""
 
     def __init__(
         self,
@@ -245,12 +262,12 @@ class DistributedLeadRuntime:
     async def handoff(self, member: TeamMember, message: TeamMessage, ctx: ToolContext) -> None:
         """Register an accepted handoff (it is dispatched after the tool batch)."""
         self._register(member, message, "handoff", ctx.tool_use_id)
-        await self._emit(TeamMessageEvent(subtype="sent", team=self.team.name, message=_public(message)))
+        await self._emit(_sent_event(self.team.name, message))
 
     async def ask(self, member: TeamMember, message: TeamMessage, ctx: ToolContext) -> str:
         """Register an ``ask``; returns the placeholder its answer replaces on resume."""
         self._register(member, message, "ask", ctx.tool_use_id)
-        await self._emit(TeamMessageEvent(subtype="sent", team=self.team.name, message=_public(message)))
+        await self._emit(_sent_event(self.team.name, message))
         return ASK_PLACEHOLDER.format(member=member.name, work_item_id=message.work_item_id)
 
     async def after_tool_batch(self, outcome: Any) -> list[dict[str, Any]] | None:

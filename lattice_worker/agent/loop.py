@@ -302,7 +302,7 @@ class _QueryRun:
         self.control.inbox = inbox
         if self.control.interrupted:
             inbox.put_nowait(("interrupt", None))
-        if request.stream:
+        if request.stream and getattr(self.q.runtime, "wants_stream_events", True) is not False:
             request.on_stream_event = lambda event: inbox.put_nowait(("event", event))
         agent = self.agent
 
@@ -367,7 +367,8 @@ class _QueryRun:
             error_type=type(error).__name__ if error is not None else None,
             exception=error,
         )
-        await self.trace("result", result.model_dump())
+        if self.emitter.enabled:  # the dump is for the tracer only
+            await self.trace("result", result.model_dump())
         return result
 
     # ------------------------------------------------------------------ tool batches

@@ -356,6 +356,27 @@ async def test_runtime_after_tool_batch_injects_messages_before_the_next_request
     assert injected["data"]["message"]["content"] == "report: member finished"
 
 
+async def test_a_runtime_that_wants_no_stream_events_gets_none_and_the_request_still_streams():
+    class Quiet:
+        wants_stream_events = False
+
+        async def after_tool_batch(self, outcome: ToolBatchOutcome):
+            assert outcome.usage is not None and set(outcome.usage) >= {"input_tokens", "output_tokens"}
+            return None
+
+    work = tool("work", "Work", Empty, lambda _: "done")
+    turns = [tool_turn(("work", {}, "w1")), text_turn("finished")]
+    loud, quiet = ScriptedModelClient(list(turns)), ScriptedModelClient(list(turns))
+    streamed = [e async for e in create_bare_agent(model_client=loud, tools=[work]).query("go")]
+    events = [
+        e async for e in create_bare_agent(model_client=quiet, tools=[work]).query("go", runtime=Quiet())
+    ]
+    assert "stream_event" in [e.type for e in streamed]
+    assert [e.type for e in events] == [e.type for e in streamed if e.type != "stream_event"]
+    assert events[-1].result == streamed[-1].result == "finished"
+    assert all(r.stream and r.on_stream_event is None for r in quiet.requests)
+
+
 async def test_suspend_query_ends_suspended_and_query_none_resumes():
     class Suspending:
         def after_tool_batch(self, outcome):
