@@ -43,7 +43,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from redis.exceptions import NoScriptError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from lattice_client.celery_config import DELIVER_TASK, RESUME_LEAD_TASK, RUN_LEAD_TASK, queue_name
@@ -127,6 +128,8 @@ class WorkerContext:
     _writer: Any = field(default=None, repr=False)
     _wake: Any = field(default=None, repr=False)
     _flushing: int = field(default=0, repr=False)
+    _busy: bool = field(default=False, repr=False)
+    _idle: list[Any] = field(default_factory=list, repr=False)
     _write_errors: dict[str, BaseException] = field(default_factory=dict, repr=False)
     lead_tools: dict[str, list[Any]] = field(default_factory=dict, repr=False)
 
@@ -336,15 +339,32 @@ class WorkerContext:
     async def _write_events(self) -> None:
         if not self._flushing:
             await self._linger()  # let the events up to the next flush point share one write
-        while self._events:
-            batch, self._events = self._events, []
-            try:
-                await self._write_batch(batch)
-            except Exception as exc:
+        while self._events and not self._busy:  # (a flush writing meanwhile takes the rest)
+            await self._write_queued()
+
+    async def _write_queued(self) -> None:
+        """Write everything queued now as one batch. One batch is in flight at
+        a time (``_busy``), so batches reach Redis in the order they were queued."""
+        batch, self._events = self._events, []
+        self._busy = True
+        try:
+            await self._write_batch(batch)
+        except BaseException as exc:
+            error: BaseException = exc
+            if isinstance(exc, Exception):
                 logger.warning("could not write %d run events", len(batch), exc_info=True)
-                for op in batch:
-                    if isinstance(op, _Write):
-                        self._settle(op, None, exc)
+            else:  # cancelled mid-write (its caller is going away): the writes' fate is unknown
+                error = RedisConnectionError("the write was interrupted")
+            for op in batch:
+                if isinstance(op, _Write) and (op.future is None or not op.future.done()):
+                    self._settle(op, None, error)
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            self._busy = False
+            idle, self._idle = self._idle, []
+            for waiter in idle:
+                _wake_up(waiter)
 
     async def _write_batch(self, batch: list[tuple[str, str, str] | _Write]) -> None:
         """One pipeline for the batch: the command batches in order, each run
@@ -367,27 +387,21 @@ class WorkerContext:
         client = self._writer_client()
         lost: list[Exception] = []
         for attempt in range(2):
-            async with client.pipeline(transaction=False) as pipe:
-                for unit in units:
-                    if isinstance(unit, _Write):
-                        for name, *args in unit.commands:
-                            getattr(pipe, name)(*args)
-                    else:
-                        pipe.evalsha(
-                            _APPEND_EVENTS_SHA,
-                            2,
-                            unit.record_key,
-                            unit.events_key,
-                            self.settings.max_run_events,
-                            *unit.payloads,
-                        )
-                try:
-                    async with asyncio.timeout(WRITE_TIMEOUT_SECONDS):
-                        results = iter(await pipe.execute(raise_on_error=False))
-                except TimeoutError:  # the connection was dropped (its state is unknown)
-                    raise RedisTimeoutError(
-                        f"a run write got no reply within {WRITE_TIMEOUT_SECONDS} s"
-                    ) from None
+            pipe = client.pipeline(transaction=False)  # builds the commands (redis-py's arguments)
+            for unit in units:
+                if isinstance(unit, _Write):
+                    for name, *args in unit.commands:
+                        getattr(pipe, name)(*args)
+                else:
+                    pipe.evalsha(
+                        _APPEND_EVENTS_SHA,
+                        2,
+                        unit.record_key,
+                        unit.events_key,
+                        self.settings.max_run_events,
+                        *unit.payloads,
+                    )
+            results = iter(await _round_trip(client, pipe.command_stack))
             retry: list[_Write | _Events] = []
             scripts: set[str] = set()
             for unit in units:
@@ -513,11 +527,14 @@ class WorkerContext:
         (or was reported lost)."""
         self._flushing += 1
         try:
-            while self._events or (self._writer is not None and not self._writer.done()):
-                if self._writer is None or self._writer.done():
-                    self._writer = asyncio.get_running_loop().create_task(self._write_events())
-                _wake_up(self._wake)
-                await asyncio.shield(self._writer)
+            while self._events or self._busy:
+                if self._busy:  # a batch is in flight (the background writer's): after it
+                    waiter = asyncio.get_running_loop().create_future()
+                    self._idle.append(waiter)
+                    await waiter
+                    continue
+                _wake_up(self._wake)  # a lingering background writer: nothing left for it
+                await self._write_queued()  # written by the caller itself: no task hop
         finally:
             self._flushing -= 1
 
@@ -605,6 +622,35 @@ class _Write:
     scripts: tuple[str, ...] = ()
     fence: str | None = None
     on_error: Callable[[BaseException], BaseException] | None = None
+
+
+async def _round_trip(client: Any, stack: list[tuple[Any, Any]]) -> list[Any]:
+    """Send a pipeline's commands (``pipe.command_stack``: ``(args, options)``)
+    in one write and read their replies, parsed as redis-py's pipeline does
+    (error replies in place), within :data:`WRITE_TIMEOUT_SECONDS`. What
+    ``Pipeline.execute(raise_on_error=False)`` does for these commands (no
+    retries: the client has none), without its per-call bookkeeping. A
+    connection that failed or was interrupted is dropped before it goes back
+    to the pool (its state is unknown), as redis-py does."""
+    pool = client.connection_pool
+    conn = await pool.get_connection()
+    try:
+        async with asyncio.timeout(WRITE_TIMEOUT_SECONDS):
+            await conn.send_packed_command(conn.pack_commands([args for args, _ in stack]))
+            replies: list[Any] = []
+            for args, options in stack:
+                try:
+                    replies.append(await client.parse_response(conn, args[0], **options))
+                except ResponseError as exc:
+                    replies.append(exc)
+            return replies
+    except BaseException as exc:
+        await conn.disconnect(nowait=True)
+        if isinstance(exc, TimeoutError) and not isinstance(exc, RedisTimeoutError):
+            raise RedisTimeoutError(f"a run write got no reply within {WRITE_TIMEOUT_SECONDS} s") from None
+        raise
+    finally:
+        await pool.release(conn)
 
 
 def _text(value: Any) -> str:

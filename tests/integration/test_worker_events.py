@@ -188,3 +188,20 @@ async def test_event_models_are_stored_as_their_json_and_stream_deltas_are_not(c
     stored = [e for _, e in await ctx.runs.events("r1", count=100)]
     expected = [e if isinstance(e, dict) else e.model_dump(mode="json") for e in events]
     assert stored == expected
+
+
+async def test_concurrent_writes_go_in_queue_order_and_each_gets_its_own_replies(ctx, raw):
+    """Writes from several tasks at once: one batch in flight at a time, in the
+    order they were queued; every caller gets the replies of its own commands."""
+    key = f"{ctx.prefix}:test:list"
+    ctx.queue_write([("rpush", key, "queued")])
+
+    async def push(i: int) -> list:
+        return await ctx.write([("rpush", key, str(i)), ("llen", key)])
+
+    replies = await asyncio.gather(*(push(i) for i in range(20)))
+    assert [r[0] for r in replies] == [i + 2 for i in range(20)]  # RPUSH answers the new length
+    assert all(r[1] >= r[0] for r in replies)
+    assert raw.lrange(key, 0, -1) == ["queued"] + [str(i) for i in range(20)]
+    await ctx.emit("r0", {"type": "x"})  # unknown run: the events are reported lost, nothing hangs
+    await ctx.flush_events()
