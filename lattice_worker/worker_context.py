@@ -636,7 +636,9 @@ async def _round_trip(client: Any, stack: list[tuple[Any, Any]]) -> list[Any]:
     conn = await pool.get_connection()
     try:
         async with asyncio.timeout(WRITE_TIMEOUT_SECONDS):
-            await conn.send_packed_command(conn.pack_commands([args for args, _ in stack]))
+            encoder = conn.encoder
+            utf8 = encoder.encoding in ("utf-8", "utf8") and encoder.encoding_errors == "strict"
+            await conn.send_packed_command(_pack(encoder.encode, [args for args, _ in stack], utf8=utf8))
             replies: list[Any] = []
             for args, options in stack:
                 try:
@@ -651,6 +653,32 @@ async def _round_trip(client: Any, stack: list[tuple[Any, Any]]) -> list[Any]:
         raise
     finally:
         await pool.release(conn)
+
+
+def _pack(encode: Callable[[Any], Any], commands: list[tuple[Any, ...]], *, utf8: bool = True) -> list[bytes]:
+    """The RESP bytes of ``commands`` as one buffer: what redis-py's
+    ``Connection.pack_commands`` sends (same command-name splitting, ``encode``
+    -- the connection's encoder -- for every argument but ``bytes`` and, when
+    it encodes strings as strict UTF-8 (``utf8``), ``str``), assembled with one
+    join instead of a join per argument."""
+    parts: list[Any] = []
+    add = parts.append
+    for args in commands:
+        name = args[0]
+        head = name.encode().split() if isinstance(name, str) else name.split()
+        add(b"*%d\r\n" % (len(head) + len(args) - 1))
+        for word in head:
+            add(b"$%d\r\n%b\r\n" % (len(word), word))
+        for arg in args[1:]:
+            kind = type(arg)
+            if kind is str and utf8:
+                arg = arg.encode()
+            elif kind is not bytes:
+                arg = encode(arg)
+            add(b"$%d\r\n" % len(arg))
+            add(arg)
+            add(b"\r\n")
+    return [b"".join(parts)]
 
 
 def _text(value: Any) -> str:
