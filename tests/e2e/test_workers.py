@@ -143,6 +143,9 @@ def test_e_cancel_with_no_worker_online_then_the_work_never_runs(deployment):
         "tests.e2e.teams:team", plan(("worker", "handoff", "never1"), ("other", "handoff", "never2"))
     )
     wait_for(lambda: run_status(d, handle.run_id) == "suspended", 30, "the run to suspend")
+    # the registration that suspends the run comes back before its doorbells are sent
+    boxes = [queue_name(d.prefix, "e2e", member) for member in ("worker", "other")]
+    wait_for(lambda: [d.queue_length(q) for q in boxes] == [1, 1], 30, "the doorbells to be sent")
     leads.stop()
     report = d.client.cancel(handle.run_id)
     assert report.status.value == "cancelled" and len(report.cancelled_messages) == 2
