@@ -53,6 +53,7 @@ class RenewalLoop:
         self.renewals = 0
         self._task_name = task_name
         self._task: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
 
     @property
     def interval(self) -> float:
@@ -60,10 +61,19 @@ class RenewalLoop:
         return self.lease_s / 3.0
 
     async def __aenter__(self) -> Any:
-        self._task = asyncio.create_task(self._run(), name=self._task_name)
+        # the renewal task starts at the first renewal: most blocks end before it
+        # (a timer is cheaper to set and cancel than a task)
+        self._timer = asyncio.get_running_loop().call_later(self.interval, self._start)
         return self
 
+    def _start(self) -> None:
+        self._timer = None
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=self._task_name)
+
     async def __aexit__(self, *exc: object) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -77,10 +87,11 @@ class RenewalLoop:
         return True
 
     async def _run(self) -> None:
+        """Renew now (one interval after the block began), then every interval."""
         while True:
-            await asyncio.sleep(self.interval)
             if not await self.renew_once() or not await self.after_renewal():
                 return
+            await asyncio.sleep(self.interval)
 
 
 class LeaseKeeper(RenewalLoop):
