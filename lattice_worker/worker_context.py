@@ -387,21 +387,36 @@ class WorkerContext:
         client = self._writer_client()
         lost: list[Exception] = []
         for attempt in range(2):
-            pipe = client.pipeline(transaction=False)  # builds the commands (redis-py's arguments)
+            # (args, parse options) per command: script calls as they go on the wire,
+            # other commands built by redis-py's methods (their arguments and reply parsing)
+            stack: list[tuple[Any, Any]] = []
+            pipe: Any = None
             for unit in units:
                 if isinstance(unit, _Write):
                     for name, *args in unit.commands:
+                        if name == "evalsha":
+                            stack.append((("EVALSHA", *args), {}))
+                            continue
+                        if pipe is None:
+                            pipe = client.pipeline(transaction=False)
                         getattr(pipe, name)(*args)
+                        stack.append(pipe.command_stack.pop())
                 else:
-                    pipe.evalsha(
-                        _APPEND_EVENTS_SHA,
-                        2,
-                        unit.record_key,
-                        unit.events_key,
-                        self.settings.max_run_events,
-                        *unit.payloads,
+                    stack.append(
+                        (
+                            (
+                                "EVALSHA",
+                                _APPEND_EVENTS_SHA,
+                                2,
+                                unit.record_key,
+                                unit.events_key,
+                                self.settings.max_run_events,
+                                *unit.payloads,
+                            ),
+                            {},
+                        )
                     )
-            results = iter(await _round_trip(client, pipe.command_stack))
+            results = iter(await _round_trip(client, stack))
             retry: list[_Write | _Events] = []
             scripts: set[str] = set()
             for unit in units:
