@@ -124,6 +124,7 @@ class WorkerContext:
     _client_loop: Any = field(default=None, repr=False)
     _write_client: Any = field(default=None, repr=False)
     _write_client_loop: Any = field(default=None, repr=False)
+    _write_conn: Any = field(default=None, repr=False)
     _events: list[tuple[str, str, str] | _Write] = field(default_factory=list, repr=False)
     _writer: Any = field(default=None, repr=False)
     _wake: Any = field(default=None, repr=False)
@@ -182,6 +183,7 @@ class WorkerContext:
 
             self._write_client = Redis.from_url(self.settings.broker_url, socket_timeout=None)
             self._write_client_loop = loop
+            self._write_conn = None
         return self._write_client
 
     async def redis(self) -> Any:
@@ -416,7 +418,12 @@ class WorkerContext:
                             {},
                         )
                     )
-            results = iter(await _round_trip(client, stack))
+            pool = client.connection_pool
+            if self._write_conn is None:  # the writer's own connection (one batch at a time)
+                self._write_conn = await pool.get_connection()
+            else:  # as the pool checks a connection it hands out: closed or dirty -> reconnect
+                await pool.ensure_connection(self._write_conn)
+            results = iter(await _round_trip(client, self._write_conn, stack))
             retry: list[_Write | _Events] = []
             scripts: set[str] = set()
             for unit in units:
@@ -639,16 +646,14 @@ class _Write:
     on_error: Callable[[BaseException], BaseException] | None = None
 
 
-async def _round_trip(client: Any, stack: list[tuple[Any, Any]]) -> list[Any]:
-    """Send a pipeline's commands (``pipe.command_stack``: ``(args, options)``)
-    in one write and read their replies, parsed as redis-py's pipeline does
-    (error replies in place), within :data:`WRITE_TIMEOUT_SECONDS`. What
-    ``Pipeline.execute(raise_on_error=False)`` does for these commands (no
-    retries: the client has none), without its per-call bookkeeping. A
-    connection that failed or was interrupted is dropped before it goes back
-    to the pool (its state is unknown), as redis-py does."""
-    pool = client.connection_pool
-    conn = await pool.get_connection()
+async def _round_trip(client: Any, conn: Any, stack: list[tuple[Any, Any]]) -> list[Any]:
+    """Send a pipeline's commands (``(args, parse options)``, as in
+    ``pipe.command_stack``) on ``conn`` in one write and read their replies,
+    parsed as redis-py's pipeline does (error replies in place), within
+    :data:`WRITE_TIMEOUT_SECONDS`: what ``Pipeline.execute(raise_on_error=False)``
+    does for these commands (no retries: the client has none), without its
+    per-call bookkeeping. A connection that failed or was interrupted is
+    dropped (its state is unknown; the next send reconnects), as redis-py does."""
     try:
         async with asyncio.timeout(WRITE_TIMEOUT_SECONDS):
             encoder = conn.encoder
@@ -666,8 +671,6 @@ async def _round_trip(client: Any, stack: list[tuple[Any, Any]]) -> list[Any]:
         if isinstance(exc, TimeoutError) and not isinstance(exc, RedisTimeoutError):
             raise RedisTimeoutError(f"a run write got no reply within {WRITE_TIMEOUT_SECONDS} s") from None
         raise
-    finally:
-        await pool.release(conn)
 
 
 def _pack(encode: Callable[[Any], Any], commands: list[tuple[Any, ...]], *, utf8: bool = True) -> list[bytes]:

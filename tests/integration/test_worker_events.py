@@ -205,3 +205,18 @@ async def test_concurrent_writes_go_in_queue_order_and_each_gets_its_own_replies
     assert raw.lrange(key, 0, -1) == ["queued"] + [str(i) for i in range(20)]
     await ctx.emit("r0", {"type": "x"})  # unknown run: the events are reported lost, nothing hangs
     await ctx.flush_events()
+
+
+async def test_the_writer_reconnects_after_the_server_closed_its_connection(ctx, raw):
+    key = f"{ctx.prefix}:test:list"
+    [writer_id] = await ctx.write([("client_id",)])
+    raw.client_kill_filter(_id=writer_id)
+    try:  # a write may fail with the closed connection (as with redis-py's own pipelines)...
+        await ctx.write([("rpush", key, "first")])
+    except redis.exceptions.ConnectionError:
+        pass
+    # ...the next ones go through a new connection
+    [length] = await ctx.write([("rpush", key, "after")])
+    assert raw.lrange(key, 0, -1)[-1] == "after" and length >= 1
+    [new_id] = await ctx.write([("client_id",)])
+    assert new_id != writer_id
