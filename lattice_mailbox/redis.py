@@ -21,8 +21,10 @@ touches one slot only::
     <prefix>:{tag}:q:<status>    zset    one per status: message ids scored by seq
     <prefix>:{tag}:leases        zset    leased message ids scored by lease_until (ms)
     <prefix>:mailboxes           set     registry of mailbox ids (written by an
-                                         idempotent SADD before each send; read by
-                                         ``mailbox_ids`` and ``requeue_expired``)
+                                         idempotent SADD before the first send of
+                                         a store object to that id, in the same
+                                         round trip; read by ``mailbox_ids`` and
+                                         ``requeue_expired``)
 
 Message ids are ``"<tag>-<32 hex>"``, so ``get``/``update_status``/``complete``
 find the keys from the id alone, in O(1). Message data lives in the per-tag
@@ -128,6 +130,7 @@ class _Keys:
     queues: dict[str, bytes]  # status value -> zset key
     all_queues: tuple[bytes, ...]  # in STATUS_ORDER
     claim: tuple[bytes, ...]  # KEYS of claim_next.lua
+    send: tuple[bytes, ...]  # KEYS of send.lua
 
     @classmethod
     def build(cls, prefix: str, tag: str) -> _Keys:
@@ -143,6 +146,7 @@ class _Keys:
             queues=queues,
             all_queues=tuple(queues[s.value] for s in STATUS_ORDER),
             claim=(name, queues["pending"], queues["processing"], leases, body, state),
+            send=(name, f"{base}:seq".encode(), body, state, queues["pending"]),
         )
 
 
@@ -163,8 +167,10 @@ def _message(body: Any, state: Any) -> TeamMessage:
     return message
 
 
-def _body(message: TeamMessage) -> str:
-    """The body JSON of a new message: its fields that never change."""
+def _body(message: TeamMessage, metadata_json: str | None = None) -> str:
+    """The body JSON of a new message: its fields that never change.
+    ``metadata_json``: the metadata's JSON when the caller has it already (the
+    same text ``json.dumps`` gives, see :class:`~lattice_mailbox.validation.Outgoing`)."""
     fields = {
         "id": message.id,
         "from": message.from_,
@@ -174,9 +180,12 @@ def _body(message: TeamMessage) -> str:
         "thread_id": message.thread_id,
         "work_item_id": message.work_item_id,
         "reply_to": message.reply_to,
-        "metadata": message.metadata,
     }
-    return json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
+    if metadata_json is None:
+        fields["metadata"] = message.metadata
+        return json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
+    head = json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
+    return f'{head[:-1]},"metadata":{metadata_json}}}'
 
 
 def _messages(flat: list[Any]) -> list[TeamMessage]:
@@ -228,6 +237,9 @@ class RedisMailbox(CheckedSend):
         )
         self._tag_keys: dict[str, _Keys] = {}
         self._box_keys: dict[str, tuple[_Keys, bytes]] = {}  # validated mailbox id -> keys, UTF-8 id
+        # mailbox ids this object has added to the registry set (nothing removes a member
+        # from it): their sends skip the SADD
+        self._registered_ids: set[str] = set()
 
     # -- connection + scripts -------------------------------------------------------
 
@@ -323,17 +335,23 @@ class RedisMailbox(CheckedSend):
 
     async def _append(self, out: Outgoing) -> TeamMessage:
         message = out.new_message()
-        keys, _ = self._box(out.to)
-        (result,) = await self._eval_many(
-            "send",
-            [
-                (
-                    [keys.name, keys.seq, keys.body, keys.state, keys.queues["pending"]],
-                    [out.to, message.id, _body(message)],
-                )
-            ],
-            first=("SADD", self._registry, out.to),
-        )
+        keys, owner = self._box(out.to)
+        args = (owner, message.id, _body(message, out.metadata_json))
+        if out.to in self._registered_ids:
+            # registered by an earlier send of this object: the send script alone
+            client = self.client()
+            try:
+                result = await client.evalsha(_SCRIPTS["send"].sha, 5, *keys.send, *args)
+            except NoScriptError:
+                result = await self._eval("send", keys.send, args)
+        else:
+            # the registry entry first (idempotent), so requeue_expired always finds the mailbox
+            (result,) = await self._eval_many(
+                "send", [(keys.send, args)], first=("SADD", self._registry, out.to)
+            )
+            if len(self._registered_ids) > 50_000:
+                self._registered_ids.clear()
+            self._registered_ids.add(out.to)
         code = _text(result[0])
         if code == "COLLISION":
             raise MailboxError(
@@ -460,8 +478,8 @@ class RedisMailbox(CheckedSend):
         keys = self._keys(tag)
         result = await self._eval(
             "complete",
-            [keys.state, keys.leases, keys.body, *keys.all_queues],
-            [message_id, target.value, token, _STATUS_NAMES],
+            (keys.state, keys.leases, keys.body, keys.queues["processing"], keys.queues[target.value]),
+            (message_id, target.value, token),
         )
         code = _text(result[0])
         if code == "TAKEN":

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from lattice_mailbox.base import ClaimError, InvalidTransitionError, MessageTooLargeError, TeamMailbox
 from lattice_mailbox.message import MessageStatus, TeamMessage
-from lattice_mailbox.validation import check_send
+from lattice_mailbox.validation import CheckedSend, Outgoing, check_send
 
 from ..errors import ToolExecutionError
 from ..tools.tool import ToolContext, ToolDefinition, ToolResult
@@ -188,9 +188,14 @@ class MailboxToolState:
         return {"kind": kind, "member": self.self_name, "status": status, "team": self.team_name}
 
     async def _send_upstream(
-        self, target: TeamMessage, content: str, metadata: dict[str, Any]
+        self, target: TeamMessage, content: str, metadata: dict[str, Any], checked: Outgoing | None = None
     ) -> TeamMessage:
-        """Send ``content`` back to ``target``'s sender (same thread and work item, ``reply_to`` = target)."""
+        """Send ``content`` back to ``target``'s sender (same thread and work item, ``reply_to`` = target).
+        ``checked``: what :meth:`_check_fits` made of these same arguments; a store
+        whose ``send`` is :class:`CheckedSend`'s own then stores it without checking
+        everything again."""
+        if checked is not None and _plain_checked_send(self.mailbox):
+            return await self.mailbox._append(checked)  # type: ignore[attr-defined, no-any-return]
         return await self.mailbox.send(
             self.mailbox_id,
             target.from_,
@@ -203,14 +208,16 @@ class MailboxToolState:
 
     def _check_fits(
         self, tool_name: str, target: TeamMessage, content: str, metadata: dict[str, Any]
-    ) -> None:
+    ) -> Outgoing | None:
         """Refuse an upstream message the store would reject for its size *before*
-        anything changes (a reply must not close its message and then fail to send)."""
+        anything changes (a reply must not close its message and then fail to send).
+        Returns the checked request (for :meth:`_send_upstream`), or ``None`` when
+        the store has no size bound."""
         limit = getattr(self.mailbox, "max_message_bytes", None)
         if not isinstance(limit, int) or isinstance(limit, bool):
-            return
+            return None
         try:
-            check_send(  # the arguments _send_upstream will pass
+            return check_send(  # the arguments _send_upstream will pass
                 self.mailbox_id,
                 target.from_,
                 content,
@@ -254,7 +261,7 @@ class MailboxToolState:
         metadata = self._upstream("reply", "done")
         if structured_result is not None:
             metadata["structured_result"] = structured_result
-        self._check_fits("team_reply", target, content, metadata)
+        checked = self._check_fits("team_reply", target, content, metadata)
         try:
             await set_message_status(self.mailbox, target.id, MessageStatus.DONE, token)
         except ClaimError as exc:
@@ -265,7 +272,7 @@ class MailboxToolState:
             raise TeamToolError(
                 f"team_reply: cannot close message {target.id}: {exc}; nothing was sent"
             ) from None
-        reply = await self._send_upstream(target, content, metadata)
+        reply = await self._send_upstream(target, content, metadata, checked)
         self.replies[target.id] = reply
         done = target.model_copy(update={"status": MessageStatus.DONE, "claim_token": None})
         await emit_event(
@@ -280,8 +287,8 @@ class MailboxToolState:
         """``team_followup``: send progress upstream; the target stays open."""
         target, _ = await self._target(message_id, "team_followup")
         metadata = self._upstream("followup", "open")
-        self._check_fits("team_followup", target, content, metadata)
-        message = await self._send_upstream(target, content, metadata)
+        checked = self._check_fits("team_followup", target, content, metadata)
+        message = await self._send_upstream(target, content, metadata, checked)
         self.followups.append(message)
         await emit_event(
             self.emit,
@@ -318,6 +325,17 @@ class MailboxToolState:
                     counts[message.status.value] += 1
             out[box] = {k: v for k, v in counts.items() if v}
         return out
+
+
+def _plain_checked_send(mailbox: Any) -> bool:
+    """True when ``mailbox.send`` is exactly :meth:`CheckedSend.send` (``check_send``
+    with the store's ``max_message_bytes``, then ``_append``), not overridden or
+    replaced on the instance."""
+    return (
+        isinstance(mailbox, CheckedSend)
+        and type(mailbox).send is CheckedSend.send
+        and "send" not in getattr(mailbox, "__dict__", {})
+    )
 
 
 # --------------------------------------------------------------------------- inputs
