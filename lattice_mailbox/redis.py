@@ -150,6 +150,38 @@ class _Keys:
         )
 
 
+class _Connection(aioredis.Connection):
+    """redis-py's TCP connection without a task per command.
+
+    redis-py bounds every write by ``socket_timeout`` with ``asyncio.wait_for``,
+    which creates a task per command. A write into an empty transport buffer
+    hands the bytes to the kernel at once (``transport.write``); only bytes the
+    kernel did not take can make the writer wait. So when the buffer is empty
+    before and after the write, there is nothing to wait for and no task is
+    made; otherwise (bytes left, a closing transport, health checks, no
+    timeout...) redis-py's own path waits, with its timeout and error mapping.
+    Reads are untouched (bounded by ``socket_timeout`` as before)."""
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        writer = getattr(self, "_writer", None)
+        transport = getattr(writer, "transport", None)
+        if (
+            transport is None
+            or not self.is_connected
+            or self.health_check_interval
+            or not isinstance(command, list)
+            or transport.is_closing()
+            or transport.get_write_buffer_size()
+        ):
+            await super().send_packed_command(command, check_health)
+            return
+        assert writer is not None
+        writer.writelines(command)
+        if transport.is_closing() or transport.get_write_buffer_size():
+            # the kernel did not take everything (or the connection broke): wait as redis-py does
+            await super().send_packed_command([], check_health=False)
+
+
 def _text(value: Any) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
@@ -227,6 +259,8 @@ class RedisMailbox(CheckedSend):
         if isinstance(url_or_client, str):
             self._url = url_or_client
             client_kwargs.setdefault("retry", Retry(NoBackoff(), 0))
+            if url_or_client.lower().startswith("redis://"):  # plain TCP (unix/TLS keep their classes)
+                client_kwargs.setdefault("connection_class", _Connection)
             self._client_kwargs = client_kwargs
         elif isinstance(url_or_client, aioredis.Redis):
             self._client = url_or_client
