@@ -34,6 +34,7 @@ A message whose run was cancelled is marked ``cancelled`` and not run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -150,7 +151,7 @@ async def process_claimed(ctx: WorkerContext, team: Team, member: TeamMember, me
             return "the run was cancelled"
         return None
 
-    keeper = LeaseKeeper(
+    keeper = _ItemLeaseKeeper(
         ctx.mailbox, message.id, token or "", ctx.settings.lease_seconds, controller, check=check
     )
     if token and message.lease_until is not None:
@@ -164,6 +165,7 @@ async def process_claimed(ctx: WorkerContext, team: Team, member: TeamMember, me
                 signal=controller.signal,
                 emit=emit,
                 agent=agent,
+                stream_events=False,  # ctx.emit does not store token-level events
             )
     else:
         outcome = await run_work_item(
@@ -175,6 +177,7 @@ async def process_claimed(ctx: WorkerContext, team: Team, member: TeamMember, me
             signal=controller.signal,
             emit=emit,
             agent=agent,
+            stream_events=False,
         )
     if keeper.lost is not None or (outcome.error or {}).get("code") == "claim_lost":
         logger.warning("member %s lost its claim on %s; its outcome is discarded", member.name, message.id)
@@ -182,6 +185,43 @@ async def process_claimed(ctx: WorkerContext, team: Team, member: TeamMember, me
     if link is not None:
         await complete_work_item(ctx, link[0], link[1], message.work_item_id or "", outcome)
     return outcome.status
+
+
+class _ItemLeaseKeeper(LeaseKeeper):
+    """A :class:`LeaseKeeper` that makes its renewal task only when the first
+    renewal is due (a timer until then): most work items end long before a
+    third of the lease, and a task per item, cancelled unused, costs more than
+    a timer. Renewals, checks and their timing are :class:`RenewalLoop`'s."""
+
+    _timer: asyncio.TimerHandle | None = None
+    _renewing: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> _ItemLeaseKeeper:
+        self._timer = asyncio.get_running_loop().call_later(self.interval, self._start)
+        return self
+
+    def _start(self) -> None:
+        self._timer = None
+        self._renewing = asyncio.get_running_loop().create_task(
+            self._renew(), name=f"lease:{self.message_id}"
+        )
+
+    async def _renew(self) -> None:
+        # the first renewal is due now; then as RenewalLoop._run: every interval
+        while True:
+            if not await self.renew_once() or not await self.after_renewal():
+                return
+            await asyncio.sleep(self.interval)
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        task, self._renewing = self._renewing, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 def _run_link(message: TeamMessage) -> tuple[str, str] | None:
