@@ -48,6 +48,8 @@ turned off on clients built here: the operations are not idempotent (a blind
 resend of ``claim_next`` would claim a second message), so a dropped connection
 surfaces as :class:`redis.exceptions.ConnectionError` and the caller decides.
 Each script is atomic, so a failed call never leaves a half-written message.
+Clients built here for ``redis://`` URLs use :class:`DirectWriteConnection`
+(no asyncio task per command; same timeouts).
 """
 
 from __future__ import annotations
@@ -150,7 +152,7 @@ class _Keys:
         )
 
 
-class _Connection(aioredis.Connection):
+class DirectWriteConnection(aioredis.Connection):
     """redis-py's TCP connection without a task per command.
 
     redis-py bounds every write by ``socket_timeout`` with ``asyncio.wait_for``,
@@ -160,7 +162,12 @@ class _Connection(aioredis.Connection):
     before and after the write, there is nothing to wait for and no task is
     made; otherwise (bytes left, a closing transport, health checks, no
     timeout...) redis-py's own path waits, with its timeout and error mapping.
-    Reads are untouched (bounded by ``socket_timeout`` as before)."""
+    Reads are untouched (bounded by ``socket_timeout`` as before).
+
+    The store's own clients for ``redis://`` URLs use it; any other
+    ``redis.asyncio`` client of a plain TCP URL can too
+    (``Redis.from_url(url, connection_class=DirectWriteConnection)``; not for
+    ``unix://`` or ``rediss://``, which need their own connection classes)."""
 
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         writer = getattr(self, "_writer", None)
@@ -260,7 +267,7 @@ class RedisMailbox(CheckedSend):
             self._url = url_or_client
             client_kwargs.setdefault("retry", Retry(NoBackoff(), 0))
             if url_or_client.lower().startswith("redis://"):  # plain TCP (unix/TLS keep their classes)
-                client_kwargs.setdefault("connection_class", _Connection)
+                client_kwargs.setdefault("connection_class", DirectWriteConnection)
             self._client_kwargs = client_kwargs
         elif isinstance(url_or_client, aioredis.Redis):
             self._client = url_or_client
@@ -506,6 +513,15 @@ class RedisMailbox(CheckedSend):
         returns the message again. Raises ``ValueError`` (unknown status),
         :class:`InvalidTransitionError` (target ``processing``),
         :class:`ClaimTakenError` or :class:`ClaimMissingError`."""
+        result = await self._complete(message_id, token, status)
+        return _message(result[1], result[2])
+
+    async def finish_claim(self, message_id: str, token: str, status: MessageStatus | str) -> None:
+        """:meth:`complete` for a caller that does not need the message back:
+        the same script, checks and errors, without decoding the message."""
+        await self._complete(message_id, token, status)
+
+    async def _complete(self, message_id: str, token: str, status: MessageStatus | str) -> list[Any]:
         target, tag = check_complete(message_id, token, status)
         if tag is None:
             raise ClaimMissingError(message_id)
@@ -520,7 +536,7 @@ class RedisMailbox(CheckedSend):
             raise ClaimTakenError(message_id)
         if code == "MISSING":
             raise ClaimMissingError(message_id)
-        return _message(result[1], result[2])
+        return result  # type: ignore[no-any-return]
 
     async def requeue_expired(
         self, *, max_attempts: int | None = None, now_ms: int | None = None
@@ -597,4 +613,4 @@ class RedisMailbox(CheckedSend):
             await client.aclose()
 
 
-__all__ = ["RedisMailbox"]
+__all__ = ["DirectWriteConnection", "RedisMailbox"]

@@ -82,7 +82,9 @@ async def set_message_status(
     when the claim was lost, :class:`InvalidTransitionError` when the message
     already left the state the caller expected, ``LookupError`` when it is gone."""
     if token is not None:
-        await mailbox.complete(message_id, token, status)  # type: ignore[attr-defined]
+        # a store's finish_claim is its complete without building the message it returns
+        finish = getattr(mailbox, "finish_claim", None) or mailbox.complete  # type: ignore[attr-defined]
+        await finish(message_id, token, status)
         return
     if not await mailbox.update_status(message_id, status):
         raise LookupError(f"message {message_id} not found in the mailbox")
@@ -274,13 +276,13 @@ class MailboxToolState:
             ) from None
         reply = await self._send_upstream(target, content, metadata, checked)
         self.replies[target.id] = reply
-        done = target.model_copy(update={"status": MessageStatus.DONE, "claim_token": None})
+        done = target.to_json_dict()  # a fresh dict: the ended message without copying the model
+        done["status"] = MessageStatus.DONE.value
+        done["claim_token"] = None
         await emit_event(
             self.emit, TeamMessageEvent(subtype="reply", team=self.team_name, message=reply.to_json_dict())
         )
-        await emit_event(
-            self.emit, TeamMessageEvent(subtype="done", team=self.team_name, message=done.to_json_dict())
-        )
+        await emit_event(self.emit, TeamMessageEvent(subtype="done", team=self.team_name, message=done))
         return reply
 
     async def followup(self, content: str, message_id: str | None) -> TeamMessage:
