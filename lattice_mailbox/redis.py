@@ -66,7 +66,9 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .base import ClaimMissingError, ClaimTakenError, MailboxError
 from .message import MessageStatus, TeamMessage
@@ -316,14 +318,33 @@ class RedisMailbox(CheckedSend):
             self._box_keys[mailbox_id] = found
         return found
 
+    async def _evalsha(self, sha: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        """``EVALSHA`` on the running loop's client. On a client this store built
+        (no retries, no response callback for EVALSHA) the command goes straight
+        over a pooled connection: what ``execute_command`` does for it minus its
+        bookkeeping (metrics hooks, a retry wrapper that never retries). A failed
+        connection is dropped as there (``send``/``read`` disconnect on errors)."""
+        client = self.client()
+        if self._client is not None:  # a client passed in: its own settings apply
+            return await client.evalsha(sha, len(keys), *keys, *args)
+        pool = client.connection_pool
+        conn = await pool.get_connection()
+        try:
+            await conn.send_command("EVALSHA", sha, len(keys), *keys, *args)
+            return await conn.read_response()
+        except (RedisConnectionError, RedisTimeoutError):
+            await conn.disconnect()
+            raise
+        finally:
+            await pool.release(conn)
+
     async def _eval(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         script = _SCRIPTS[name]
-        client = self.client()
         try:
-            return await client.evalsha(script.sha, len(keys), *keys, *args)
+            return await self._evalsha(script.sha, keys, args)
         except NoScriptError:
-            await client.script_load(script.source)
-            return await client.evalsha(script.sha, len(keys), *keys, *args)
+            await self.client().script_load(script.source)
+            return await self._evalsha(script.sha, keys, args)
 
     async def _eval_many(
         self,
@@ -380,9 +401,8 @@ class RedisMailbox(CheckedSend):
         args = (owner, message.id, _body(message, out.metadata_json))
         if out.to in self._registered_ids:
             # registered by an earlier send of this object: the send script alone
-            client = self.client()
             try:
-                result = await client.evalsha(_SCRIPTS["send"].sha, 5, *keys.send, *args)
+                result = await self._evalsha(_SCRIPTS["send"].sha, keys.send, args)
             except NoScriptError:
                 result = await self._eval("send", keys.send, args)
         else:
@@ -453,8 +473,8 @@ class RedisMailbox(CheckedSend):
             token,
             b"" if max_in_flight is None else max_in_flight,
         )
-        try:  # the hot path: EVALSHA inline, one coroutine less
-            result = await self.client().evalsha(_SCRIPTS["claim_next"].sha, 6, *keys.claim, *args)
+        try:  # the hot path: EVALSHA inline, one coroutine less (NOSCRIPT: load and retry)
+            result = await self._evalsha(_SCRIPTS["claim_next"].sha, keys.claim, args)
         except NoScriptError:
             result = await self._eval("claim_next", keys.claim, args)
         if not isinstance(result, list):
