@@ -67,7 +67,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .base import ClaimMissingError, ClaimTakenError, MailboxError
@@ -94,6 +94,7 @@ S = MessageStatus
 _STATUS_NAMES = " ".join(s.value for s in STATUS_ORDER)
 _REQUEUE_BATCH = 500
 _PIPELINE_CHUNK = 200
+_HELD_CONNECTIONS = 4  # connections a store keeps per event loop between its EVALSHA calls
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,6 +279,10 @@ class RedisMailbox(CheckedSend):
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aioredis.Redis] = (
             weakref.WeakKeyDictionary()
         )
+        # per loop: the client and the healthy connections _evalsha keeps between calls
+        self._held: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[aioredis.Redis, list[Any]]] = (
+            weakref.WeakKeyDictionary()
+        )
         self._tag_keys: dict[str, _Keys] = {}
         self._box_keys: dict[str, tuple[_Keys, bytes]] = {}  # validated mailbox id -> keys, UTF-8 id
         # mailbox ids this object has added to the registry set (nothing removes a member
@@ -319,24 +324,53 @@ class RedisMailbox(CheckedSend):
         return found
 
     async def _evalsha(self, sha: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """``EVALSHA`` on the running loop's client. On a client this store built
-        (no retries, no response callback for EVALSHA) the command goes straight
-        over a pooled connection: what ``execute_command`` does for it minus its
-        bookkeeping (metrics hooks, a retry wrapper that never retries). A failed
-        connection is dropped as there (``send``/``read`` disconnect on errors)."""
-        client = self.client()
+        """``EVALSHA`` on the running loop's client.
+
+        On a client this store built (no retries, no response callback for
+        EVALSHA) the command goes straight over a connection of the client's
+        pool: what ``execute_command`` does for it minus its bookkeeping (metrics
+        hooks, a retry wrapper that never retries). Between calls the store keeps
+        a few healthy connections it took from the pool (the pool still counts
+        them as in use and closes them with the client) and checks one with the
+        pool's own ``ensure_connection`` before reusing it, as the pool does
+        before handing one out. A connection error or timeout disconnects the
+        connection (as there) and gives it back to the pool."""
         if self._client is not None:  # a client passed in: its own settings apply
-            return await client.evalsha(sha, len(keys), *keys, *args)
+            return await self._client.evalsha(sha, len(keys), *keys, *args)
+        client = self.client()
         pool = client.connection_pool
-        conn = await pool.get_connection()
+        loop = asyncio.get_running_loop()
+        held = self._held.get(loop)
+        if held is None or held[0] is not client:
+            held = self._held[loop] = (client, [])
+        idle = held[1]
+        ensure = getattr(pool, "ensure_connection", None)
+        if idle and ensure is not None:
+            conn = idle.pop()
+            try:
+                await ensure(conn)
+            except BaseException:
+                await pool.release(conn)
+                raise
+        else:
+            conn = await pool.get_connection()
+        keep = False
         try:
             await conn.send_command("EVALSHA", sha, len(keys), *keys, *args)
-            return await conn.read_response()
+            result = await conn.read_response()
+            keep = True
+            return result
+        except ResponseError:  # a whole reply was read (NOSCRIPT, a script error): the connection is fine
+            keep = True
+            raise
         except (RedisConnectionError, RedisTimeoutError):
             await conn.disconnect()
             raise
         finally:
-            await pool.release(conn)
+            if keep and ensure is not None and len(idle) < _HELD_CONNECTIONS:
+                idle.append(conn)
+            else:
+                await pool.release(conn)
 
     async def _eval(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         script = _SCRIPTS[name]
@@ -629,6 +663,7 @@ class RedisMailbox(CheckedSend):
             loop = None
         client = self._clients.pop(loop, None) if loop is not None else None
         self._clients.clear()
+        self._held.clear()  # closing the client closes them (the pool counts them as in use)
         if client is not None:
             await client.aclose()
 
