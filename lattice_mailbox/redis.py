@@ -21,8 +21,10 @@ touches one slot only::
     <prefix>:{tag}:q:<status>    zset    one per status: message ids scored by seq
     <prefix>:{tag}:leases        zset    leased message ids scored by lease_until (ms)
     <prefix>:mailboxes           set     registry of mailbox ids (written by an
-                                         idempotent SADD before each send; read by
-                                         ``mailbox_ids`` and ``requeue_expired``)
+                                         idempotent SADD before the first send of
+                                         a store object to that id, in the same
+                                         round trip; read by ``mailbox_ids`` and
+                                         ``requeue_expired``)
 
 Message ids are ``"<tag>-<32 hex>"``, so ``get``/``update_status``/``complete``
 find the keys from the id alone, in O(1). Message data lives in the per-tag
@@ -46,6 +48,8 @@ turned off on clients built here: the operations are not idempotent (a blind
 resend of ``claim_next`` would claim a second message), so a dropped connection
 surfaces as :class:`redis.exceptions.ConnectionError` and the caller decides.
 Each script is atomic, so a failed call never leaves a half-written message.
+Clients built here for ``redis://`` URLs use :class:`DirectWriteConnection`
+(no asyncio task per command; same timeouts).
 """
 
 from __future__ import annotations
@@ -62,7 +66,9 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .base import ClaimMissingError, ClaimTakenError, MailboxError
 from .message import MessageStatus, TeamMessage
@@ -88,6 +94,7 @@ S = MessageStatus
 _STATUS_NAMES = " ".join(s.value for s in STATUS_ORDER)
 _REQUEUE_BATCH = 500
 _PIPELINE_CHUNK = 200
+_HELD_CONNECTIONS = 4  # connections a store keeps per event loop between its EVALSHA calls
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +135,7 @@ class _Keys:
     queues: dict[str, bytes]  # status value -> zset key
     all_queues: tuple[bytes, ...]  # in STATUS_ORDER
     claim: tuple[bytes, ...]  # KEYS of claim_next.lua
+    send: tuple[bytes, ...]  # KEYS of send.lua
 
     @classmethod
     def build(cls, prefix: str, tag: str) -> _Keys:
@@ -143,7 +151,45 @@ class _Keys:
             queues=queues,
             all_queues=tuple(queues[s.value] for s in STATUS_ORDER),
             claim=(name, queues["pending"], queues["processing"], leases, body, state),
+            send=(name, f"{base}:seq".encode(), body, state, queues["pending"]),
         )
+
+
+class DirectWriteConnection(aioredis.Connection):
+    """redis-py's TCP connection without a task per command.
+
+    redis-py bounds every write by ``socket_timeout`` with ``asyncio.wait_for``,
+    which creates a task per command. A write into an empty transport buffer
+    hands the bytes to the kernel at once (``transport.write``); only bytes the
+    kernel did not take can make the writer wait. So when the buffer is empty
+    before and after the write, there is nothing to wait for and no task is
+    made; otherwise (bytes left, a closing transport, health checks, no
+    timeout...) redis-py's own path waits, with its timeout and error mapping.
+    Reads are untouched (bounded by ``socket_timeout`` as before).
+
+    The store's own clients for ``redis://`` URLs use it; any other
+    ``redis.asyncio`` client of a plain TCP URL can too
+    (``Redis.from_url(url, connection_class=DirectWriteConnection)``; not for
+    ``unix://`` or ``rediss://``, which need their own connection classes)."""
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        writer = getattr(self, "_writer", None)
+        transport = getattr(writer, "transport", None)
+        if (
+            transport is None
+            or not self.is_connected
+            or self.health_check_interval
+            or not isinstance(command, list)
+            or transport.is_closing()
+            or transport.get_write_buffer_size()
+        ):
+            await super().send_packed_command(command, check_health)
+            return
+        assert writer is not None
+        writer.writelines(command)
+        if transport.is_closing() or transport.get_write_buffer_size():
+            # the kernel did not take everything (or the connection broke): wait as redis-py does
+            await super().send_packed_command([], check_health=False)
 
 
 def _text(value: Any) -> str:
@@ -163,8 +209,10 @@ def _message(body: Any, state: Any) -> TeamMessage:
     return message
 
 
-def _body(message: TeamMessage) -> str:
-    """The body JSON of a new message: its fields that never change."""
+def _body(message: TeamMessage, metadata_json: str | None = None) -> str:
+    """The body JSON of a new message: its fields that never change.
+    ``metadata_json``: the metadata's JSON when the caller has it already (the
+    same text ``json.dumps`` gives, see :class:`~lattice_mailbox.validation.Outgoing`)."""
     fields = {
         "id": message.id,
         "from": message.from_,
@@ -174,9 +222,12 @@ def _body(message: TeamMessage) -> str:
         "thread_id": message.thread_id,
         "work_item_id": message.work_item_id,
         "reply_to": message.reply_to,
-        "metadata": message.metadata,
     }
-    return json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
+    if metadata_json is None:
+        fields["metadata"] = message.metadata
+        return json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
+    head = json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
+    return f'{head[:-1]},"metadata":{metadata_json}}}'
 
 
 def _messages(flat: list[Any]) -> list[TeamMessage]:
@@ -218,6 +269,8 @@ class RedisMailbox(CheckedSend):
         if isinstance(url_or_client, str):
             self._url = url_or_client
             client_kwargs.setdefault("retry", Retry(NoBackoff(), 0))
+            if url_or_client.lower().startswith("redis://"):  # plain TCP (unix/TLS keep their classes)
+                client_kwargs.setdefault("connection_class", DirectWriteConnection)
             self._client_kwargs = client_kwargs
         elif isinstance(url_or_client, aioredis.Redis):
             self._client = url_or_client
@@ -226,8 +279,15 @@ class RedisMailbox(CheckedSend):
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aioredis.Redis] = (
             weakref.WeakKeyDictionary()
         )
+        # per loop: the client and the healthy connections _evalsha keeps between calls
+        self._held: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[aioredis.Redis, list[Any]]] = (
+            weakref.WeakKeyDictionary()
+        )
         self._tag_keys: dict[str, _Keys] = {}
         self._box_keys: dict[str, tuple[_Keys, bytes]] = {}  # validated mailbox id -> keys, UTF-8 id
+        # mailbox ids this object has added to the registry set (nothing removes a member
+        # from it): their sends skip the SADD
+        self._registered_ids: set[str] = set()
 
     # -- connection + scripts -------------------------------------------------------
 
@@ -263,14 +323,62 @@ class RedisMailbox(CheckedSend):
             self._box_keys[mailbox_id] = found
         return found
 
+    async def _evalsha(self, sha: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        """``EVALSHA`` on the running loop's client.
+
+        On a client this store built (no retries, no response callback for
+        EVALSHA) the command goes straight over a connection of the client's
+        pool: what ``execute_command`` does for it minus its bookkeeping (metrics
+        hooks, a retry wrapper that never retries). Between calls the store keeps
+        a few healthy connections it took from the pool (the pool still counts
+        them as in use and closes them with the client) and checks one with the
+        pool's own ``ensure_connection`` before reusing it, as the pool does
+        before handing one out. A connection error or timeout disconnects the
+        connection (as there) and gives it back to the pool."""
+        if self._client is not None:  # a client passed in: its own settings apply
+            return await self._client.evalsha(sha, len(keys), *keys, *args)
+        client = self.client()
+        pool = client.connection_pool
+        loop = asyncio.get_running_loop()
+        held = self._held.get(loop)
+        if held is None or held[0] is not client:
+            held = self._held[loop] = (client, [])
+        idle = held[1]
+        ensure = getattr(pool, "ensure_connection", None)
+        if idle and ensure is not None:
+            conn = idle.pop()
+            try:
+                await ensure(conn)
+            except BaseException:
+                await pool.release(conn)
+                raise
+        else:
+            conn = await pool.get_connection()
+        keep = False
+        try:
+            await conn.send_command("EVALSHA", sha, len(keys), *keys, *args)
+            result = await conn.read_response()
+            keep = True
+            return result
+        except ResponseError:  # a whole reply was read (NOSCRIPT, a script error): the connection is fine
+            keep = True
+            raise
+        except (RedisConnectionError, RedisTimeoutError):
+            await conn.disconnect()
+            raise
+        finally:
+            if keep and ensure is not None and len(idle) < _HELD_CONNECTIONS:
+                idle.append(conn)
+            else:
+                await pool.release(conn)
+
     async def _eval(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         script = _SCRIPTS[name]
-        client = self.client()
         try:
-            return await client.evalsha(script.sha, len(keys), *keys, *args)
+            return await self._evalsha(script.sha, keys, args)
         except NoScriptError:
-            await client.script_load(script.source)
-            return await client.evalsha(script.sha, len(keys), *keys, *args)
+            await self.client().script_load(script.source)
+            return await self._evalsha(script.sha, keys, args)
 
     async def _eval_many(
         self,
@@ -323,17 +431,22 @@ class RedisMailbox(CheckedSend):
 
     async def _append(self, out: Outgoing) -> TeamMessage:
         message = out.new_message()
-        keys, _ = self._box(out.to)
-        (result,) = await self._eval_many(
-            "send",
-            [
-                (
-                    [keys.name, keys.seq, keys.body, keys.state, keys.queues["pending"]],
-                    [out.to, message.id, _body(message)],
-                )
-            ],
-            first=("SADD", self._registry, out.to),
-        )
+        keys, owner = self._box(out.to)
+        args = (owner, message.id, _body(message, out.metadata_json))
+        if out.to in self._registered_ids:
+            # registered by an earlier send of this object: the send script alone
+            try:
+                result = await self._evalsha(_SCRIPTS["send"].sha, keys.send, args)
+            except NoScriptError:
+                result = await self._eval("send", keys.send, args)
+        else:
+            # the registry entry first (idempotent), so requeue_expired always finds the mailbox
+            (result,) = await self._eval_many(
+                "send", [(keys.send, args)], first=("SADD", self._registry, out.to)
+            )
+            if len(self._registered_ids) > 50_000:
+                self._registered_ids.clear()
+            self._registered_ids.add(out.to)
         code = _text(result[0])
         if code == "COLLISION":
             raise MailboxError(
@@ -394,8 +507,8 @@ class RedisMailbox(CheckedSend):
             token,
             b"" if max_in_flight is None else max_in_flight,
         )
-        try:  # the hot path: EVALSHA inline, one coroutine less
-            result = await self.client().evalsha(_SCRIPTS["claim_next"].sha, 6, *keys.claim, *args)
+        try:  # the hot path: EVALSHA inline, one coroutine less (NOSCRIPT: load and retry)
+            result = await self._evalsha(_SCRIPTS["claim_next"].sha, keys.claim, args)
         except NoScriptError:
             result = await self._eval("claim_next", keys.claim, args)
         if not isinstance(result, list):
@@ -454,21 +567,30 @@ class RedisMailbox(CheckedSend):
         returns the message again. Raises ``ValueError`` (unknown status),
         :class:`InvalidTransitionError` (target ``processing``),
         :class:`ClaimTakenError` or :class:`ClaimMissingError`."""
+        result = await self._complete(message_id, token, status)
+        return _message(result[1], result[2])
+
+    async def finish_claim(self, message_id: str, token: str, status: MessageStatus | str) -> None:
+        """:meth:`complete` for a caller that does not need the message back:
+        the same script, checks and errors, without decoding the message."""
+        await self._complete(message_id, token, status)
+
+    async def _complete(self, message_id: str, token: str, status: MessageStatus | str) -> list[Any]:
         target, tag = check_complete(message_id, token, status)
         if tag is None:
             raise ClaimMissingError(message_id)
         keys = self._keys(tag)
         result = await self._eval(
             "complete",
-            [keys.state, keys.leases, keys.body, *keys.all_queues],
-            [message_id, target.value, token, _STATUS_NAMES],
+            (keys.state, keys.leases, keys.body, keys.queues["processing"], keys.queues[target.value]),
+            (message_id, target.value, token),
         )
         code = _text(result[0])
         if code == "TAKEN":
             raise ClaimTakenError(message_id)
         if code == "MISSING":
             raise ClaimMissingError(message_id)
-        return _message(result[1], result[2])
+        return result  # type: ignore[no-any-return]
 
     async def requeue_expired(
         self, *, max_attempts: int | None = None, now_ms: int | None = None
@@ -541,8 +663,9 @@ class RedisMailbox(CheckedSend):
             loop = None
         client = self._clients.pop(loop, None) if loop is not None else None
         self._clients.clear()
+        self._held.clear()  # closing the client closes them (the pool counts them as in use)
         if client is not None:
             await client.aclose()
 
 
-__all__ = ["RedisMailbox"]
+__all__ = ["DirectWriteConnection", "RedisMailbox"]

@@ -44,9 +44,11 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+@functools.lru_cache(maxsize=4096)
 def mailbox_tag(mailbox_id: str) -> str:
     """The first 16 hex digits of SHA-256(mailbox id, UTF-8). Used as the Redis
-    hash tag of the mailbox and as the prefix of its message ids."""
+    hash tag of the mailbox and as the prefix of its message ids (cached: ids
+    repeat a lot)."""
     return hashlib.sha256(mailbox_id.encode("utf-8")).hexdigest()[:16]
 
 
@@ -280,10 +282,17 @@ def check_send(
         raise MessageTooLargeError(
             f"message to {to!r} is {size} bytes (content + metadata JSON); the bound is {max_message_bytes} bytes"
         )
-    # Round-trip so the stored metadata is exactly what JSON gives back (tuples -> lists ...).
-    return Outgoing(
-        from_, to, content, thread_id, work_item_id, reply_to, json.loads(metadata_json), metadata_json
-    )
+    # The stored metadata is exactly what JSON gives back (tuples -> lists ...): a flat dict of
+    # str keys and str/int/bool/None values comes back as an equal copy, anything else is
+    # round-tripped.
+    if all(type(k) is str and type(v) in _FLAT_JSON for k, v in metadata.items()):
+        stored = dict(metadata)
+    else:
+        stored = json.loads(metadata_json)
+    return Outgoing(from_, to, content, thread_id, work_item_id, reply_to, stored, metadata_json)
+
+
+_FLAT_JSON = frozenset({str, int, bool, type(None)})
 
 
 class CheckedSend:

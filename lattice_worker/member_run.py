@@ -33,12 +33,13 @@ A message whose run was cancelled is marked ``cancelled`` and not run.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from lattice_client.models import RunRecord, RunResult
 from lattice_mailbox.base import ClaimError, InvalidTransitionError
@@ -65,7 +66,9 @@ exists: in effect no expiry, the child run holds lead leases of its own."""
 
 
 def _public(message: TeamMessage) -> dict[str, Any]:
-    return message.model_copy(update={"claim_token": None}).to_json_dict()
+    data = message.to_json_dict()  # a fresh dict: no need to copy the model first
+    data["claim_token"] = None
+    return data
 
 
 async def deliver(ctx: WorkerContext, mailbox_id: str) -> str:
@@ -148,7 +151,7 @@ async def process_claimed(ctx: WorkerContext, team: Team, member: TeamMember, me
             return "the run was cancelled"
         return None
 
-    keeper = LeaseKeeper(
+    keeper = _ItemLeaseKeeper(
         ctx.mailbox, message.id, token or "", ctx.settings.lease_seconds, controller, check=check
     )
     if token and message.lease_until is not None:
@@ -162,6 +165,7 @@ async def process_claimed(ctx: WorkerContext, team: Team, member: TeamMember, me
                 signal=controller.signal,
                 emit=emit,
                 agent=agent,
+                stream_events=False,  # ctx.emit does not store token-level events
             )
     else:
         outcome = await run_work_item(
@@ -173,6 +177,7 @@ async def process_claimed(ctx: WorkerContext, team: Team, member: TeamMember, me
             signal=controller.signal,
             emit=emit,
             agent=agent,
+            stream_events=False,
         )
     if keeper.lost is not None or (outcome.error or {}).get("code") == "claim_lost":
         logger.warning("member %s lost its claim on %s; its outcome is discarded", member.name, message.id)
@@ -180,6 +185,43 @@ async def process_claimed(ctx: WorkerContext, team: Team, member: TeamMember, me
     if link is not None:
         await complete_work_item(ctx, link[0], link[1], message.work_item_id or "", outcome)
     return outcome.status
+
+
+class _ItemLeaseKeeper(LeaseKeeper):
+    """A :class:`LeaseKeeper` that makes its renewal task only when the first
+    renewal is due (a timer until then): most work items end long before a
+    third of the lease, and a task per item, cancelled unused, costs more than
+    a timer. Renewals, checks and their timing are :class:`RenewalLoop`'s."""
+
+    _timer: asyncio.TimerHandle | None = None
+    _renewing: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> _ItemLeaseKeeper:
+        self._timer = asyncio.get_running_loop().call_later(self.interval, self._start)
+        return self
+
+    def _start(self) -> None:
+        self._timer = None
+        self._renewing = asyncio.get_running_loop().create_task(
+            self._renew(), name=f"lease:{self.message_id}"
+        )
+
+    async def _renew(self) -> None:
+        # the first renewal is due now; then as RenewalLoop._run: every interval
+        while True:
+            if not await self.renew_once() or not await self.after_renewal():
+                return
+            await asyncio.sleep(self.interval)
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        task, self._renewing = self._renewing, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 def _run_link(message: TeamMessage) -> tuple[str, str] | None:
@@ -236,14 +278,15 @@ def apply_completion(ctx: WorkerContext, run_id: str, team_name: str, result: An
         ctx.enqueue_resume(run_id, team_name)
 
 
+_COMPLETE_ATTEMPTS = 6
+
+
 async def _complete_item(ctx: WorkerContext, run_id: str, work_item_id: str, data: dict[str, Any]) -> Any:
-    async for attempt in AsyncRetrying(
-        retry=retry_if_exception_type((RedisConnectionError, RedisTimeoutError)),
-        stop=stop_after_attempt(6),
-        wait=wait_exponential(multiplier=0.1, max=3),
-        reraise=True,
-    ):
-        with attempt:
+    # Connection errors and timeouts are retried (up to 6 attempts, waiting 0.1, 0.2, 0.4,
+    # 0.8, 1.6 s in between; the last error is raised); any other error at once.
+    attempt = 1
+    while True:
+        try:
             # with the queued events, in one round trip: the member's events
             # precede the resumed lead's
             call, source = ctx.runs.complete_item_call(run_id, work_item_id, data)
@@ -253,7 +296,11 @@ async def _complete_item(ctx: WorkerContext, run_id: str, work_item_id: str, dat
                 on_error=lambda exc: ctx.runs.script_error(exc, run_id, "complete_item"),
             )
             return ctx.runs.complete_reply(reply)
-    raise AssertionError("unreachable")  # pragma: no cover
+        except (RedisConnectionError, RedisTimeoutError):
+            if attempt >= _COMPLETE_ATTEMPTS:
+                raise
+            await asyncio.sleep(min(3.0, 0.1 * 2 ** (attempt - 1)))
+            attempt += 1
 
 
 async def _cancel_message(ctx: WorkerContext, team: Team, message: TeamMessage, record: RunRecord) -> str:

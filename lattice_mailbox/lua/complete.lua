@@ -1,13 +1,13 @@
 -- complete.lua: fenced finish of a claim; only the holder of the claim token may move it.
 --
--- KEYS[1]      <prefix>:{tag}:state           hash: id -> state JSON
--- KEYS[2]      <prefix>:{tag}:leases          zset: leased ids by lease_until
--- KEYS[3]      <prefix>:{tag}:body            hash: id -> body JSON
--- KEYS[4..10]  <prefix>:{tag}:q:<status>      zsets, one per status, in ARGV[4] order
--- ARGV[1]      message id
--- ARGV[2]      target status (the caller checked it is allowed from processing)
--- ARGV[3]      claim token
--- ARGV[4]      the status names of KEYS[4..10], space separated
+-- KEYS[1]  <prefix>:{tag}:state           hash: id -> state JSON
+-- KEYS[2]  <prefix>:{tag}:leases          zset: leased ids by lease_until
+-- KEYS[3]  <prefix>:{tag}:body            hash: id -> body JSON
+-- KEYS[4]  <prefix>:{tag}:q:processing    zset: the processing index
+-- KEYS[5]  <prefix>:{tag}:q:<target>      zset: the index of the target status
+-- ARGV[1]  message id
+-- ARGV[2]  target status (the caller checked it is allowed from processing)
+-- ARGV[3]  claim token
 --
 -- Returns  {"OK", body JSON, state JSON}      finished; the token stays recorded
 --          {"REPLAY", body JSON, state JSON}  this token already finished it with this status
@@ -27,14 +27,8 @@ end
 if st.f ~= ARGV[3] then
   return {'TAKEN'}
 end
-local index = {}
-local i = 4
-for s in string.gmatch(ARGV[4], '%S+') do
-  index[s] = KEYS[i]
-  i = i + 1
-end
-redis.call('ZREM', index['processing'], ARGV[1])
-redis.call('ZADD', index[ARGV[2]], st.q, ARGV[1])
+redis.call('ZREM', KEYS[4], ARGV[1])
+redis.call('ZADD', KEYS[5], st.q, ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 st.w = nil
 st.l = nil

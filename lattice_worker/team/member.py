@@ -93,12 +93,14 @@ class TeamMember:
                 raise ConfigError(
                     f'team_member("{self.name}"): {field_name} must be a string or None, got {type(value).__name__}'
                 )
-        member_kind(self.agent)
+        # ``agent`` cannot be rebound (frozen), so its kind is fixed: computed once here
+        # (the distributed runtime reads it several times per work item).
+        object.__setattr__(self, "_kind", member_kind(self.agent))
 
     @property
     def kind(self) -> MemberKind:
         """See :func:`member_kind`."""
-        return member_kind(self.agent)
+        return self._kind  # type: ignore[attr-defined, no-any-return]
 
     @property
     def accepts_tools(self) -> bool:

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from lattice_mailbox.base import ClaimError, InvalidTransitionError, MessageTooLargeError, TeamMailbox
 from lattice_mailbox.message import MessageStatus, TeamMessage
-from lattice_mailbox.validation import check_send
+from lattice_mailbox.validation import CheckedSend, Outgoing, check_send
 
 from ..errors import ToolExecutionError
 from ..tools.tool import ToolContext, ToolDefinition, ToolResult
@@ -82,7 +82,9 @@ async def set_message_status(
     when the claim was lost, :class:`InvalidTransitionError` when the message
     already left the state the caller expected, ``LookupError`` when it is gone."""
     if token is not None:
-        await mailbox.complete(message_id, token, status)  # type: ignore[attr-defined]
+        # a store's finish_claim is its complete without building the message it returns
+        finish = getattr(mailbox, "finish_claim", None) or mailbox.complete  # type: ignore[attr-defined]
+        await finish(message_id, token, status)
         return
     if not await mailbox.update_status(message_id, status):
         raise LookupError(f"message {message_id} not found in the mailbox")
@@ -188,9 +190,14 @@ class MailboxToolState:
         return {"kind": kind, "member": self.self_name, "status": status, "team": self.team_name}
 
     async def _send_upstream(
-        self, target: TeamMessage, content: str, metadata: dict[str, Any]
+        self, target: TeamMessage, content: str, metadata: dict[str, Any], checked: Outgoing | None = None
     ) -> TeamMessage:
-        """Send ``content`` back to ``target``'s sender (same thread and work item, ``reply_to`` = target)."""
+        """Send ``content`` back to ``target``'s sender (same thread and work item, ``reply_to`` = target).
+        ``checked``: what :meth:`_check_fits` made of these same arguments; a store
+        whose ``send`` is :class:`CheckedSend`'s own then stores it without checking
+        everything again."""
+        if checked is not None and _plain_checked_send(self.mailbox):
+            return await self.mailbox._append(checked)  # type: ignore[attr-defined, no-any-return]
         return await self.mailbox.send(
             self.mailbox_id,
             target.from_,
@@ -203,14 +210,16 @@ class MailboxToolState:
 
     def _check_fits(
         self, tool_name: str, target: TeamMessage, content: str, metadata: dict[str, Any]
-    ) -> None:
+    ) -> Outgoing | None:
         """Refuse an upstream message the store would reject for its size *before*
-        anything changes (a reply must not close its message and then fail to send)."""
+        anything changes (a reply must not close its message and then fail to send).
+        Returns the checked request (for :meth:`_send_upstream`), or ``None`` when
+        the store has no size bound."""
         limit = getattr(self.mailbox, "max_message_bytes", None)
         if not isinstance(limit, int) or isinstance(limit, bool):
-            return
+            return None
         try:
-            check_send(  # the arguments _send_upstream will pass
+            return check_send(  # the arguments _send_upstream will pass
                 self.mailbox_id,
                 target.from_,
                 content,
@@ -254,7 +263,7 @@ class MailboxToolState:
         metadata = self._upstream("reply", "done")
         if structured_result is not None:
             metadata["structured_result"] = structured_result
-        self._check_fits("team_reply", target, content, metadata)
+        checked = self._check_fits("team_reply", target, content, metadata)
         try:
             await set_message_status(self.mailbox, target.id, MessageStatus.DONE, token)
         except ClaimError as exc:
@@ -265,23 +274,23 @@ class MailboxToolState:
             raise TeamToolError(
                 f"team_reply: cannot close message {target.id}: {exc}; nothing was sent"
             ) from None
-        reply = await self._send_upstream(target, content, metadata)
+        reply = await self._send_upstream(target, content, metadata, checked)
         self.replies[target.id] = reply
-        done = target.model_copy(update={"status": MessageStatus.DONE, "claim_token": None})
+        done = target.to_json_dict()  # a fresh dict: the ended message without copying the model
+        done["status"] = MessageStatus.DONE.value
+        done["claim_token"] = None
         await emit_event(
             self.emit, TeamMessageEvent(subtype="reply", team=self.team_name, message=reply.to_json_dict())
         )
-        await emit_event(
-            self.emit, TeamMessageEvent(subtype="done", team=self.team_name, message=done.to_json_dict())
-        )
+        await emit_event(self.emit, TeamMessageEvent(subtype="done", team=self.team_name, message=done))
         return reply
 
     async def followup(self, content: str, message_id: str | None) -> TeamMessage:
         """``team_followup``: send progress upstream; the target stays open."""
         target, _ = await self._target(message_id, "team_followup")
         metadata = self._upstream("followup", "open")
-        self._check_fits("team_followup", target, content, metadata)
-        message = await self._send_upstream(target, content, metadata)
+        checked = self._check_fits("team_followup", target, content, metadata)
+        message = await self._send_upstream(target, content, metadata, checked)
         self.followups.append(message)
         await emit_event(
             self.emit,
@@ -318,6 +327,17 @@ class MailboxToolState:
                     counts[message.status.value] += 1
             out[box] = {k: v for k, v in counts.items() if v}
         return out
+
+
+def _plain_checked_send(mailbox: Any) -> bool:
+    """True when ``mailbox.send`` is exactly :meth:`CheckedSend.send` (``check_send``
+    with the store's ``max_message_bytes``, then ``_append``), not overridden or
+    replaced on the instance."""
+    return (
+        isinstance(mailbox, CheckedSend)
+        and type(mailbox).send is CheckedSend.send
+        and "send" not in getattr(mailbox, "__dict__", {})
+    )
 
 
 # --------------------------------------------------------------------------- inputs

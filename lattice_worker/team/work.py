@@ -234,6 +234,7 @@ async def run_work_item(
     emit: EmitFn | None = None,
     agent: Any = None,
     query_options: dict[str, Any] | None = None,
+    stream_events: bool = True,
 ) -> WorkItemOutcome:
     """Run ``member`` on ``message`` (already claimed, ``processing``) and end the message.
 
@@ -253,6 +254,9 @@ async def run_work_item(
         agent: run this agent instead of the member's own (the distributed runtime
             passes a session rebuilt over a persisted history).
         query_options: extra query options for the member (``stream``...).
+        stream_events: ``False`` leaves the member's token-level ``stream_event``
+            SDK events out of ``emit`` (for an ``emit`` that would drop them anyway,
+            like the distributed runtime's run streams); the member still streams.
 
     Returns a :class:`WorkItemOutcome`; member failures never raise (spec "Handoff
     failure isolation"): an agent error (``MaxTurnsError``, ``APIError``...) marks
@@ -322,8 +326,11 @@ async def run_work_item(
         else:
             async with aclosing(_iterate_query(target, prompt, options if queried else {})) as stream:
                 async for event in stream:
-                    if _result_field(event, "type") == "result":
+                    kind_of = _result_field(event, "type")
+                    if kind_of == "result":
                         result = event
+                    elif kind_of == "stream_event" and not stream_events:
+                        continue
                     await sink(
                         AgentMessageEvent(
                             team=team_name,

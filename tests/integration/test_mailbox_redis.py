@@ -21,9 +21,11 @@ from importlib import resources
 import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from lattice_mailbox import MailboxError, MessageStatus
 from lattice_mailbox import redis as redis_store
+from lattice_mailbox.base import ClaimMissingError, ClaimTakenError
 from lattice_mailbox.redis import RedisMailbox
 from lattice_mailbox.validation import mailbox_tag
 
@@ -179,7 +181,9 @@ class CuttingProxy:
     ``mode``: ``"pass"`` forwards everything; ``"drop_request"`` closes the
     client connection instead of forwarding the next EVALSHA; ``"drop_response"``
     forwards it to Redis, then closes the client connection instead of relaying
-    the answer. Each cut happens once, then the proxy passes traffic again.
+    the answer; ``"stall"`` swallows the next EVALSHA and keeps the connection
+    open (Redis never sees it, the caller never gets an answer). Each cut happens
+    once, then the proxy passes traffic again.
     """
 
     def __init__(self) -> None:
@@ -206,6 +210,8 @@ class CuttingProxy:
                 if self.mode != "pass" and b"EVALSHA" in data.upper():
                     mode, self.mode = self.mode, "pass"
                     self.cuts += 1
+                    if mode == "stall":
+                        continue
                     if mode == "drop_request":
                         client_w.close()
                         redis_w.close()
@@ -309,6 +315,58 @@ async def test_claim_cut_mid_call_leaves_a_whole_claim_the_reaper_recovers(prefi
     await direct.aclose()
 
 
+async def test_a_call_that_gets_no_answer_times_out_and_the_store_recovers(prefix, raw, proxy):
+    # the store's connections write without redis-py's per-command task: reads are still
+    # bounded by socket_timeout, and the timed-out connection is replaced
+    mb = RedisMailbox(f"redis://127.0.0.1:{proxy.port}/0", prefix=prefix, socket_timeout=0.5)
+    await mb.send("t::lead", "t::w", "first")
+    proxy.mode = "stall"
+    with pytest.raises(RedisTimeoutError):
+        await mb.send("t::lead", "t::w", "never stored")
+    assert proxy.cuts == 1
+    claimed = await mb.claim_next("t::w", lease_s=30)
+    assert claimed is not None and claimed.content == "first"
+    await mb.complete(claimed.id, claimed.claim_token, "done")
+    assert [m.content for m in await mb.inbox("t::w", "all")] == ["first"]
+    await _consistent(raw, prefix, "t::w")
+    await mb.aclose()
+
+
+async def test_every_store_object_registers_a_mailbox_on_its_first_send_to_it(prefix, raw):
+    registry = f"{prefix}:mailboxes"
+    first = RedisMailbox(REDIS_URL, prefix=prefix)
+    await first.send("t::lead", "t::w", "one")
+    await first.send("t::lead", "t::w", "two")
+    assert await raw.smembers(registry) == {"t::w"}
+    await raw.delete(registry)
+    other = RedisMailbox(REDIS_URL, prefix=prefix)  # e.g. another worker process
+    await other.send("t::lead", "t::w", "three")
+    await first.send("t::lead", "t::x", "four")  # a mailbox id new to this object
+    assert await raw.smembers(registry) == {"t::w", "t::x"}
+    assert await other.mailbox_ids() == ["t::w", "t::x"]
+    assert [m.content for m in await other.inbox("t::w")] == ["one", "two", "three"]
+    await first.aclose()
+    await other.aclose()
+
+
+async def test_finish_claim_is_a_fenced_complete_without_the_message(prefix, raw):
+    mb = RedisMailbox(REDIS_URL, prefix=prefix)
+    sent = await mb.send("t::lead", "t::w", "task")
+    claimed = await mb.claim_next("t::w", lease_s=30)
+    with pytest.raises(ClaimTakenError):
+        await mb.finish_claim(sent.id, "not-the-token", "done")
+    assert (await mb.get(sent.id)).status == MessageStatus.PROCESSING
+    assert await mb.finish_claim(sent.id, claimed.claim_token, "failed") is None
+    assert (await mb.get(sent.id)).status == MessageStatus.FAILED
+    indexes = await _consistent(raw, prefix, "t::w")
+    assert indexes["failed"] == [sent.id] and indexes["processing"] == []
+    assert await raw.zscore(f"{prefix}:{{{mailbox_tag('t::w')}}}:leases", sent.id) is None
+    await mb.finish_claim(sent.id, claimed.claim_token, "failed")  # a replay is accepted
+    with pytest.raises(ClaimMissingError):
+        await mb.finish_claim(sent.id, claimed.claim_token, "done")
+    await mb.aclose()
+
+
 async def test_redis_down_raises_connection_error(prefix):
     # a port nobody listens on
     import socket
@@ -350,4 +408,32 @@ def test_threads_with_their_own_loops_share_one_store(prefix):
 async def _send_many(mb: RedisMailbox, n: int) -> None:
     for i in range(n):
         await mb.send("t::lead", "t::w", f"m{i}")
+    await mb.aclose()
+
+
+async def test_connections_the_server_dropped_between_calls_fail_once_each_and_write_nothing(prefix, raw):
+    # the store keeps a few connections between its calls (as a pool keeps idle ones):
+    # a call on one the server dropped meanwhile raises ConnectionError (no automatic
+    # resend) and writes nothing; the connection is replaced for the next call
+    name = f"lattice-test-{uuid.uuid4().hex[:12]}"
+    mb = RedisMailbox(REDIS_URL, prefix=prefix, client_name=name)
+    await mb.send("t::lead", "t::w", "before")
+    await asyncio.gather(*(mb.claim_next("t::idle") for _ in range(3)))  # several connections
+    ours = [c for c in await raw.client_list() if c.get("name") == name]
+    assert ours
+    for entry in ours:
+        await raw.client_kill_filter(_id=entry["id"])
+    stored, failures = ["before"], 0
+    for i in range(len(ours) + 2):
+        try:
+            await mb.send("t::lead", "t::w", f"after {i}")
+        except RedisConnectionError:
+            failures += 1
+        else:
+            stored.append(f"after {i}")
+    assert failures <= len(ours) and len(stored) >= 3
+    assert [m.content for m in await mb.inbox("t::w")] == stored
+    claimed = await mb.claim_next("t::w", lease_s=30)
+    await mb.complete(claimed.id, claimed.claim_token, "done")
+    await _consistent(raw, prefix, "t::w")
     await mb.aclose()

@@ -462,3 +462,37 @@ async def test_bad_member_tool_calls_are_clear_error_results_and_change_nothing(
     assert [(m.metadata["kind"], m.content) for m in await mailbox.inbox("mt11::lead", "all")] == [
         ("reply", "done")
     ]
+
+
+async def test_a_member_runs_stream_events_can_be_left_out_of_its_events(mailbox: Any) -> None:
+    # run_work_item(stream_events=False): what the distributed runtime asks for (its run
+    # streams never store token-level events); the member's other events are unchanged.
+    seen: dict[bool, list[str]] = {}
+    for flag in (True, False):
+        name = f"mts{int(flag)}"
+        member = create_agent(
+            name="m", model_client=ScriptedModelClient([tool_turn(("team_reply", {"content": "done"}))])
+        )
+        team = create_team(
+            name=name,
+            lead=create_agent(name="lead", model_client=ScriptedModelClient([])),
+            members=[team_member(name="m", agent=member)],
+            mailbox=mailbox,
+        )
+        await mailbox.send(f"{name}::lead", f"{name}::m", "the task", work_item_id=f"wi_{name}")
+        claimed = await mailbox.claim_next(f"{name}::m", lease_s=30)
+        events: list[Any] = []
+        outcome = await run_work_item(
+            team,
+            team.member("m"),
+            claimed,
+            mailbox=mailbox,
+            token=claimed.claim_token,
+            emit=events.append,
+            stream_events=flag,
+        )
+        assert outcome.status == "done" and outcome.report.content == "done"
+        seen[flag] = [e.message["type"] if e.type == "agent_message" else e.type for e in events]
+    assert "stream_event" in seen[True] and "stream_event" not in seen[False]
+    assert [t for t in seen[True] if t != "stream_event"] == seen[False]
+    assert seen[False].count("team_message") == 2 and seen[False].count("team_agent") == 2
