@@ -299,14 +299,36 @@ class AsyncLatticeClient:
     async def wait(self, run_id: str, timeout: float | None = None) -> RunResult:  # noqa: ASYNC109 (pinned API)
         """Block until the run's ``run_result`` event and return the :class:`RunResult`.
 
-        ``timeout`` in **seconds** (``None`` = no limit). Reads the run's Redis
-        Stream with blocking ``XREAD`` (no polling loop). Raises the builtin
-        ``TimeoutError`` when the timeout passes and :class:`RunNotFoundError`
-        for an unknown run.
+        ``timeout`` in **seconds** (``None`` = no limit). Reads the run record,
+        then blocks (``XREAD``, no polling loop) on the run's result stream,
+        which only its ``run_result`` event enters (the other events do not wake
+        this call). Raises the builtin ``TimeoutError`` when the timeout passes
+        and :class:`RunNotFoundError` for an unknown run (also when the run is
+        deleted while waiting).
         """
-        async for event in self.events(run_id, timeout=timeout, _results_only=True):
-            return RunResult.model_validate(event)
-        raise RuntimeError("unreachable: the event stream ended without a run_result")  # pragma: no cover
+        if timeout is not None and timeout < 0:
+            raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
+        runs = self.runs
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        exists, result = await runs.final_result(run_id)
+        while True:
+            if not exists:
+                raise RunNotFoundError(run_id)
+            if result is not None:
+                return result
+            if deadline is None:
+                block_ms = _MAX_BLOCK_MS
+            else:
+                remaining_ms = int((deadline - loop.time()) * 1000)
+                if remaining_ms <= 0:
+                    raise TimeoutError(f"run {run_id!r} did not finish within {timeout} s")
+                block_ms = min(remaining_ms, _MAX_BLOCK_MS)
+            result = await runs.read_result(run_id, block_ms=block_ms)
+            if result is None:
+                # Quiet for block_ms: look at the record again (the run may be gone, or
+                # finished by a writer that knows no result stream: an older worker).
+                exists, result = await runs.final_result(run_id)
 
     async def events(
         self,

@@ -13,6 +13,7 @@ key                    type    content
 =====================  ======  ===============================================
 ``R``                  hash    the run record (see :class:`RunRecord`)
 ``R:events``           stream  the run's events, field ``data`` = JSON object
+``R:result``           stream  the ``run_result`` event alone (what ``wait`` blocks on)
 ``R:items``            hash    work_item_id -> item JSON
 ``R:order``            list    work_item_ids in registration order
 ``R:state``            hash    work_item_id -> ``queued|dispatched|done``
@@ -805,7 +806,7 @@ class RunStore:
             await self._run(
                 "recover_lead",
                 run_id,
-                [k.record, k.events],
+                [k.record, k.events, self.result_key(run_id)],
                 [
                     token or "",
                     now,
@@ -978,6 +979,36 @@ class RunStore:
         reply = await self._conn().client.xread({key: last_id}, count=count, block=block_ms)
         return [(_text(entry_id), _decode_event(fields)) for entry_id, fields in _stream_entries(reply)]
 
+    def result_key(self, run_id: str) -> str:
+        """The run's result stream ``R:result``: only its ``run_result`` event,
+        appended (field ``data``) by the same script call that appends it to
+        ``R:events`` (:meth:`finish`, :meth:`cancel`, :meth:`recover_lead`), so
+        a waiter wakes once. Runs finished before this stream existed have none."""
+        return f"{self.keys(run_id).record}:result"
+
+    async def final_result(self, run_id: str) -> tuple[bool, RunResult | None]:
+        """``(exists, result)`` from the run record (one ``HMGET``): whether the
+        run exists, and its final result once it has one."""
+        status, result = await self._conn().client.hmget(self.keys(run_id).record, ["status", "result"])
+        if status is None:
+            return False, None
+        return True, (RunResult.model_validate_json(result) if result else None)
+
+    async def read_result(self, run_id: str, block_ms: int | None = None) -> RunResult | None:
+        """The final result from the run's result stream (:meth:`result_key`),
+        or ``None`` when it has none. ``block_ms`` (milliseconds, >= 1): wait up
+        to that long for it (``None`` = do not wait)."""
+        if block_ms is not None and (
+            isinstance(block_ms, bool) or not isinstance(block_ms, int) or block_ms < 1
+        ):
+            raise ValueError(f"block_ms must be None or an integer >= 1, got {block_ms!r}")
+        reply = await self._conn().client.xread({self.result_key(run_id): "0-0"}, count=1, block=block_ms)
+        for _, fields in _stream_entries(reply):
+            event = _decode_event(fields)
+            if event.get("type") == "run_result":
+                return RunResult.model_validate(event)
+        return None
+
     async def finish(self, run_id: str, result: RunResult, *, token: str | None = None) -> bool:
         """Store the final ``result`` (status ``completed`` or ``failed``) and
         append the ``{"type": "run_result", ...}`` event, once.
@@ -1033,7 +1064,7 @@ class RunStore:
             now_ms(),
             token,
         ]
-        return self._call("finish", [k.record, k.events], args)
+        return self._call("finish", [k.record, k.events, self.result_key(run_id)], args)
 
     async def cancel(self, run_id: str, *, reason: str = "cancelled by request") -> list[dict[str, Any]]:
         """Cancel the run unless it already completed or failed.
@@ -1050,7 +1081,7 @@ class RunStore:
         out = await self._run(
             "cancel",
             run_id,
-            [k.record, k.events, k.order, k.state, k.items, k.queued],
+            [k.record, k.events, k.order, k.state, k.items, k.queued, self.result_key(run_id)],
             [result.model_dump_json(), dumps(result.to_event(), "result"), self.max_events, now_ms()],
         )
         return [json.loads(_text(x)) for x in out[1:]]
@@ -1092,7 +1123,17 @@ class RunStore:
         client = self._conn().client
         async with client.pipeline(transaction=False) as pipe:
             pipe.delete(
-                k.record, k.events, k.items, k.order, k.state, k.outcomes, k.wait, k.queued, k.active, k.calls
+                k.record,
+                k.events,
+                k.items,
+                k.order,
+                k.state,
+                k.outcomes,
+                k.wait,
+                k.queued,
+                k.active,
+                k.calls,
+                self.result_key(run_id),
             )
             pipe.zrem(self.runs_index_key, run_id)
             pipe.zrem(self.leases_key, run_id)
