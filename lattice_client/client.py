@@ -47,6 +47,9 @@ _EVENT_BATCH = 200
 # Below redis-py's default socket timeout (5 s): a longer XREAD BLOCK fails with
 # redis.exceptions.TimeoutError on a quiet stream instead of returning empty.
 _MAX_BLOCK_MS = 4_000
+# How long resolve_team keeps a registered answer (seconds), and for how many teams.
+_TEAM_CACHE_SECONDS = 30.0
+_TEAM_CACHE_SIZE = 1_000
 
 
 class CancelReport(BaseModel):
@@ -139,6 +142,8 @@ class AsyncLatticeClient:
         self._mailbox: Any = None
         self._celery: Celery | None = None
         self._lock = threading.Lock()
+        # resolve_team's registered answers: team -> (name, ref, loop time it expires at)
+        self._teams: dict[str, tuple[str, str | None, float]] = {}
 
     def __repr__(self) -> str:
         return f"AsyncLatticeClient(broker_url={self.settings.broker_url!r}, key_prefix={self.settings.key_prefix!r})"
@@ -193,7 +198,8 @@ class AsyncLatticeClient:
         ``"package.module:attribute"`` reference.
 
         The registry hash ``<prefix>:teams`` (written by every worker at
-        start-up) is asked first. A reference no worker registered is imported
+        start-up) is asked first; its answer is reused for a while (30 s), so
+        most submits make no registry round trip. A reference no worker registered is imported
         here, lazily; its object must be a ``Team`` (or a zero-argument callable
         returning one) and the team's ``name`` is used. A plain name no worker
         registered is refused, because its run would wait on a queue nobody
@@ -207,11 +213,22 @@ class AsyncLatticeClient:
         """
         if not isinstance(team, str) or not team.strip():
             raise ValueError("team must be a non-empty team name or a 'package.module:attribute' reference")
+        now = asyncio.get_running_loop().time()
+        cached = self._teams.get(team)
+        if cached is not None and cached[2] > now:
+            return cached[0], cached[1]
         client = await self.runs.redis()
         registered = await client.hget(self.teams_key, team)
         is_ref = ":" in team
         if registered:
-            return _text(registered), team if is_ref else None
+            # Registered answers are kept a little while (a registered name stays
+            # registered; a ref's name changes only with a redeploy): no registry
+            # round trip before each submit. Other answers are not kept.
+            answer = _text(registered), team if is_ref else None
+            if len(self._teams) >= _TEAM_CACHE_SIZE:
+                self._teams.clear()
+            self._teams[team] = (*answer, now + _TEAM_CACHE_SECONDS)
+            return answer
         if is_ref:
             return _import_team_name(team), team
         if not _TEAM_NAME.fullmatch(team):
@@ -250,6 +267,26 @@ class AsyncLatticeClient:
         sent (broker down), the run is finished as ``failed`` with the error and
         the error is raised.
         """
+        run_id, queue = await self._create_run(
+            team, prompt, run_id=run_id, metadata=metadata, require_registered=require_registered
+        )
+        try:
+            await asyncio.to_thread(self._send_run_lead, run_id, queue)
+        except Exception as exc:
+            await self._send_failed(run_id, queue, exc)
+            raise
+        return AsyncRunHandle(self, run_id)
+
+    async def _create_run(
+        self,
+        team: str,
+        prompt: str,
+        *,
+        run_id: str | None,
+        metadata: dict[str, Any] | None,
+        require_registered: bool,
+    ) -> tuple[str, str]:
+        # submit's checks and the run record: (run id, the lead queue to send run_lead to)
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError("prompt must be a non-empty string")
         size = len(prompt.encode("utf-8"))
@@ -264,17 +301,15 @@ class AsyncLatticeClient:
         run_id = check_run_id(run_id) if run_id is not None else f"run_{uuid.uuid4().hex}"
         name, ref = await self.resolve_team(team, require_registered=require_registered)
         await self.runs.create(run_id, name, prompt, team_ref=ref, metadata=metadata)
-        queue = queue_name(self.settings.key_prefix, name, "lead")
+        return run_id, queue_name(self.settings.key_prefix, name, "lead")
+
+    async def _send_failed(self, run_id: str, queue: str, exc: Exception) -> None:
+        # the run_lead task could not be sent: the run fails with the error
+        error = f"could not enqueue {RUN_LEAD_TASK} on {queue}: {exc}"
         try:
-            await asyncio.to_thread(self._send_run_lead, run_id, queue)
-        except Exception as exc:
-            error = f"could not enqueue {RUN_LEAD_TASK} on {queue}: {exc}"
-            try:
-                await self.runs.finish(run_id, RunResult(run_id=run_id, status="failed", error=error))
-            except Exception:  # the run store may be down too; the original error matters more
-                pass
-            raise
-        return AsyncRunHandle(self, run_id)
+            await self.runs.finish(run_id, RunResult(run_id=run_id, status="failed", error=error))
+        except Exception:  # the run store may be down too; the original error matters more
+            pass
 
     def _send_run_lead(self, run_id: str, queue: str) -> None:
         self.celery.send_task(
@@ -657,15 +692,22 @@ class LatticeClient:
     ) -> RunHandle:
         """Create a run and enqueue its lead task; see :meth:`AsyncLatticeClient.submit`
         (``require_registered=False`` accepts a team name no worker has registered yet)."""
-        handle = self._call(
-            self.aio.submit,
+        aio = self.aio
+        run_id, queue = self._call(
+            aio._create_run,
             team,
             prompt,
             run_id=run_id,
             metadata=metadata,
             require_registered=require_registered,
         )
-        return RunHandle(self, handle.run_id)
+        # Sent from this thread (it blocks anyway): no hop to the loop thread and on to a pool thread.
+        try:
+            aio._send_run_lead(run_id, queue)
+        except Exception as exc:
+            self._call(aio._send_failed, run_id, queue, exc)
+            raise
+        return RunHandle(self, run_id)
 
     def handle(self, run_id: str) -> RunHandle:
         """A handle for an existing run id (raises ``ValueError`` on a malformed id)."""

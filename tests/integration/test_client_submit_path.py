@@ -1,0 +1,83 @@
+"""The client's submit path against the real Redis: the team registry answer
+kept by the client (registered answers only), and a run_lead task that cannot be
+sent failing its run, for the blocking client (which sends from the calling
+thread) and the async one. No worker runs; each test has its own key prefix.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from lattice_client import AsyncLatticeClient, LatticeClient, RunStatus
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def lead_queue(raw, prefix: str, team: str) -> list[str]:
+    return raw.lrange(f"{prefix}:{prefix}.{team}.lead", 0, -1)
+
+
+def test_a_registered_team_is_resolved_once_and_unregistered_answers_are_not_kept(prefix, raw):
+    raw.hset(f"{prefix}:teams", mapping={"example": "example", "pkg.mod:team": "example"})
+    with LatticeClient(REDIS_URL, key_prefix=prefix) as client:
+        client.submit("example", "one")
+        client.submit("pkg.mod:team", "two")
+        raw.delete(f"{prefix}:teams")  # the registry answer was kept: no lookup now
+        third = client.submit("example", "three")
+        fourth = client.submit("pkg.mod:team", "four")
+        assert client.get_run(fourth.run_id).team_ref == "pkg.mod:team"
+        assert client.get_run(third.run_id).team == "example"
+        assert len(lead_queue(raw, prefix, "example")) == 4
+        # a refusal is not kept: once a worker registers the name it is accepted
+        with pytest.raises(ValueError, match="unknown team 'late'"):
+            client.submit("late", "hi")
+        raw.hset(f"{prefix}:teams", "late", "late")
+        assert client.get_run(client.submit("late", "hi").run_id).team == "late"
+
+
+def test_blocking_submit_sends_from_the_calling_thread_and_a_failed_send_fails_the_run(
+    prefix, raw, monkeypatch
+):
+    raw.hset(f"{prefix}:teams", "example", "example")
+    with LatticeClient(REDIS_URL, key_prefix=prefix) as client:
+        senders: list[threading.Thread] = []
+        original = client.aio._send_run_lead
+
+        def send(run_id: str, queue: str) -> None:
+            senders.append(threading.current_thread())
+            original(run_id, queue)
+
+        monkeypatch.setattr(client.aio, "_send_run_lead", send)
+        handle = client.submit("example", "hi")
+        assert senders == [threading.current_thread()]
+        assert client.get_run(handle.run_id).status is RunStatus.QUEUED
+        assert len(lead_queue(raw, prefix, "example")) == 1
+
+        def broken(run_id: str, queue: str) -> None:
+            raise ConnectionError("broker down")
+
+        monkeypatch.setattr(client.aio, "_send_run_lead", broken)
+        with pytest.raises(ConnectionError, match="broker down"):
+            client.submit("example", "hi", run_id="r-broken")
+        result = client.wait("r-broken", timeout=5)
+        assert result.status == "failed" and "broker down" in (result.error or "")
+        assert "could not enqueue lattice.run_lead" in (result.error or "")
+        assert len(lead_queue(raw, prefix, "example")) == 1
+
+
+async def test_async_submit_with_a_failed_send_fails_the_run(prefix, raw, monkeypatch):
+    raw.hset(f"{prefix}:teams", "example", "example")
+    async with AsyncLatticeClient(REDIS_URL, key_prefix=prefix) as client:
+
+        def broken(run_id: str, queue: str) -> None:
+            raise ConnectionError("broker down")
+
+        monkeypatch.setattr(client, "_send_run_lead", broken)
+        with pytest.raises(ConnectionError, match="broker down"):
+            await client.submit("example", "hi", run_id="r-broken")
+        result = await client.wait("r-broken", timeout=5)
+        assert result.status == "failed" and "broker down" in (result.error or "")
