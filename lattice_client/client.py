@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import logging
 import re
 import sys
 import threading
@@ -41,12 +42,16 @@ from .settings import LatticeSettings, get_settings
 
 T = TypeVar("T")
 
+logger = logging.getLogger(__name__)
+
 _TEAM_NAME = re.compile(r"[^\s:]+")
 _REF = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 _EVENT_BATCH = 200
 # Below redis-py's default socket timeout (5 s): a longer XREAD BLOCK fails with
 # redis.exceptions.TimeoutError on a quiet stream instead of returning empty.
 _MAX_BLOCK_MS = 4_000
+# Retries of the run_lead send when the broker connection fails.
+_SEND_RETRY = {"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 1.0}
 # How long resolve_team keeps a registered answer (seconds), and for how many teams.
 _TEAM_CACHE_SECONDS = 30.0
 _TEAM_CACHE_SIZE = 1_000
@@ -312,14 +317,33 @@ class AsyncLatticeClient:
             pass
 
     def _send_run_lead(self, run_id: str, queue: str) -> None:
-        self.celery.send_task(
-            RUN_LEAD_TASK,
-            args=[run_id],
-            queue=queue,
-            task_id=f"{run_id}.run_lead",
-            retry=True,
-            retry_policy={"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 1.0},
-        )
+        # Blocking (a thread of its own or the blocking client's caller). The task
+        # message (LPUSH) and its task-sent event (PUBLISH) go in one pipeline
+        # through a kombu publish batch (kombu >= 5.7) instead of two round trips.
+        # A batch is sent once, without kombu's retries: when it fails the message
+        # is sent again the plain way, retried as _SEND_RETRY says. (Should the
+        # failed batch have been delivered after all, run_lead is there twice:
+        # only one of them starts the queued run, the other finds it started.)
+        celery = self.celery
+        options: dict[str, Any] = {
+            "args": [run_id],
+            "queue": queue,
+            "task_id": f"{run_id}.run_lead",
+            "retry": True,
+            "retry_policy": _SEND_RETRY,
+        }
+        try:
+            with celery.producer_or_acquire() as producer:
+                batch = getattr(producer, "batch", None)
+                if batch is not None:
+                    with batch():
+                        celery.send_task(RUN_LEAD_TASK, producer=producer, **options)
+                    return
+        except Exception:
+            logger.warning(
+                "run %s: batched send of %s failed; sending again", run_id, RUN_LEAD_TASK, exc_info=True
+            )
+        celery.send_task(RUN_LEAD_TASK, **options)
 
     def handle(self, run_id: str) -> AsyncRunHandle:
         """A handle for an existing run id (no I/O; raises ``ValueError`` on a malformed id)."""

@@ -6,8 +6,11 @@ thread) and the async one. No worker runs; each test has its own key prefix.
 
 from __future__ import annotations
 
+import base64
+import json
 import threading
 
+import kombu
 import pytest
 
 from lattice_client import AsyncLatticeClient, LatticeClient, RunStatus
@@ -81,3 +84,42 @@ async def test_async_submit_with_a_failed_send_fails_the_run(prefix, raw, monkey
             await client.submit("example", "hi", run_id="r-broken")
         result = await client.wait("r-broken", timeout=5)
         assert result.status == "failed" and "broker down" in (result.error or "")
+
+
+def test_submit_publishes_the_task_and_its_task_sent_event(prefix, raw):
+    raw.hset(f"{prefix}:teams", "example", "example")
+    pubsub = raw.pubsub()
+    pubsub.psubscribe(f"{prefix}:*celeryev/task.sent")
+    try:
+        assert pubsub.get_message(timeout=5)["type"] == "psubscribe"
+        with LatticeClient(REDIS_URL, key_prefix=prefix) as client:
+            handle = client.submit("example", "hi")
+        message = pubsub.get_message(timeout=5)
+        assert message is not None and message["type"] == "pmessage"
+        envelope = json.loads(message["data"])
+        event = json.loads(base64.b64decode(envelope["body"]))
+        assert event["type"] == "task-sent" and event["uuid"] == f"{handle.run_id}.run_lead"
+        assert event["name"] == "lattice.run_lead" and event["queue"] == f"{prefix}.example.lead"
+    finally:
+        pubsub.close()
+    (task,) = [json.loads(m) for m in lead_queue(raw, prefix, "example")]
+    assert task["headers"]["id"] == f"{handle.run_id}.run_lead"
+    assert json.loads(base64.b64decode(task["body"]))[0] == [handle.run_id]
+
+
+class _BrokenBatch:
+    def __enter__(self) -> _BrokenBatch:
+        raise ConnectionError("pipeline broke")
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def test_a_failed_publish_batch_is_sent_again_the_plain_way(prefix, raw, monkeypatch):
+    raw.hset(f"{prefix}:teams", "example", "example")
+    monkeypatch.setattr(kombu.Producer, "batch", lambda self, *args, **kwargs: _BrokenBatch())
+    with LatticeClient(REDIS_URL, key_prefix=prefix) as client:
+        handle = client.submit("example", "hi")
+        assert client.get_run(handle.run_id).status is RunStatus.QUEUED
+    (task,) = [json.loads(m) for m in lead_queue(raw, prefix, "example")]
+    assert task["headers"]["id"] == f"{handle.run_id}.run_lead"
