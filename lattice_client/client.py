@@ -23,6 +23,7 @@ import logging
 import re
 import sys
 import threading
+import time
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -31,13 +32,14 @@ from typing import Any, TypeVar
 
 from celery import Celery
 from pydantic import BaseModel, Field
+from redis import Redis as SyncRedis
 
 from lattice_mailbox import MessageStatus, TeamMessage, mailbox_from_url
 
 from .celery_config import RUN_LEAD_TASK, make_celery_app, queue_name
 from .errors import RunNotFoundError
 from .models import RunRecord, RunResult, RunStatus
-from .runs import RunStore, check_run_id, dumps
+from .runs import RunStore, check_run_id, dumps, final_from_reply, result_from_reply
 from .settings import LatticeSettings, get_settings
 
 T = TypeVar("T")
@@ -605,12 +607,16 @@ class _LoopThread:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 
-    def run(self, coro: Awaitable[T]) -> T:
-        problem = None
+    def problem(self) -> str | None:
+        """Why a blocking call cannot be made from this thread now, or ``None``."""
         if threading.current_thread() is self.thread:
-            problem = "LatticeClient: blocking call from its own event loop thread"
-        elif self.loop.is_closed():
-            problem = "LatticeClient is closed"
+            return "LatticeClient: blocking call from its own event loop thread"
+        if self.loop.is_closed():
+            return "LatticeClient is closed"
+        return None
+
+    def run(self, coro: Awaitable[T]) -> T:
+        problem = self.problem()
         if problem is not None:
             close = getattr(coro, "close", None)
             if close is not None:
@@ -690,6 +696,8 @@ class LatticeClient:
         self.settings = self.aio.settings
         self._loop = _LoopThread()
         self._finalizer = weakref.finalize(self, _stop_loop, self._loop)
+        self._blocking: SyncRedis | None = None
+        self._blocking_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return (
@@ -743,7 +751,41 @@ class LatticeClient:
 
     def wait(self, run_id: str, timeout: float | None = None) -> RunResult:
         """See :meth:`RunHandle.wait`."""
-        return self._call(self.aio.wait, run_id, timeout)
+        # AsyncLatticeClient.wait's reads, made from the calling thread (which blocks
+        # anyway) with a blocking Redis client: the result wakes this thread
+        # directly, not the loop thread first and this thread after it.
+        if timeout is not None and timeout < 0:
+            raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
+        problem = self._loop.problem()
+        if problem is not None:
+            raise RuntimeError(problem)
+        runs = self.aio.runs
+        record, stream = runs.keys(run_id).record, runs.result_key(run_id)
+        client = self._blocking_redis()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        exists, result = final_from_reply(client.hmget(record, ["status", "result"]))
+        while True:
+            if not exists:
+                raise RunNotFoundError(run_id)
+            if result is not None:
+                return result
+            if deadline is None:
+                block_ms = _MAX_BLOCK_MS
+            else:
+                remaining_ms = int((deadline - time.monotonic()) * 1000)
+                if remaining_ms <= 0:
+                    raise TimeoutError(f"run {run_id!r} did not finish within {timeout} s")
+                block_ms = min(remaining_ms, _MAX_BLOCK_MS)
+            result = result_from_reply(client.xread({stream: "0-0"}, count=1, block=block_ms))
+            if result is None:  # quiet for block_ms: look at the record again (see AsyncLatticeClient.wait)
+                exists, result = final_from_reply(client.hmget(record, ["status", "result"]))
+
+    def _blocking_redis(self) -> SyncRedis:
+        # the blocking client of wait (its connection pool is thread-safe)
+        with self._blocking_lock:
+            if self._blocking is None:
+                self._blocking = SyncRedis.from_url(self.settings.broker_url, decode_responses=True)
+            return self._blocking
 
     def events(self, run_id: str, timeout: float | None = None) -> Iterator[dict[str, Any]]:
         """See :meth:`RunHandle.events`."""
@@ -779,6 +821,10 @@ class LatticeClient:
                 self._loop.run(self.aio.aclose())
         finally:
             self._finalizer()
+            with self._blocking_lock:
+                blocking, self._blocking = self._blocking, None
+            if blocking is not None:
+                blocking.close()
 
 
 __all__ = [

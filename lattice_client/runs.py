@@ -989,25 +989,18 @@ class RunStore:
     async def final_result(self, run_id: str) -> tuple[bool, RunResult | None]:
         """``(exists, result)`` from the run record (one ``HMGET``): whether the
         run exists, and its final result once it has one."""
-        status, result = await self._conn().client.hmget(self.keys(run_id).record, ["status", "result"])
-        if status is None:
-            return False, None
-        return True, (RunResult.model_validate_json(result) if result else None)
+        return final_from_reply(
+            await self._conn().client.hmget(self.keys(run_id).record, ["status", "result"])
+        )
 
     async def read_result(self, run_id: str, block_ms: int | None = None) -> RunResult | None:
         """The final result from the run's result stream (:meth:`result_key`),
         or ``None`` when it has none. ``block_ms`` (milliseconds, >= 1): wait up
         to that long for it (``None`` = do not wait)."""
-        if block_ms is not None and (
-            isinstance(block_ms, bool) or not isinstance(block_ms, int) or block_ms < 1
-        ):
-            raise ValueError(f"block_ms must be None or an integer >= 1, got {block_ms!r}")
-        reply = await self._conn().client.xread({self.result_key(run_id): "0-0"}, count=1, block=block_ms)
-        for _, fields in _stream_entries(reply):
-            event = _decode_event(fields)
-            if event.get("type") == "run_result":
-                return RunResult.model_validate(event)
-        return None
+        check_block_ms(block_ms)
+        return result_from_reply(
+            await self._conn().client.xread({self.result_key(run_id): "0-0"}, count=1, block=block_ms)
+        )
 
     async def finish(self, run_id: str, result: RunResult, *, token: str | None = None) -> bool:
         """Store the final ``result`` (status ``completed`` or ``failed``) and
@@ -1140,6 +1133,32 @@ class RunStore:
             pipe.zrem(self.team_index_key(record.team), run_id)
             await pipe.execute()
         return True
+
+
+def check_block_ms(block_ms: int | None) -> None:
+    """Raise ``ValueError`` unless ``block_ms`` is ``None`` or an integer >= 1
+    (``XREAD BLOCK 0`` would wait forever)."""
+    if block_ms is not None and (isinstance(block_ms, bool) or not isinstance(block_ms, int) or block_ms < 1):
+        raise ValueError(f"block_ms must be None or an integer >= 1, got {block_ms!r}")
+
+
+def final_from_reply(reply: Any) -> tuple[bool, RunResult | None]:
+    """:meth:`RunStore.final_result` from the reply of ``HMGET <record> status
+    result`` (for callers reading with their own Redis client)."""
+    status, result = reply
+    if status is None:
+        return False, None
+    return True, (RunResult.model_validate_json(result) if result else None)
+
+
+def result_from_reply(reply: Any) -> RunResult | None:
+    """:meth:`RunStore.read_result` from the reply of ``XREAD COUNT 1 ...
+    STREAMS <result stream> 0-0`` (for callers reading with their own Redis client)."""
+    for _, fields in _stream_entries(reply):
+        event = _decode_event(fields)
+        if event.get("type") == "run_result":
+            return RunResult.model_validate(event)
+    return None
 
 
 def _lease_ms(lease_s: float) -> int:

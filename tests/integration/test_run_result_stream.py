@@ -11,11 +11,13 @@ through the RunStore. Each test has its own key prefix (deleted afterwards).
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from typing import Any
 
 import pytest
 
-from lattice_client import AsyncLatticeClient, RunNotFoundError, RunResult, RunStore
+from lattice_client import AsyncLatticeClient, LatticeClient, RunNotFoundError, RunResult, RunStore
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
@@ -171,3 +173,82 @@ async def test_delete_removes_the_result_stream(store, raw):
     assert raw.exists(store.result_key("r1"))
     assert await store.delete("r1")
     assert not raw.exists(store.result_key("r1"))
+
+
+# -- the blocking client's wait (reads from the calling thread) -------------------------------------
+
+
+@pytest.fixture
+def sync_client(prefix, raw):
+    raw.hset(f"{prefix}:teams", mapping={"example": "example"})
+    c = LatticeClient(REDIS_URL, key_prefix=prefix)
+    yield c
+    c.close()
+
+
+def in_thread(fn: Any, delay: float) -> threading.Thread:
+    def main() -> None:
+        time.sleep(delay)
+        fn()
+
+    thread = threading.Thread(target=main, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_blocking_wait_wakes_for_the_result_cancel_and_an_old_style_finish(sync_client, raw, prefix):
+    store = RunStore(REDIS_URL, prefix=prefix)
+    handle = sync_client.submit("example", "hi")
+    expected = RunResult(run_id=handle.run_id, status="completed", result="42")
+    in_thread(lambda: asyncio.run(_finish(prefix, expected)), 0.2)
+    assert handle.wait(timeout=30) == expected
+    assert sync_client.wait(handle.run_id, timeout=0) == expected
+
+    cancelled = sync_client.submit("example", "hi")
+    in_thread(lambda: sync_client.cancel(cancelled.run_id), 0.2)
+    result = cancelled.wait(timeout=30)
+    assert result.status == "cancelled" and result.error == "cancelled by request"
+
+    old = sync_client.submit("example", "hi")  # finished by a writer that knows no result stream
+    old_result = RunResult(run_id=old.run_id, status="failed", error="old worker")
+    record = store.keys(old.run_id).record
+    in_thread(
+        lambda: raw.hset(record, mapping={"status": "failed", "result": old_result.model_dump_json()}), 0.2
+    )
+    assert old.wait(timeout=30) == old_result
+
+
+def test_blocking_wait_timeouts_unknown_and_deleted_runs(sync_client, prefix):
+    handle = sync_client.submit("example", "hi")
+    with pytest.raises(TimeoutError, match="did not finish within 0.2 s"):
+        handle.wait(timeout=0.2)
+    with pytest.raises(TimeoutError):
+        handle.wait(timeout=0)
+    with pytest.raises(ValueError, match="timeout must be >= 0"):
+        handle.wait(timeout=-1)
+    with pytest.raises(RunNotFoundError):
+        sync_client.wait("nope", timeout=1)
+    with pytest.raises(ValueError, match="invalid run id"):
+        sync_client.wait("bad id", timeout=1)
+    in_thread(lambda: asyncio.run(_delete(prefix, handle.run_id)), 0.2)
+    with pytest.raises(RunNotFoundError):
+        handle.wait(timeout=30)
+    sync_client.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        sync_client.wait(handle.run_id, timeout=1)
+
+
+async def _finish(prefix: str, result: RunResult) -> None:
+    store = RunStore(REDIS_URL, prefix=prefix)
+    try:
+        assert await store.finish(result.run_id, result)
+    finally:
+        await store.aclose()
+
+
+async def _delete(prefix: str, run_id: str) -> None:
+    store = RunStore(REDIS_URL, prefix=prefix)
+    try:
+        assert await store.delete(run_id)
+    finally:
+        await store.aclose()
