@@ -8,7 +8,9 @@ that no worker registered yet is imported lazily, see :meth:`AsyncLatticeClient.
 * :class:`AsyncLatticeClient` - the asyncio API.
 * :class:`LatticeClient` - the same API, blocking; it runs the async client on a
   private event loop in a background thread, so it also works where a loop is
-  already running (Jupyter, async web frameworks).
+  already running (Jupyter, async web frameworks). Its hot calls (``submit`` of
+  a team it resolved before, ``wait``) do their I/O from the calling thread with
+  a blocking Redis client instead: no hop to the loop thread and back.
 
 Where things live: run records, their event streams and the team registry in
 the broker's Redis (``settings.broker_url``); mailboxes at
@@ -149,7 +151,7 @@ class AsyncLatticeClient:
         self._mailbox: Any = None
         self._celery: Celery | None = None
         self._lock = threading.Lock()
-        # resolve_team's registered answers: team -> (name, ref, loop time it expires at)
+        # resolve_team's registered answers: team -> (name, ref, time.monotonic() it expires at)
         self._teams: dict[str, tuple[str, str | None, float]] = {}
 
     def __repr__(self) -> str:
@@ -220,10 +222,9 @@ class AsyncLatticeClient:
         """
         if not isinstance(team, str) or not team.strip():
             raise ValueError("team must be a non-empty team name or a 'package.module:attribute' reference")
-        now = asyncio.get_running_loop().time()
-        cached = self._teams.get(team)
-        if cached is not None and cached[2] > now:
-            return cached[0], cached[1]
+        cached = self._cached_team(team)
+        if cached is not None:
+            return cached
         client = await self.runs.redis()
         registered = await client.hget(self.teams_key, team)
         is_ref = ":" in team
@@ -234,7 +235,7 @@ class AsyncLatticeClient:
             answer = _text(registered), team if is_ref else None
             if len(self._teams) >= _TEAM_CACHE_SIZE:
                 self._teams.clear()
-            self._teams[team] = (*answer, now + _TEAM_CACHE_SECONDS)
+            self._teams[team] = (*answer, time.monotonic() + _TEAM_CACHE_SECONDS)
             return answer
         if is_ref:
             return _import_team_name(team), team
@@ -245,6 +246,12 @@ class AsyncLatticeClient:
                 _unregistered_message(team, self.settings.key_prefix, await self.registered_teams())
             )
         return team, None
+
+    def _cached_team(self, team: str) -> tuple[str, str | None] | None:
+        cached = self._teams.get(team)
+        if cached is not None and cached[2] > time.monotonic():
+            return cached[0], cached[1]
+        return None
 
     async def submit(
         self,
@@ -294,6 +301,13 @@ class AsyncLatticeClient:
         require_registered: bool,
     ) -> tuple[str, str]:
         # submit's checks and the run record: (run id, the lead queue to send run_lead to)
+        run_id = self._check_submit(prompt, run_id, metadata)
+        name, ref = await self.resolve_team(team, require_registered=require_registered)
+        await self.runs.create(run_id, name, prompt, team_ref=ref, metadata=metadata)
+        return run_id, queue_name(self.settings.key_prefix, name, "lead")
+
+    def _check_submit(self, prompt: str, run_id: str | None, metadata: dict[str, Any] | None) -> str:
+        # submit's checks of its input (ValueError); returns the run id to use
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError("prompt must be a non-empty string")
         size = len(prompt.encode("utf-8"))
@@ -305,10 +319,7 @@ class AsyncLatticeClient:
             if not isinstance(metadata, dict):
                 raise ValueError(f"metadata must be a dict, got {type(metadata).__name__}")
             dumps(metadata, "metadata")
-        run_id = check_run_id(run_id) if run_id is not None else f"run_{uuid.uuid4().hex}"
-        name, ref = await self.resolve_team(team, require_registered=require_registered)
-        await self.runs.create(run_id, name, prompt, team_ref=ref, metadata=metadata)
-        return run_id, queue_name(self.settings.key_prefix, name, "lead")
+        return check_run_id(run_id) if run_id is not None else f"run_{uuid.uuid4().hex}"
 
     async def _send_failed(self, run_id: str, queue: str, exc: Exception) -> None:
         # the run_lead task could not be sent: the run fails with the error
@@ -679,7 +690,9 @@ class LatticeClient:
     """The blocking client: the :class:`AsyncLatticeClient` API without ``await``.
 
     Runs the async client on a private event loop in a background thread, so it
-    works in plain scripts, threads, Jupyter and inside async frameworks alike.
+    works in plain scripts, threads, Jupyter and inside async frameworks alike
+    (``wait`` and the usual ``submit`` read and write from the calling thread,
+    with a blocking Redis client of its own).
     Arguments as for :class:`AsyncLatticeClient`. Call :meth:`close` (or use
     ``with``) when done.
     """
@@ -725,15 +738,29 @@ class LatticeClient:
         """Create a run and enqueue its lead task; see :meth:`AsyncLatticeClient.submit`
         (``require_registered=False`` accepts a team name no worker has registered yet)."""
         aio = self.aio
-        run_id, queue = self._call(
-            aio._create_run,
-            team,
-            prompt,
-            run_id=run_id,
-            metadata=metadata,
-            require_registered=require_registered,
-        )
-        # Sent from this thread (it blocks anyway): no hop to the loop thread and on to a pool thread.
+        problem = self._loop.problem()
+        if problem is not None:
+            raise RuntimeError(problem)
+        resolved = aio._cached_team(team) if isinstance(team, str) else None
+        if resolved is None:
+            run_id, queue = self._call(
+                aio._create_run,
+                team,
+                prompt,
+                run_id=run_id,
+                metadata=metadata,
+                require_registered=require_registered,
+            )
+        else:
+            # A team resolved before (the usual case): the checks and the create from
+            # this thread (which blocks anyway) with the blocking Redis client.
+            run_id = aio._check_submit(prompt, run_id, metadata)
+            name, ref = resolved
+            aio.runs.create_blocking(
+                self._blocking_redis(), run_id, name, prompt, team_ref=ref, metadata=metadata
+            )
+            queue = queue_name(self.settings.key_prefix, name, "lead")
+        # Sent from this thread too: no hop to the loop thread and on to a pool thread.
         try:
             aio._send_run_lead(run_id, queue)
         except Exception as exc:
@@ -781,7 +808,7 @@ class LatticeClient:
                 exists, result = final_from_reply(client.hmget(record, ["status", "result"]))
 
     def _blocking_redis(self) -> SyncRedis:
-        # the blocking client of wait (its connection pool is thread-safe)
+        # the blocking client of wait and submit (its connection pool is thread-safe)
         with self._blocking_lock:
             if self._blocking is None:
                 self._blocking = SyncRedis.from_url(self.settings.broker_url, decode_responses=True)

@@ -56,6 +56,7 @@ from importlib import resources
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, ResponseError
@@ -405,6 +406,72 @@ class RunStore:
         metadata that is not a JSON object, or a malformed ``parent``
         (``{run_id, message_id, mailbox_id}``).
         """
+        commands, record = self._create_commands(run_id, team, prompt, team_ref, metadata, parent)
+
+        def build(pipe: Any, scripts: dict[str, AsyncScript]) -> None:
+            for command in commands:
+                pipe.execute_command(*command)
+
+        stale = self._create_refused(commands, await self._pipeline(build))
+        if stale is not None:
+            if stale:
+                async with self._conn().client.pipeline(transaction=False) as pipe:
+                    for index in stale:
+                        pipe.zrem(index, run_id)
+                    await pipe.execute()
+            raise ValueError(f"run {run_id!r} already exists")
+        return record
+
+    def create_blocking(
+        self,
+        client: SyncRedis,
+        run_id: str,
+        team: str,
+        prompt: str,
+        *,
+        team_ref: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        parent: RunParent | dict[str, Any] | None = None,
+    ) -> RunRecord:
+        """:meth:`create` through the blocking Redis client ``client`` (of the
+        same server), for callers outside an event loop (the blocking client)."""
+        commands, record = self._create_commands(run_id, team, prompt, team_ref, metadata, parent)
+        replies: list[Any] = []
+        for attempt in range(2):  # as _pipeline: once more after loading the scripts
+            with client.pipeline(transaction=False) as pipe:
+                for command in commands:
+                    pipe.execute_command(*command)
+                replies = pipe.execute(raise_on_error=False)
+            errors = [r for r in replies if isinstance(r, Exception)]
+            if not errors:
+                break
+            if attempt == 0 and any(isinstance(e, NoScriptError) for e in errors):
+                for source in _SCRIPTS.values():
+                    client.script_load(source)
+                continue
+            raise errors[0]
+        stale = self._create_refused(commands, replies)
+        if stale is not None:
+            if stale:
+                with client.pipeline(transaction=False) as pipe:
+                    for index in stale:
+                        pipe.zrem(index, run_id)
+                    pipe.execute()
+            raise ValueError(f"run {run_id!r} already exists")
+        return record
+
+    def _create_commands(
+        self,
+        run_id: str,
+        team: str,
+        prompt: str,
+        team_ref: str | None,
+        metadata: dict[str, Any] | None,
+        parent: RunParent | dict[str, Any] | None,
+    ) -> tuple[list[tuple[Any, ...]], RunRecord]:
+        # create's checks, its pipeline (the record, then its index entries: one
+        # round trip; NX: an existing entry is never moved; the script and ZADD NX
+        # may be sent twice) and the record it writes
         keys = self.keys(run_id)
         if not isinstance(team, str) or not team:
             raise ValueError(f"team must be a non-empty string, got {team!r}")
@@ -421,30 +488,12 @@ class RunStore:
         parent_json = parent_model.model_dump_json() if parent_model is not None else ""
         created = now_ms()
         args = [run_id, team, team_ref or "", prompt, created, meta_json, parent_json]
-
-        # One round trip: the record, then its index entries (NX: an existing
-        # entry is never moved; the script and ZADD NX may be sent twice).
-        def build(pipe: Any, scripts: dict[str, AsyncScript]) -> None:
-            pipe.evalsha(scripts["create"].sha, 1, keys.record, *args)
-            pipe.zadd(self.runs_index_key, {run_id: created}, nx=True)
-            pipe.zadd(self.team_index_key(team), {run_id: created}, nx=True)
-
-        ok, added_all, added_team = await self._pipeline(build)
-        if not ok:
-            # The run exists: take back the index entries this call added (only
-            # after a NOSCRIPT resend could one added by the first send stay).
-            added = [added_all, added_team]
-            stale = [
-                i for i, a in zip((self.runs_index_key, self.team_index_key(team)), added, strict=True) if a
-            ]
-            if stale:
-                client = self._conn().client
-                async with client.pipeline(transaction=False) as pipe:
-                    for index in stale:
-                        pipe.zrem(index, run_id)
-                    await pipe.execute()
-            raise ValueError(f"run {run_id!r} already exists")
-        return RunRecord(
+        commands: list[tuple[Any, ...]] = [
+            ("EVALSHA", _SHAS["create"], 1, keys.record, *args),
+            ("ZADD", self.runs_index_key, "NX", created, run_id),
+            ("ZADD", self.team_index_key(team), "NX", created, run_id),
+        ]
+        record = RunRecord(
             run_id=run_id,
             team=team,
             team_ref=team_ref,
@@ -455,6 +504,16 @@ class RunStore:
             metadata=meta,
             parent=parent_model,
         )
+        return commands, record
+
+    @staticmethod
+    def _create_refused(commands: list[tuple[Any, ...]], replies: list[Any]) -> list[str] | None:
+        # None when the run was created; else the index keys whose entry this call
+        # added and must take back (only after a NOSCRIPT resend could one stay)
+        ok, *added = replies
+        if int(ok):
+            return None
+        return [command[1] for command, was_added in zip(commands[1:], added, strict=True) if int(was_added)]
 
     async def status(self, run_id: str) -> RunStatus | None:
         """The run's status alone (one ``HGET``), or ``None`` when there is no such run."""

@@ -7,13 +7,16 @@ thread) and the async one. No worker runs; each test has its own key prefix.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import threading
+import uuid
 
 import kombu
 import pytest
+import redis
 
-from lattice_client import AsyncLatticeClient, LatticeClient, RunStatus
+from lattice_client import AsyncLatticeClient, LatticeClient, RunStatus, RunStore
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
@@ -123,3 +126,33 @@ def test_a_failed_publish_batch_is_sent_again_the_plain_way(prefix, raw, monkeyp
         assert client.get_run(handle.run_id).status is RunStatus.QUEUED
     (task,) = [json.loads(m) for m in lead_queue(raw, prefix, "example")]
     assert task["headers"]["id"] == f"{handle.run_id}.run_lead"
+
+
+def test_blocking_create_loads_an_unknown_script_and_refuses_a_duplicate(prefix, raw, monkeypatch):
+    from lattice_client import runs as runs_module
+
+    # a create script the server has never seen (no SCRIPT FLUSH: the server is shared)
+    source = runs_module._SCRIPTS["create"] + f"\n-- {uuid.uuid4().hex}\n"
+    monkeypatch.setitem(runs_module._SCRIPTS, "create", source)
+    monkeypatch.setitem(runs_module._SHAS, "create", hashlib.sha1(source.encode()).hexdigest())
+    store = RunStore(REDIS_URL, prefix=prefix)
+    sync = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        record = store.create_blocking(
+            sync, "r1", "example", "hi", team_ref="pkg.mod:team", metadata={"k": 1}
+        )
+        assert record.status is RunStatus.QUEUED and record.metadata == {"k": 1}
+        assert raw.hget(store.keys("r1").record, "team_ref") == "pkg.mod:team"
+        assert raw.zscore(store.runs_index_key, "r1") == record.created_at
+        assert raw.zscore(store.team_index_key("example"), "r1") == record.created_at
+        raw.zrem(store.team_index_key("example"), "r1")
+        with pytest.raises(ValueError, match="already exists"):
+            store.create_blocking(sync, "r1", "example", "again")
+        # a refused create takes back the index entry it added and changes nothing else
+        assert raw.zscore(store.team_index_key("example"), "r1") is None
+        assert raw.hget(store.keys("r1").record, "prompt") == "hi"
+        with pytest.raises(ValueError, match="metadata must be a dict"):
+            store.create_blocking(sync, "r2", "example", "hi", metadata=[1])  # type: ignore[arg-type]
+        assert not raw.exists(store.keys("r2").record)
+    finally:
+        sync.close()
