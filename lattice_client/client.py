@@ -8,7 +8,9 @@ that no worker registered yet is imported lazily, see :meth:`AsyncLatticeClient.
 * :class:`AsyncLatticeClient` - the asyncio API.
 * :class:`LatticeClient` - the same API, blocking; it runs the async client on a
   private event loop in a background thread, so it also works where a loop is
-  already running (Jupyter, async web frameworks).
+  already running (Jupyter, async web frameworks). Its hot calls (``submit`` of
+  a team it resolved before, ``wait``) do their I/O from the calling thread with
+  a blocking Redis client instead: no hop to the loop thread and back.
 
 Where things live: run records, their event streams and the team registry in
 the broker's Redis (``settings.broker_url``); mailboxes at
@@ -19,9 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import logging
 import re
 import sys
 import threading
+import time
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -30,16 +34,19 @@ from typing import Any, TypeVar
 
 from celery import Celery
 from pydantic import BaseModel, Field
+from redis import Redis as SyncRedis
 
 from lattice_mailbox import MessageStatus, TeamMessage, mailbox_from_url
 
 from .celery_config import RUN_LEAD_TASK, make_celery_app, queue_name
 from .errors import RunNotFoundError
 from .models import RunRecord, RunResult, RunStatus
-from .runs import RunStore, check_run_id, dumps
+from .runs import RunStore, check_run_id, dumps, final_from_reply, result_from_reply
 from .settings import LatticeSettings, get_settings
 
 T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
 
 _TEAM_NAME = re.compile(r"[^\s:]+")
 _REF = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
@@ -47,6 +54,11 @@ _EVENT_BATCH = 200
 # Below redis-py's default socket timeout (5 s): a longer XREAD BLOCK fails with
 # redis.exceptions.TimeoutError on a quiet stream instead of returning empty.
 _MAX_BLOCK_MS = 4_000
+# Retries of the run_lead send when the broker connection fails.
+_SEND_RETRY = {"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 1.0}
+# How long resolve_team keeps a registered answer (seconds), and for how many teams.
+_TEAM_CACHE_SECONDS = 30.0
+_TEAM_CACHE_SIZE = 1_000
 
 
 class CancelReport(BaseModel):
@@ -139,6 +151,8 @@ class AsyncLatticeClient:
         self._mailbox: Any = None
         self._celery: Celery | None = None
         self._lock = threading.Lock()
+        # resolve_team's registered answers: team -> (name, ref, time.monotonic() it expires at)
+        self._teams: dict[str, tuple[str, str | None, float]] = {}
 
     def __repr__(self) -> str:
         return f"AsyncLatticeClient(broker_url={self.settings.broker_url!r}, key_prefix={self.settings.key_prefix!r})"
@@ -193,7 +207,8 @@ class AsyncLatticeClient:
         ``"package.module:attribute"`` reference.
 
         The registry hash ``<prefix>:teams`` (written by every worker at
-        start-up) is asked first. A reference no worker registered is imported
+        start-up) is asked first; its answer is reused for a while (30 s), so
+        most submits make no registry round trip. A reference no worker registered is imported
         here, lazily; its object must be a ``Team`` (or a zero-argument callable
         returning one) and the team's ``name`` is used. A plain name no worker
         registered is refused, because its run would wait on a queue nobody
@@ -207,11 +222,21 @@ class AsyncLatticeClient:
         """
         if not isinstance(team, str) or not team.strip():
             raise ValueError("team must be a non-empty team name or a 'package.module:attribute' reference")
+        cached = self._cached_team(team)
+        if cached is not None:
+            return cached
         client = await self.runs.redis()
         registered = await client.hget(self.teams_key, team)
         is_ref = ":" in team
         if registered:
-            return _text(registered), team if is_ref else None
+            # Registered answers are kept a little while (a registered name stays
+            # registered; a ref's name changes only with a redeploy): no registry
+            # round trip before each submit. Other answers are not kept.
+            answer = _text(registered), team if is_ref else None
+            if len(self._teams) >= _TEAM_CACHE_SIZE:
+                self._teams.clear()
+            self._teams[team] = (*answer, time.monotonic() + _TEAM_CACHE_SECONDS)
+            return answer
         if is_ref:
             return _import_team_name(team), team
         if not _TEAM_NAME.fullmatch(team):
@@ -221,6 +246,12 @@ class AsyncLatticeClient:
                 _unregistered_message(team, self.settings.key_prefix, await self.registered_teams())
             )
         return team, None
+
+    def _cached_team(self, team: str) -> tuple[str, str | None] | None:
+        cached = self._teams.get(team)
+        if cached is not None and cached[2] > time.monotonic():
+            return cached[0], cached[1]
+        return None
 
     async def submit(
         self,
@@ -250,6 +281,33 @@ class AsyncLatticeClient:
         sent (broker down), the run is finished as ``failed`` with the error and
         the error is raised.
         """
+        run_id, queue = await self._create_run(
+            team, prompt, run_id=run_id, metadata=metadata, require_registered=require_registered
+        )
+        try:
+            await asyncio.to_thread(self._send_run_lead, run_id, queue)
+        except Exception as exc:
+            await self._send_failed(run_id, queue, exc)
+            raise
+        return AsyncRunHandle(self, run_id)
+
+    async def _create_run(
+        self,
+        team: str,
+        prompt: str,
+        *,
+        run_id: str | None,
+        metadata: dict[str, Any] | None,
+        require_registered: bool,
+    ) -> tuple[str, str]:
+        # submit's checks and the run record: (run id, the lead queue to send run_lead to)
+        run_id = self._check_submit(prompt, run_id, metadata)
+        name, ref = await self.resolve_team(team, require_registered=require_registered)
+        await self.runs.create(run_id, name, prompt, team_ref=ref, metadata=metadata)
+        return run_id, queue_name(self.settings.key_prefix, name, "lead")
+
+    def _check_submit(self, prompt: str, run_id: str | None, metadata: dict[str, Any] | None) -> str:
+        # submit's checks of its input (ValueError); returns the run id to use
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError("prompt must be a non-empty string")
         size = len(prompt.encode("utf-8"))
@@ -261,30 +319,44 @@ class AsyncLatticeClient:
             if not isinstance(metadata, dict):
                 raise ValueError(f"metadata must be a dict, got {type(metadata).__name__}")
             dumps(metadata, "metadata")
-        run_id = check_run_id(run_id) if run_id is not None else f"run_{uuid.uuid4().hex}"
-        name, ref = await self.resolve_team(team, require_registered=require_registered)
-        await self.runs.create(run_id, name, prompt, team_ref=ref, metadata=metadata)
-        queue = queue_name(self.settings.key_prefix, name, "lead")
+        return check_run_id(run_id) if run_id is not None else f"run_{uuid.uuid4().hex}"
+
+    async def _send_failed(self, run_id: str, queue: str, exc: Exception) -> None:
+        # the run_lead task could not be sent: the run fails with the error
+        error = f"could not enqueue {RUN_LEAD_TASK} on {queue}: {exc}"
         try:
-            await asyncio.to_thread(self._send_run_lead, run_id, queue)
-        except Exception as exc:
-            error = f"could not enqueue {RUN_LEAD_TASK} on {queue}: {exc}"
-            try:
-                await self.runs.finish(run_id, RunResult(run_id=run_id, status="failed", error=error))
-            except Exception:  # the run store may be down too; the original error matters more
-                pass
-            raise
-        return AsyncRunHandle(self, run_id)
+            await self.runs.finish(run_id, RunResult(run_id=run_id, status="failed", error=error))
+        except Exception:  # the run store may be down too; the original error matters more
+            pass
 
     def _send_run_lead(self, run_id: str, queue: str) -> None:
-        self.celery.send_task(
-            RUN_LEAD_TASK,
-            args=[run_id],
-            queue=queue,
-            task_id=f"{run_id}.run_lead",
-            retry=True,
-            retry_policy={"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 1.0},
-        )
+        # Blocking (a thread of its own or the blocking client's caller). The task
+        # message (LPUSH) and its task-sent event (PUBLISH) go in one pipeline
+        # through a kombu publish batch (kombu >= 5.7) instead of two round trips.
+        # A batch is sent once, without kombu's retries: when it fails the message
+        # is sent again the plain way, retried as _SEND_RETRY says. (Should the
+        # failed batch have been delivered after all, run_lead is there twice:
+        # only one of them starts the queued run, the other finds it started.)
+        celery = self.celery
+        options: dict[str, Any] = {
+            "args": [run_id],
+            "queue": queue,
+            "task_id": f"{run_id}.run_lead",
+            "retry": True,
+            "retry_policy": _SEND_RETRY,
+        }
+        try:
+            with celery.producer_or_acquire() as producer:
+                batch = getattr(producer, "batch", None)
+                if batch is not None:
+                    with batch():
+                        celery.send_task(RUN_LEAD_TASK, producer=producer, **options)
+                    return
+        except Exception:
+            logger.warning(
+                "run %s: batched send of %s failed; sending again", run_id, RUN_LEAD_TASK, exc_info=True
+            )
+        celery.send_task(RUN_LEAD_TASK, **options)
 
     def handle(self, run_id: str) -> AsyncRunHandle:
         """A handle for an existing run id (no I/O; raises ``ValueError`` on a malformed id)."""
@@ -299,14 +371,36 @@ class AsyncLatticeClient:
     async def wait(self, run_id: str, timeout: float | None = None) -> RunResult:  # noqa: ASYNC109 (pinned API)
         """Block until the run's ``run_result`` event and return the :class:`RunResult`.
 
-        ``timeout`` in **seconds** (``None`` = no limit). Reads the run's Redis
-        Stream with blocking ``XREAD`` (no polling loop). Raises the builtin
-        ``TimeoutError`` when the timeout passes and :class:`RunNotFoundError`
-        for an unknown run.
+        ``timeout`` in **seconds** (``None`` = no limit). Reads the run record,
+        then blocks (``XREAD``, no polling loop) on the run's result stream,
+        which only its ``run_result`` event enters (the other events do not wake
+        this call). Raises the builtin ``TimeoutError`` when the timeout passes
+        and :class:`RunNotFoundError` for an unknown run (also when the run is
+        deleted while waiting).
         """
-        async for event in self.events(run_id, timeout=timeout, _results_only=True):
-            return RunResult.model_validate(event)
-        raise RuntimeError("unreachable: the event stream ended without a run_result")  # pragma: no cover
+        if timeout is not None and timeout < 0:
+            raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
+        runs = self.runs
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        exists, result = await runs.final_result(run_id)
+        while True:
+            if not exists:
+                raise RunNotFoundError(run_id)
+            if result is not None:
+                return result
+            if deadline is None:
+                block_ms = _MAX_BLOCK_MS
+            else:
+                remaining_ms = int((deadline - loop.time()) * 1000)
+                if remaining_ms <= 0:
+                    raise TimeoutError(f"run {run_id!r} did not finish within {timeout} s")
+                block_ms = min(remaining_ms, _MAX_BLOCK_MS)
+            result = await runs.read_result(run_id, block_ms=block_ms)
+            if result is None:
+                # Quiet for block_ms: look at the record again (the run may be gone, or
+                # finished by a writer that knows no result stream: an older worker).
+                exists, result = await runs.final_result(run_id)
 
     async def events(
         self,
@@ -524,12 +618,16 @@ class _LoopThread:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 
-    def run(self, coro: Awaitable[T]) -> T:
-        problem = None
+    def problem(self) -> str | None:
+        """Why a blocking call cannot be made from this thread now, or ``None``."""
         if threading.current_thread() is self.thread:
-            problem = "LatticeClient: blocking call from its own event loop thread"
-        elif self.loop.is_closed():
-            problem = "LatticeClient is closed"
+            return "LatticeClient: blocking call from its own event loop thread"
+        if self.loop.is_closed():
+            return "LatticeClient is closed"
+        return None
+
+    def run(self, coro: Awaitable[T]) -> T:
+        problem = self.problem()
         if problem is not None:
             close = getattr(coro, "close", None)
             if close is not None:
@@ -592,7 +690,9 @@ class LatticeClient:
     """The blocking client: the :class:`AsyncLatticeClient` API without ``await``.
 
     Runs the async client on a private event loop in a background thread, so it
-    works in plain scripts, threads, Jupyter and inside async frameworks alike.
+    works in plain scripts, threads, Jupyter and inside async frameworks alike
+    (``wait`` and the usual ``submit`` read and write from the calling thread,
+    with a blocking Redis client of its own).
     Arguments as for :class:`AsyncLatticeClient`. Call :meth:`close` (or use
     ``with``) when done.
     """
@@ -609,6 +709,8 @@ class LatticeClient:
         self.settings = self.aio.settings
         self._loop = _LoopThread()
         self._finalizer = weakref.finalize(self, _stop_loop, self._loop)
+        self._blocking: SyncRedis | None = None
+        self._blocking_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return (
@@ -635,15 +737,36 @@ class LatticeClient:
     ) -> RunHandle:
         """Create a run and enqueue its lead task; see :meth:`AsyncLatticeClient.submit`
         (``require_registered=False`` accepts a team name no worker has registered yet)."""
-        handle = self._call(
-            self.aio.submit,
-            team,
-            prompt,
-            run_id=run_id,
-            metadata=metadata,
-            require_registered=require_registered,
-        )
-        return RunHandle(self, handle.run_id)
+        aio = self.aio
+        problem = self._loop.problem()
+        if problem is not None:
+            raise RuntimeError(problem)
+        resolved = aio._cached_team(team) if isinstance(team, str) else None
+        if resolved is None:
+            run_id, queue = self._call(
+                aio._create_run,
+                team,
+                prompt,
+                run_id=run_id,
+                metadata=metadata,
+                require_registered=require_registered,
+            )
+        else:
+            # A team resolved before (the usual case): the checks and the create from
+            # this thread (which blocks anyway) with the blocking Redis client.
+            run_id = aio._check_submit(prompt, run_id, metadata)
+            name, ref = resolved
+            aio.runs.create_blocking(
+                self._blocking_redis(), run_id, name, prompt, team_ref=ref, metadata=metadata
+            )
+            queue = queue_name(self.settings.key_prefix, name, "lead")
+        # Sent from this thread too: no hop to the loop thread and on to a pool thread.
+        try:
+            aio._send_run_lead(run_id, queue)
+        except Exception as exc:
+            self._call(aio._send_failed, run_id, queue, exc)
+            raise
+        return RunHandle(self, run_id)
 
     def handle(self, run_id: str) -> RunHandle:
         """A handle for an existing run id (raises ``ValueError`` on a malformed id)."""
@@ -655,7 +778,41 @@ class LatticeClient:
 
     def wait(self, run_id: str, timeout: float | None = None) -> RunResult:
         """See :meth:`RunHandle.wait`."""
-        return self._call(self.aio.wait, run_id, timeout)
+        # AsyncLatticeClient.wait's reads, made from the calling thread (which blocks
+        # anyway) with a blocking Redis client: the result wakes this thread
+        # directly, not the loop thread first and this thread after it.
+        if timeout is not None and timeout < 0:
+            raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
+        problem = self._loop.problem()
+        if problem is not None:
+            raise RuntimeError(problem)
+        runs = self.aio.runs
+        record, stream = runs.keys(run_id).record, runs.result_key(run_id)
+        client = self._blocking_redis()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        exists, result = final_from_reply(client.hmget(record, ["status", "result"]))
+        while True:
+            if not exists:
+                raise RunNotFoundError(run_id)
+            if result is not None:
+                return result
+            if deadline is None:
+                block_ms = _MAX_BLOCK_MS
+            else:
+                remaining_ms = int((deadline - time.monotonic()) * 1000)
+                if remaining_ms <= 0:
+                    raise TimeoutError(f"run {run_id!r} did not finish within {timeout} s")
+                block_ms = min(remaining_ms, _MAX_BLOCK_MS)
+            result = result_from_reply(client.xread({stream: "0-0"}, count=1, block=block_ms))
+            if result is None:  # quiet for block_ms: look at the record again (see AsyncLatticeClient.wait)
+                exists, result = final_from_reply(client.hmget(record, ["status", "result"]))
+
+    def _blocking_redis(self) -> SyncRedis:
+        # the blocking client of wait and submit (its connection pool is thread-safe)
+        with self._blocking_lock:
+            if self._blocking is None:
+                self._blocking = SyncRedis.from_url(self.settings.broker_url, decode_responses=True)
+            return self._blocking
 
     def events(self, run_id: str, timeout: float | None = None) -> Iterator[dict[str, Any]]:
         """See :meth:`RunHandle.events`."""
@@ -691,6 +848,10 @@ class LatticeClient:
                 self._loop.run(self.aio.aclose())
         finally:
             self._finalizer()
+            with self._blocking_lock:
+                blocking, self._blocking = self._blocking, None
+            if blocking is not None:
+                blocking.close()
 
 
 __all__ = [

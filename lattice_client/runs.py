@@ -13,6 +13,7 @@ key                    type    content
 =====================  ======  ===============================================
 ``R``                  hash    the run record (see :class:`RunRecord`)
 ``R:events``           stream  the run's events, field ``data`` = JSON object
+``R:result``           stream  the ``run_result`` event alone (what ``wait`` blocks on)
 ``R:items``            hash    work_item_id -> item JSON
 ``R:order``            list    work_item_ids in registration order
 ``R:state``            hash    work_item_id -> ``queued|dispatched|done``
@@ -55,6 +56,7 @@ from importlib import resources
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, ResponseError
@@ -404,6 +406,72 @@ class RunStore:
         metadata that is not a JSON object, or a malformed ``parent``
         (``{run_id, message_id, mailbox_id}``).
         """
+        commands, record = self._create_commands(run_id, team, prompt, team_ref, metadata, parent)
+
+        def build(pipe: Any, scripts: dict[str, AsyncScript]) -> None:
+            for command in commands:
+                pipe.execute_command(*command)
+
+        stale = self._create_refused(commands, await self._pipeline(build))
+        if stale is not None:
+            if stale:
+                async with self._conn().client.pipeline(transaction=False) as pipe:
+                    for index in stale:
+                        pipe.zrem(index, run_id)
+                    await pipe.execute()
+            raise ValueError(f"run {run_id!r} already exists")
+        return record
+
+    def create_blocking(
+        self,
+        client: SyncRedis,
+        run_id: str,
+        team: str,
+        prompt: str,
+        *,
+        team_ref: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        parent: RunParent | dict[str, Any] | None = None,
+    ) -> RunRecord:
+        """:meth:`create` through the blocking Redis client ``client`` (of the
+        same server), for callers outside an event loop (the blocking client)."""
+        commands, record = self._create_commands(run_id, team, prompt, team_ref, metadata, parent)
+        replies: list[Any] = []
+        for attempt in range(2):  # as _pipeline: once more after loading the scripts
+            with client.pipeline(transaction=False) as pipe:
+                for command in commands:
+                    pipe.execute_command(*command)
+                replies = pipe.execute(raise_on_error=False)
+            errors = [r for r in replies if isinstance(r, Exception)]
+            if not errors:
+                break
+            if attempt == 0 and any(isinstance(e, NoScriptError) for e in errors):
+                for source in _SCRIPTS.values():
+                    client.script_load(source)
+                continue
+            raise errors[0]
+        stale = self._create_refused(commands, replies)
+        if stale is not None:
+            if stale:
+                with client.pipeline(transaction=False) as pipe:
+                    for index in stale:
+                        pipe.zrem(index, run_id)
+                    pipe.execute()
+            raise ValueError(f"run {run_id!r} already exists")
+        return record
+
+    def _create_commands(
+        self,
+        run_id: str,
+        team: str,
+        prompt: str,
+        team_ref: str | None,
+        metadata: dict[str, Any] | None,
+        parent: RunParent | dict[str, Any] | None,
+    ) -> tuple[list[tuple[Any, ...]], RunRecord]:
+        # create's checks, its pipeline (the record, then its index entries: one
+        # round trip; NX: an existing entry is never moved; the script and ZADD NX
+        # may be sent twice) and the record it writes
         keys = self.keys(run_id)
         if not isinstance(team, str) or not team:
             raise ValueError(f"team must be a non-empty string, got {team!r}")
@@ -420,30 +488,12 @@ class RunStore:
         parent_json = parent_model.model_dump_json() if parent_model is not None else ""
         created = now_ms()
         args = [run_id, team, team_ref or "", prompt, created, meta_json, parent_json]
-
-        # One round trip: the record, then its index entries (NX: an existing
-        # entry is never moved; the script and ZADD NX may be sent twice).
-        def build(pipe: Any, scripts: dict[str, AsyncScript]) -> None:
-            pipe.evalsha(scripts["create"].sha, 1, keys.record, *args)
-            pipe.zadd(self.runs_index_key, {run_id: created}, nx=True)
-            pipe.zadd(self.team_index_key(team), {run_id: created}, nx=True)
-
-        ok, added_all, added_team = await self._pipeline(build)
-        if not ok:
-            # The run exists: take back the index entries this call added (only
-            # after a NOSCRIPT resend could one added by the first send stay).
-            added = [added_all, added_team]
-            stale = [
-                i for i, a in zip((self.runs_index_key, self.team_index_key(team)), added, strict=True) if a
-            ]
-            if stale:
-                client = self._conn().client
-                async with client.pipeline(transaction=False) as pipe:
-                    for index in stale:
-                        pipe.zrem(index, run_id)
-                    await pipe.execute()
-            raise ValueError(f"run {run_id!r} already exists")
-        return RunRecord(
+        commands: list[tuple[Any, ...]] = [
+            ("EVALSHA", _SHAS["create"], 1, keys.record, *args),
+            ("ZADD", self.runs_index_key, "NX", created, run_id),
+            ("ZADD", self.team_index_key(team), "NX", created, run_id),
+        ]
+        record = RunRecord(
             run_id=run_id,
             team=team,
             team_ref=team_ref,
@@ -454,6 +504,16 @@ class RunStore:
             metadata=meta,
             parent=parent_model,
         )
+        return commands, record
+
+    @staticmethod
+    def _create_refused(commands: list[tuple[Any, ...]], replies: list[Any]) -> list[str] | None:
+        # None when the run was created; else the index keys whose entry this call
+        # added and must take back (only after a NOSCRIPT resend could one stay)
+        ok, *added = replies
+        if int(ok):
+            return None
+        return [command[1] for command, was_added in zip(commands[1:], added, strict=True) if int(was_added)]
 
     async def status(self, run_id: str) -> RunStatus | None:
         """The run's status alone (one ``HGET``), or ``None`` when there is no such run."""
@@ -857,7 +917,7 @@ class RunStore:
             await self._run(
                 "recover_lead",
                 run_id,
-                [k.record, k.events],
+                [k.record, k.events, self.result_key(run_id)],
                 [
                     token or "",
                     now,
@@ -1030,6 +1090,29 @@ class RunStore:
         reply = await self._conn().client.xread({key: last_id}, count=count, block=block_ms)
         return [(_text(entry_id), _decode_event(fields)) for entry_id, fields in _stream_entries(reply)]
 
+    def result_key(self, run_id: str) -> str:
+        """The run's result stream ``R:result``: only its ``run_result`` event,
+        appended (field ``data``) by the same script call that appends it to
+        ``R:events`` (:meth:`finish`, :meth:`cancel`, :meth:`recover_lead`), so
+        a waiter wakes once. Runs finished before this stream existed have none."""
+        return f"{self.keys(run_id).record}:result"
+
+    async def final_result(self, run_id: str) -> tuple[bool, RunResult | None]:
+        """``(exists, result)`` from the run record (one ``HMGET``): whether the
+        run exists, and its final result once it has one."""
+        return final_from_reply(
+            await self._conn().client.hmget(self.keys(run_id).record, ["status", "result"])
+        )
+
+    async def read_result(self, run_id: str, block_ms: int | None = None) -> RunResult | None:
+        """The final result from the run's result stream (:meth:`result_key`),
+        or ``None`` when it has none. ``block_ms`` (milliseconds, >= 1): wait up
+        to that long for it (``None`` = do not wait)."""
+        check_block_ms(block_ms)
+        return result_from_reply(
+            await self._conn().client.xread({self.result_key(run_id): "0-0"}, count=1, block=block_ms)
+        )
+
     async def finish(self, run_id: str, result: RunResult, *, token: str | None = None) -> bool:
         """Store the final ``result`` (status ``completed`` or ``failed``) and
         append the ``{"type": "run_result", ...}`` event, once.
@@ -1085,7 +1168,7 @@ class RunStore:
             now_ms(),
             token,
         ]
-        return self._call("finish", [k.record, k.events], args)
+        return self._call("finish", [k.record, k.events, self.result_key(run_id)], args)
 
     async def cancel(self, run_id: str, *, reason: str = "cancelled by request") -> list[dict[str, Any]]:
         """Cancel the run unless it already completed or failed.
@@ -1102,7 +1185,7 @@ class RunStore:
         out = await self._run(
             "cancel",
             run_id,
-            [k.record, k.events, k.order, k.state, k.items, k.queued],
+            [k.record, k.events, k.order, k.state, k.items, k.queued, self.result_key(run_id)],
             [result.model_dump_json(), dumps(result.to_event(), "result"), self.max_events, now_ms()],
         )
         return [json.loads(_text(x)) for x in out[1:]]
@@ -1144,13 +1227,49 @@ class RunStore:
         client = self._conn().client
         async with client.pipeline(transaction=False) as pipe:
             pipe.delete(
-                k.record, k.events, k.items, k.order, k.state, k.outcomes, k.wait, k.queued, k.active, k.calls
+                k.record,
+                k.events,
+                k.items,
+                k.order,
+                k.state,
+                k.outcomes,
+                k.wait,
+                k.queued,
+                k.active,
+                k.calls,
+                self.result_key(run_id),
             )
             pipe.zrem(self.runs_index_key, run_id)
             pipe.zrem(self.leases_key, run_id)
             pipe.zrem(self.team_index_key(record.team), run_id)
             await pipe.execute()
         return True
+
+
+def check_block_ms(block_ms: int | None) -> None:
+    """Raise ``ValueError`` unless ``block_ms`` is ``None`` or an integer >= 1
+    (``XREAD BLOCK 0`` would wait forever)."""
+    if block_ms is not None and (isinstance(block_ms, bool) or not isinstance(block_ms, int) or block_ms < 1):
+        raise ValueError(f"block_ms must be None or an integer >= 1, got {block_ms!r}")
+
+
+def final_from_reply(reply: Any) -> tuple[bool, RunResult | None]:
+    """:meth:`RunStore.final_result` from the reply of ``HMGET <record> status
+    result`` (for callers reading with their own Redis client)."""
+    status, result = reply
+    if status is None:
+        return False, None
+    return True, (RunResult.model_validate_json(result) if result else None)
+
+
+def result_from_reply(reply: Any) -> RunResult | None:
+    """:meth:`RunStore.read_result` from the reply of ``XREAD COUNT 1 ...
+    STREAMS <result stream> 0-0`` (for callers reading with their own Redis client)."""
+    for _, fields in _stream_entries(reply):
+        event = _decode_event(fields)
+        if event.get("type") == "run_result":
+            return RunResult.model_validate(event)
+    return None
 
 
 def _lease_ms(lease_s: float) -> int:

@@ -7,6 +7,7 @@
 -- KEYS[4]  item state hash          ...:state
 -- KEYS[5]  items hash               ...:items
 -- KEYS[6]  dispatch queue list      ...:queued
+-- KEYS[7]  result stream            ...:result (gets the run_result event too)
 -- ARGV[1]  RunResult JSON (status "cancelled")
 -- ARGV[2]  run_result event JSON
 -- ARGV[3]  approximate stream length bound (XADD MAXLEN ~)
@@ -31,6 +32,7 @@ if status ~= 'cancelled' then
   redis.call('HSET', KEYS[1], 'status', 'cancelled', 'result', ARGV[1], 'updated_at', ARGV[4])
   redis.call('DEL', KEYS[6])
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', 'data', ARGV[2])
+  redis.call('XADD', KEYS[7], '*', 'data', ARGV[2])
   out[1] = 1
 end
 for _, id in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do

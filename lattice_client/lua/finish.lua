@@ -3,6 +3,8 @@
 --
 -- KEYS[1]  run record hash          <prefix>:run:{run:<id>}
 -- KEYS[2]  event stream             ...:events
+-- KEYS[3]  result stream            ...:result (gets the run_result event too;
+--                                   what a waiter blocks on)
 -- ARGV[1]  final status (completed | failed)
 -- ARGV[2]  RunResult JSON
 -- ARGV[3]  run_result event JSON
@@ -31,4 +33,5 @@ end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'result', ARGV[2], 'updated_at', ARGV[5])
 redis.call('HDEL', KEYS[1], 'lease_token', 'lease_until')
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'data', ARGV[3])
+redis.call('XADD', KEYS[3], '*', 'data', ARGV[3])
 return 1

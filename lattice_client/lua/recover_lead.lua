@@ -5,6 +5,7 @@
 --
 -- KEYS[1]  run record hash          <prefix>:run:{run:<id>}
 -- KEYS[2]  event stream             ...:events
+-- KEYS[3]  result stream            ...:result (gets the run_result event too)
 -- ARGV[1]  the lease token the caller read ("" = the record had none)
 -- ARGV[2]  now, milliseconds since the epoch
 -- ARGV[3]  action: "requeue" or "fail"
@@ -34,6 +35,7 @@ redis.call('HDEL', KEYS[1], 'lease_token', 'lease_until')
 if ARGV[3] == 'fail' then
   redis.call('HSET', KEYS[1], 'status', 'failed', 'result', ARGV[4], 'updated_at', ARGV[2])
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', 'data', ARGV[5])
+  redis.call('XADD', KEYS[3], '*', 'data', ARGV[5])
   return 2
 end
 redis.call('HSET', KEYS[1], 'status', 'resuming', 'recover', '1', 'updated_at', ARGV[2])
