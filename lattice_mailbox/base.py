@@ -47,7 +47,9 @@ class ClaimMissingError(ClaimError):
     """Claim missing: the message is not in ``processing`` under any claim."""
 
     def __init__(self, message_id: str) -> None:
-        super().__init__(f"claim on message {message_id} missing (requeued, finished or unknown)", reason="missing")
+        super().__init__(
+            f"claim on message {message_id} missing (requeued, finished or unknown)", reason="missing"
+        )
 
 
 @runtime_checkable
@@ -95,7 +97,9 @@ class LeasedMailbox(TeamMailbox, Protocol):
         ``lease_until`` (ms). Raises :class:`ClaimTakenError` / :class:`ClaimMissingError`."""
         ...
 
-    async def requeue_expired(self, *, max_attempts: int | None = None, now_ms: int | None = None) -> list[TeamMessage]:
+    async def requeue_expired(
+        self, *, max_attempts: int | None = None, now_ms: int | None = None
+    ) -> list[TeamMessage]:
         """Move every claim whose lease has expired back to ``pending`` (or to
         ``failed`` when ``attempts >= max_attempts``); returns the moved messages
         with their new status."""

@@ -16,7 +16,12 @@ if TYPE_CHECKING:
     from .abort import AbortSignal
 
 StopReason = Literal[
-    "end_turn", "max_tokens", "stop_sequence", "tool_use", "pause_turn", "refusal",
+    "end_turn",
+    "max_tokens",
+    "stop_sequence",
+    "tool_use",
+    "pause_turn",
+    "refusal",
     "model_context_window_exceeded",
 ]
 
@@ -40,7 +45,12 @@ class TokenUsage:
         if other is None:
             return
         src = other if isinstance(other, dict) else other.to_dict()
-        for key in ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"):
+        for key in (
+            "input_tokens",
+            "output_tokens",
+            "cache_creation_input_tokens",
+            "cache_read_input_tokens",
+        ):
             value = src.get(key)
             if isinstance(value, int):
                 setattr(self, key, getattr(self, key) + value)
