@@ -280,7 +280,7 @@ def throughput(bench: Bench, workers: int, runs: int, latency: float) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--round-trips", type=int, default=40, help="measured handoff round trips (default 40)"
+        "--round-trips", type=int, default=100, help="measured handoff round trips (default 100)"
     )
     parser.add_argument("--warmup", type=int, default=5, help="warm-up round trips (default 5)")
     parser.add_argument("--runs", type=int, default=200, help="runs per throughput measurement (default 200)")
