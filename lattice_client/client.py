@@ -61,6 +61,18 @@ _TEAM_CACHE_SECONDS = 30.0
 _TEAM_CACHE_SIZE = 1_000
 
 
+def _block_ms(deadline: float | None, now: float, run_id: str, timeout: float | None) -> int:
+    """How long the next blocking read may wait (milliseconds): at most
+    ``_MAX_BLOCK_MS``, never past ``deadline`` (seconds on the caller's clock;
+    ``None`` = no limit). Raises ``TimeoutError`` once the deadline has passed."""
+    if deadline is None:
+        return _MAX_BLOCK_MS
+    remaining_ms = int((deadline - now) * 1000)
+    if remaining_ms <= 0:
+        raise TimeoutError(f"run {run_id!r} did not finish within {timeout} s")
+    return min(remaining_ms, _MAX_BLOCK_MS)
+
+
 class CancelReport(BaseModel):
     """What :meth:`AsyncLatticeClient.cancel` did.
 
@@ -389,13 +401,7 @@ class AsyncLatticeClient:
                 raise RunNotFoundError(run_id)
             if result is not None:
                 return result
-            if deadline is None:
-                block_ms = _MAX_BLOCK_MS
-            else:
-                remaining_ms = int((deadline - loop.time()) * 1000)
-                if remaining_ms <= 0:
-                    raise TimeoutError(f"run {run_id!r} did not finish within {timeout} s")
-                block_ms = min(remaining_ms, _MAX_BLOCK_MS)
+            block_ms = _block_ms(deadline, loop.time(), run_id, timeout)
             result = await runs.read_result(run_id, block_ms=block_ms)
             if result is None:
                 # Quiet for block_ms: look at the record again (the run may be gone, or
@@ -428,13 +434,7 @@ class AsyncLatticeClient:
         while True:
             block_ms: int | None = None  # the first read never blocks
             if not first:
-                if deadline is None:
-                    block_ms = _MAX_BLOCK_MS
-                else:
-                    remaining_ms = int((deadline - loop.time()) * 1000)
-                    if remaining_ms <= 0:
-                        raise TimeoutError(f"run {run_id!r} did not finish within {timeout} s")
-                    block_ms = min(remaining_ms, _MAX_BLOCK_MS)
+                block_ms = _block_ms(deadline, loop.time(), run_id, timeout)
             batch = await self.runs.events(run_id, last_id, block_ms=block_ms, count=_EVENT_BATCH)
             if first and not batch and record.result is not None:
                 # finished, but its stream is gone (trimmed or deleted): the record has the result
@@ -796,13 +796,7 @@ class LatticeClient:
                 raise RunNotFoundError(run_id)
             if result is not None:
                 return result
-            if deadline is None:
-                block_ms = _MAX_BLOCK_MS
-            else:
-                remaining_ms = int((deadline - time.monotonic()) * 1000)
-                if remaining_ms <= 0:
-                    raise TimeoutError(f"run {run_id!r} did not finish within {timeout} s")
-                block_ms = min(remaining_ms, _MAX_BLOCK_MS)
+            block_ms = _block_ms(deadline, time.monotonic(), run_id, timeout)
             result = result_from_reply(client.xread({stream: "0-0"}, count=1, block=block_ms))
             if result is None:  # quiet for block_ms: look at the record again (see AsyncLatticeClient.wait)
                 exists, result = final_from_reply(client.hmget(record, ["status", "result"]))
