@@ -63,7 +63,6 @@ _APPEND_EVENTS_LUA = (
 )
 """The run store's multi-event append script (``RunStore.append_events``: same checks and
 stream format), pipelined by the event writer: one call per run stream and batch."""
-_APPEND_EVENTS_SHA = hashlib.sha1(_APPEND_EVENTS_LUA.encode("utf-8")).hexdigest()
 
 RUN_KEY_TTL_SECONDS = 7 * 24 * 3600
 """How long (seconds) a run's history, usage and work-item links are kept after their last write."""
@@ -371,9 +370,12 @@ class WorkerContext:
     async def _write_batch(self, batch: list[tuple[str, str, str] | _Write]) -> None:
         """One pipeline for the batch: the command batches in order, each run
         stream's events in one script call (in their order; placed where the
-        stream's first event of the batch was queued). Calls refused with
-        NOSCRIPT (first use on this server) are sent again once after loading
-        their scripts."""
+        stream's first event of the batch was queued). Script calls go with
+        their source (``EVAL``; Redis caches the compiled script by its SHA1),
+        so no call of a batch is refused with NOSCRIPT while later ones run --
+        the batch is applied in order or not at all per call. Only a call whose
+        source the write did not give goes as ``EVALSHA`` (refused with NOSCRIPT
+        when the server lacks it: sent again once after loading the write's scripts)."""
         units: list[_Write | _Events] = []
         streams: dict[tuple[str, str], _Events] = {}
         for op in batch:
@@ -397,7 +399,13 @@ class WorkerContext:
                 if isinstance(unit, _Write):
                     for name, *args in unit.commands:
                         if name == "evalsha":
-                            stack.append((("EVALSHA", *args), {}))
+                            # sent with its source (EVAL): a batch never meets NOSCRIPT halfway,
+                            # which would leave its later calls applied before the refused one
+                            source = _script_source(args[0], unit.scripts)
+                            if source is not None:
+                                stack.append((("EVAL", source, *args[1:]), {}))
+                            else:
+                                stack.append((("EVALSHA", *args), {}))
                             continue
                         if pipe is None:
                             pipe = client.pipeline(transaction=False)
@@ -407,8 +415,8 @@ class WorkerContext:
                     stack.append(
                         (
                             (
-                                "EVALSHA",
-                                _APPEND_EVENTS_SHA,
+                                "EVAL",
+                                _APPEND_EVENTS_LUA,
                                 2,
                                 unit.record_key,
                                 unit.events_key,
@@ -644,6 +652,22 @@ class _Write:
     scripts: tuple[str, ...] = ()
     fence: str | None = None
     on_error: Callable[[BaseException], BaseException] | None = None
+
+
+_SOURCES: dict[str, str] = {}
+"""Script sources by SHA1 (filled from the ``scripts`` of queued writes)."""
+
+
+def _script_source(sha: Any, scripts: tuple[str, ...] | None) -> str | None:
+    """The source of the script ``sha`` among ``scripts`` (a write's script
+    sources), or ``None`` when it is not there."""
+    source = _SOURCES.get(sha)
+    if source is None and scripts:
+        for candidate in scripts:
+            digest = hashlib.sha1(candidate.encode("utf-8")).hexdigest()
+            _SOURCES[digest] = candidate
+        source = _SOURCES.get(sha)
+    return source
 
 
 async def _round_trip(client: Any, conn: Any, stack: list[tuple[Any, Any]]) -> list[Any]:
