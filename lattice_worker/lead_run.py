@@ -283,12 +283,10 @@ class DistributedLeadRuntime:
             await dispatch_items(self.ctx, self.run_id, self.team, items, lease=lease)
             raise SuspendQuery(f"waiting for {len(items)} member work item(s)")
         # Under a lease the query suspends right after this batch (no model
-        # request in between), so its usage is final: queued before the
-        # registration, which also suspends the run -- one round trip for the
-        # history, events, usage, items and suspension, in that order.
-        await self.ctx.add_usage(
-            self.run_id, getattr(outcome, "usage", None), known=self.usage, fence=lease.token
-        )
+        # request in between): one round trip for the history, events, items
+        # and suspension, in that order. The batch's usage is final; it is
+        # queued once that fenced write succeeded (a segment that lost its
+        # lease counts nothing) and goes with the context's next write.
         try:
             await dispatch_items(self.ctx, self.run_id, self.team, items, lease=lease, suspend=True)
             self.suspended = lease.ended  # else the wait set was empty: the lead goes on
@@ -296,6 +294,13 @@ class DistributedLeadRuntime:
             if isinstance(exc, RunLeaseLostError) or exc.status != "cancelled":
                 raise RunLeaseLostError(self.run_id, "suspend") from None
             self.stopped = exc.status
+        else:
+            await self.ctx.add_usage(
+                self.run_id,
+                getattr(outcome, "usage", None),
+                known=self.usage,
+                fence=None if self.suspended else lease.token,
+            )
         raise SuspendQuery(f"waiting for {len(items)} member work item(s)")
 
 

@@ -64,8 +64,12 @@ async def run_step(ctx: WorkerContext, task: str, arg: str, *, max_inline: int =
             done += 1
             logger.info("inline %s(%s) -> %s", name, value, inline)
     finally:
-        ctx.publish_follow_ups()  # whatever was not done here goes to the queues
-        await ctx.flush_events()  # the bodies leave their writes to the next inline step
+        try:
+            await ctx.flush_events()  # the bodies leave their writes to the next inline step
+        finally:
+            # whatever was not done here goes to the queues -- after this task's
+            # writes are stored, so the steps it enqueues find them
+            ctx.publish_follow_ups()
     return outcome
 
 
