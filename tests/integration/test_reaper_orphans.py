@@ -245,3 +245,23 @@ async def test_a_live_item_is_left_alone(env, raw, prefix):
     assert item["outcome"] is None and item["state"] != "done"
     assert (await ctx.runs.get(run_id)).status.value == "suspended"
     assert await ctx.mailbox.inbox("e2e::lead", "all") == []
+
+
+async def test_a_member_still_working_after_its_reply_completes_its_item(env, raw, prefix, monkeypatch):
+    """The lease keeper's next renewal finds the message closed (by this same
+    claim): that is not a lost claim, the member's outcome stands."""
+    ctx, broker = env
+    run_id = await suspended_run(ctx, broker, "e")
+    original = MailboxToolState.reply
+
+    async def reply_then_work(self, *args, **kwargs):
+        sent = await original(self, *args, **kwargs)
+        await asyncio.sleep(LEASE_S)  # past the keeper's next renewal (every lease / 3)
+        return sent
+
+    monkeypatch.setattr(MailboxToolState, "reply", reply_then_work)
+    assert await member_run.deliver(ctx, "e2e::worker") == "done"
+    [item] = await ctx.runs.items(run_id)
+    assert item["state"] == "done" and item["outcome"]["status"] == "done"
+    await broker.drain()
+    assert (await ctx.runs.get(run_id)).result.result == "final: done:worked[e]"
