@@ -30,13 +30,12 @@ A sweep:
    ``max_attempts`` segment starts the run fails instead, with an error naming
    the attempts; its unfinished work is cancelled and a child run replies
    upstream with the failure.
-5. Orphaned work items (checked right after step 3, on the same scan of
-   recent runs): a member step closes its task message (``done`` /
-   ``failed``, fenced by its claim token), then sends its reply upstream, and
-   only after its agent ends records the outcome in the run
-   (``RunStore.complete_item``). A worker that dies in between leaves a
-   terminal message (no lease: step 1 never sees it) and a ``suspended`` run
-   waiting for the item forever. For every run of the :data:`STALE_SCAN_LIMIT`
+5. Orphaned work items (on the runs of step 3's scan): a member step closes
+   its task message (``done`` / ``failed``, fenced by its claim token), then
+   sends its reply upstream, and only after its agent ends records the
+   outcome in the run (``RunStore.complete_item``). A worker that dies in
+   between leaves a terminal message (no lease: step 1 never sees it) and a
+   ``suspended`` run waiting for the item forever. For every run of the :data:`STALE_SCAN_LIMIT`
    most recent ones that has been ``suspended`` for over a lease (looked at
    most once per half lease, marker ``<prefix>:reaper:orphans:<run_id>``),
    each unfinished item whose task message is terminal is noted (marker
@@ -143,8 +142,8 @@ async def sweep(
             await _lost_doorbells(ctx, report)
             recent = await ctx.runs.list_runs(limit=STALE_SCAN_LIMIT)
             await _stale_resumes(ctx, report, recent)
-            await _orphaned_items(ctx, report, recent)
             await _expired_leads(ctx, report)
+            await _orphaned_items(ctx, report, recent)
         finally:
             await ctx.flush_events()
         return report

@@ -265,3 +265,20 @@ async def test_a_member_still_working_after_its_reply_completes_its_item(env, ra
     assert item["state"] == "done" and item["outcome"]["status"] == "done"
     await broker.drain()
     assert (await ctx.runs.get(run_id)).result.result == "final: done:worked[e]"
+
+
+async def test_an_item_whose_aborted_member_died_completes_cancelled(env, raw, prefix):
+    ctx, broker = env
+    run_id = await suspended_run(ctx, broker, "f")
+    # the member was aborted: its message closed cancelled (nothing goes upstream), then it died
+    claimed = await ctx.mailbox.claim_next("e2e::worker", lease_s=30, worker_id="aborted")
+    await ctx.mailbox.complete(claimed.id, claimed.claim_token, "cancelled")
+    assert (await sweep_after_a_lease(ctx)).orphans == []
+    assert (await sweep_after_a_lease(ctx)).orphans == [claimed.work_item_id]
+    assert await ctx.mailbox.inbox("e2e::lead", "all") == []
+    await broker.drain()
+    assert (await ctx.runs.get(run_id)).status.value == "completed"
+    [entry] = lead_reports(raw, ctx, run_id)
+    assert entry["status"] == "cancelled" and entry["error"]["code"] == "aborted"
+    assert f"message {claimed.id} was cancelled" in entry["content"]
+    assert executions(raw, prefix, "f") == 0
