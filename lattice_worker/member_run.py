@@ -179,7 +179,10 @@ async def process_claimed(ctx: WorkerContext, team: Team, member: TeamMember, me
             agent=agent,
             stream_events=False,
         )
-    if keeper.lost is not None or (outcome.error or {}).get("code") == "claim_lost":
+    # Only a refused fenced write means the claim was lost: every other outcome was
+    # written under this claim's token. The keeper also reports "missing" once the
+    # member closed the message itself (team_reply) and went on working: not a loss.
+    if (outcome.error or {}).get("code") == "claim_lost":
         logger.warning("member %s lost its claim on %s; its outcome is discarded", member.name, message.id)
         return "lost"
     if link is not None:

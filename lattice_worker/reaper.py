@@ -30,11 +30,37 @@ A sweep:
    ``max_attempts`` segment starts the run fails instead, with an error naming
    the attempts; its unfinished work is cancelled and a child run replies
    upstream with the failure.
+5. Orphaned work items (on the runs of step 3's scan): a member step closes
+   its task message (``done`` / ``failed``, fenced by its claim token), then
+   sends its reply upstream, and only after its agent ends records the
+   outcome in the run (``RunStore.complete_item``). A worker that dies in
+   between leaves a terminal message (no lease: step 1 never sees it) and a
+   ``suspended`` run waiting for the item forever. For every run of the :data:`STALE_SCAN_LIMIT`
+   most recent ones that has been ``suspended`` for over a lease (looked at
+   most once per half lease, marker ``<prefix>:reaper:orphans:<run_id>``),
+   each unfinished item whose task message is terminal is noted (marker
+   ``<prefix>:reaper:closed:<message_id>``; its age is read from its TTL, the
+   Redis clock). Once the message has been seen terminal for over a lease
+   (a live worker has had that long to record the item itself) its outcome is
+   recorded through :func:`~lattice_worker.member_run.complete_work_item`
+   (doorbells and the resume follow), built as the member would have from the
+   upstream message it sent for it (``reply_to`` = the task message: a reply,
+   a failure report or a diagnostic). When there is none (the worker died
+   between closing and sending) a ``diagnostic`` upstream message (code
+   ``reply_lost``: "the worker running member X died after closing message
+   M; its reply was lost") is sent first, guarded by
+   ``<prefix>:reaper:lost:<message_id>``, and the item completes ``failed``
+   with it, so the lead resumes with a failure report; a repeat after a crash
+   finds that diagnostic instead of sending another. A ``cancelled`` message
+   (an aborted member sends nothing upstream) completes ``cancelled``.
+   ``complete_item`` is idempotent: a slow worker recording the same item
+   later changes nothing (the first outcome stays).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
@@ -43,6 +69,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lattice_client.celery_config import RESUME_LEAD_TASK, queue_name
+from lattice_client.models import RunRecord
 from lattice_mailbox.message import MessageStatus, TeamMessage
 
 from .registry import teams_key
@@ -72,7 +99,9 @@ class SweepReport:
     """What one sweep did: ``requeued`` / ``failed`` message ids (expired
     leases), ``rerung`` mailbox ids (lost doorbells), ``resumed`` run ids
     (stale resumes), ``recovered`` / ``failed_runs`` run ids (expired lead
-    leases: re-enqueued / failed past ``max_attempts``)."""
+    leases: re-enqueued / failed past ``max_attempts``), ``orphans`` work
+    item ids completed for a member whose worker died after closing its
+    message."""
 
     requeued: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
@@ -80,6 +109,7 @@ class SweepReport:
     resumed: list[str] = field(default_factory=list)
     recovered: list[str] = field(default_factory=list)
     failed_runs: list[str] = field(default_factory=list)
+    orphans: list[str] = field(default_factory=list)
 
 
 def lock_key(prefix: str) -> str:
@@ -110,8 +140,10 @@ async def sweep(
         try:
             await _requeue(ctx, report)
             await _lost_doorbells(ctx, report)
-            await _stale_resumes(ctx, report)
+            recent = await ctx.runs.list_runs(limit=STALE_SCAN_LIMIT)
+            await _stale_resumes(ctx, report, recent)
             await _expired_leads(ctx, report)
+            await _orphaned_items(ctx, report, recent)
         finally:
             await ctx.flush_events()
         return report
@@ -225,11 +257,11 @@ async def _lost_doorbells(ctx: WorkerContext, report: SweepReport) -> None:
             report.rerung.append(mailbox_id)
 
 
-async def _stale_resumes(ctx: WorkerContext, report: SweepReport) -> None:
+async def _stale_resumes(ctx: WorkerContext, report: SweepReport, recent: list[RunRecord]) -> None:
     lease_ms = int(ctx.settings.lease_seconds * 1000)
     now_ms = int(time.time() * 1000)
     client = await ctx.redis()
-    for record in await ctx.runs.list_runs(limit=STALE_SCAN_LIMIT):
+    for record in recent:
         if record.status.value != "resuming" or record.updated_at > now_ms - lease_ms:
             continue
         if await client.set(f"{ctx.prefix}:reaper:resumed:{record.run_id}", "1", nx=True, px=lease_ms):
@@ -265,6 +297,193 @@ async def _expired_leads(ctx: WorkerContext, report: SweepReport) -> None:
                 await end_failed_run(ctx, record, recovery.result)
             except Exception:
                 logger.exception("could not clean up after the failure of run %s", run_id)
+
+
+CLOSING_KINDS = frozenset({"reply", "failure", "diagnostic"})
+"""``metadata["kind"]`` of the upstream messages that close a task message
+(a follow-up leaves it open)."""
+
+
+def orphan_scan_key(prefix: str, run_id: str) -> str:
+    """The marker of a recent look at a suspended run's items (orphan check)."""
+    return f"{prefix}:reaper:orphans:{run_id}"
+
+
+def closed_key(prefix: str, message_id: str) -> str:
+    """Since when (Redis clock, via its TTL) the reaper has seen the task message
+    of an unfinished work item terminal."""
+    return f"{prefix}:reaper:closed:{message_id}"
+
+
+async def _orphaned_items(ctx: WorkerContext, report: SweepReport, recent: list[RunRecord]) -> None:
+    lease_ms = int(ctx.settings.lease_seconds * 1000)
+    now_ms = int(time.time() * 1000)
+    stale = [r for r in recent if r.status.value == "suspended" and r.updated_at <= now_ms - lease_ms]
+    if not stale:
+        return
+    client = await ctx.redis()
+    # one round trip for the per-run guards, one for the open items of the runs taken
+    async with client.pipeline(transaction=False) as pipe:
+        for record in stale:
+            pipe.set(orphan_scan_key(ctx.prefix, record.run_id), "1", nx=True, px=max(1, lease_ms // 2))
+        taken = await pipe.execute()
+    looked = [record for record, ok in zip(stale, taken, strict=True) if ok]
+    if not looked:
+        return
+    async with client.pipeline(transaction=False) as pipe:
+        for record in looked:
+            keys = ctx.runs.keys(record.run_id)
+            pipe.hgetall(keys.state)
+            pipe.hgetall(keys.items)
+        replies = await pipe.execute()
+    for index, record in enumerate(looked):
+        states, items = replies[2 * index], replies[2 * index + 1]
+        open_items = [json.loads(items[w]) for w, state in states.items() if state != "done" and w in items]
+        if not open_items:
+            continue
+        try:
+            await _repair_run(ctx, record.run_id, record.team, open_items, lease_ms, report)
+        except Exception:
+            logger.exception("could not check the work items of suspended run %s", record.run_id)
+
+
+async def _repair_run(
+    ctx: WorkerContext,
+    run_id: str,
+    team: str,
+    open_items: list[dict[str, Any]],
+    lease_ms: int,
+    report: SweepReport,
+) -> None:
+    from .member_run import complete_work_item
+
+    for item in open_items:
+        message_id, work_item_id = str(item.get("message_id") or ""), str(item.get("work_item_id") or "")
+        if not message_id or not work_item_id:
+            continue
+        message = await ctx.mailbox.get(message_id)
+        if message is None or not message.status.terminal:
+            continue  # pending, claimed (its lease covers a crash: step 1), open or unknown
+        if not await _terminal_for_a_lease(ctx, message_id, lease_ms):
+            continue  # maybe a live worker between closing it and completing the item
+        outcome = await orphan_outcome(ctx, message, lease_ms)
+        if outcome is None:
+            continue
+        logger.warning(
+            "work item %s of run %s: its message %s is %s but the item never completed (the worker died); "
+            "completing it %s",
+            work_item_id,
+            run_id,
+            message_id,
+            message.status.value,
+            outcome.status,
+        )
+        await complete_work_item(ctx, run_id, team, work_item_id, outcome)
+        report.orphans.append(work_item_id)
+
+
+async def _terminal_for_a_lease(ctx: WorkerContext, message_id: str, lease_ms: int) -> bool:
+    """Note that ``message_id`` is terminal (first sighting, Redis clock) and say
+    whether the first sighting was over a lease ago."""
+    client = await ctx.redis()
+    key, hold = closed_key(ctx.prefix, message_id), 4 * max(1, lease_ms)
+    async with client.pipeline(transaction=True) as pipe:
+        pipe.set(key, hold, nx=True, px=hold)
+        pipe.get(key)
+        pipe.pttl(key)
+        _, held, ttl = await pipe.execute()
+    if held is None or int(ttl) < 0:
+        return False
+    return int(held) - int(ttl) >= lease_ms
+
+
+async def _upstream_of(ctx: WorkerContext, message: TeamMessage) -> TeamMessage | None:
+    """The reply / failure report / diagnostic the member sent for ``message``,
+    or ``None``. Unread ones are ``pending`` in the sender's mailbox (the lead
+    marks them read only from an outcome); every status is searched after that."""
+    for status in ("pending", "all"):
+        found = [
+            m
+            for m in await ctx.mailbox.inbox(message.from_, status)
+            if m.reply_to == message.id and m.from_ == message.to and m.metadata.get("kind") in CLOSING_KINDS
+        ]
+        if found:
+            return found[-1]
+    return None
+
+
+async def orphan_outcome(ctx: WorkerContext, message: TeamMessage, lease_ms: int) -> WorkItemOutcome | None:
+    """The outcome of the terminal task ``message`` whose worker died before
+    recording it: built from the member's upstream message as the member
+    would have, else (the upstream message was lost) a ``reply_lost``
+    diagnostic sent upstream now. ``None`` while another reaper is sending
+    that diagnostic."""
+    ended = message.model_copy(update={"claim_token": None})
+    upstream = await _upstream_of(ctx, message)
+    if upstream is not None:
+        meta = upstream.metadata
+        status = meta.get("status") if meta.get("status") in ("done", "failed") else None
+        if status is None:
+            status = "done" if message.status == MessageStatus.DONE else message.status.value
+        if status == "done":
+            return WorkItemOutcome(
+                message=ended,
+                status="done",
+                content=upstream.content,
+                structured_result=meta.get("structured_result"),
+                report=upstream,
+            )
+        return WorkItemOutcome(
+            message=ended, status=status, content=upstream.content, error=meta.get("error"), report=upstream
+        )
+    try:
+        team_name, member = split_mailbox_id(message.to)
+    except ValueError:
+        team_name, member = "", message.to
+    if message.status == MessageStatus.CANCELLED:  # an aborted member sends nothing upstream
+        failure = {
+            "code": "aborted",
+            "message": f"message {message.id} was cancelled; the worker running member {member} died "
+            "before recording it",
+            "error_type": "AbortError",
+        }
+        return WorkItemOutcome(message=ended, status="cancelled", content=failure["message"], error=failure)
+    client = await ctx.redis()
+    hold = 4 * max(1, lease_ms)
+    if not await client.set(f"{ctx.prefix}:reaper:lost:{message.id}", "1", nx=True, px=hold):
+        return None
+    what = "its reply" if message.status == MessageStatus.DONE else "its failure report"
+    failure = {
+        "code": "reply_lost",
+        "message": (
+            f"the worker running member {member} died after closing message {message.id} "
+            f"({message.status.value}); {what} was lost"
+        ),
+        "error_type": None,
+    }
+    text = f'Work item {message.work_item_id} for member "{member}" failed ({failure["code"]}): {failure["message"]}'
+    report = await ctx.mailbox.send(
+        message.to,
+        message.from_,
+        text,
+        thread_id=message.thread_id,
+        work_item_id=message.work_item_id,
+        reply_to=message.id,
+        metadata={
+            "kind": "diagnostic",
+            "member": member,
+            "status": "failed",
+            "error": failure,
+            "team": team_name,
+        },
+    )
+    link = await ctx.run_of(message.work_item_id)
+    if link is not None:
+        await ctx.emit(
+            link[0],
+            TeamMessageEvent(subtype="failed", team=team_name, message=ended.to_json_dict(), error=failure),
+        )
+    return WorkItemOutcome(message=ended, status="failed", content=text, error=failure, report=report)
 
 
 class Reaper:
@@ -316,4 +535,16 @@ class Reaper:
             loop.close()
 
 
-__all__ = ["LOCK_HOLD_MS", "Reaper", "SweepReport", "fail_exhausted", "lock_key", "rung_key", "sweep"]
+__all__ = [
+    "CLOSING_KINDS",
+    "LOCK_HOLD_MS",
+    "Reaper",
+    "SweepReport",
+    "closed_key",
+    "fail_exhausted",
+    "lock_key",
+    "orphan_outcome",
+    "orphan_scan_key",
+    "rung_key",
+    "sweep",
+]
