@@ -333,6 +333,32 @@ async def _cancel_message(ctx: WorkerContext, team: Team, message: TeamMessage, 
 # -- nested teams ----------------------------------------------------------------------------
 
 
+async def send_failure_report(
+    mailbox: Any,
+    message: TeamMessage,
+    *,
+    member: str,
+    team: str,
+    failure: dict[str, Any],
+    kind: str = "failure",
+) -> TeamMessage:
+    """Send the failure report of the work item of task ``message`` upstream (to
+    its sender: same thread and work item, ``reply_to`` = the message), as a
+    member's failure reaches its lead in-process. ``failure``: ``{"code",
+    "message", "error_type"}``; ``kind``: the report's ``metadata["kind"]``
+    (``"failure"``, or ``"diagnostic"`` when the runtime, not the member, reports)."""
+    text = f'Work item {message.work_item_id} for member "{member}" failed ({failure["code"]}): {failure["message"]}'
+    return await mailbox.send(
+        message.to,
+        message.from_,
+        text,
+        thread_id=message.thread_id,
+        work_item_id=message.work_item_id,
+        reply_to=message.id,
+        metadata={"kind": kind, "member": member, "status": "failed", "error": failure, "team": team},
+    )
+
+
 def child_claim_key(ctx: WorkerContext, child_id: str) -> str:
     """The Redis string holding the current claim token of the message a child
     run serves (it changes when the message is re-claimed after a crash)."""
@@ -484,24 +510,11 @@ async def _fail_upstream(
     }
     await set_message_status(ctx.mailbox, message.id, MessageStatus.FAILED, token)
     failed = message.model_copy(update={"status": MessageStatus.FAILED, "claim_token": None})
-    text = f'Work item {message.work_item_id} for member "{member}" failed ({failure["code"]}): {failure["message"]}'
-    report = await ctx.mailbox.send(
-        message.to,
-        message.from_,
-        text,
-        thread_id=message.thread_id,
-        work_item_id=message.work_item_id,
-        reply_to=message.id,
-        metadata={
-            "kind": "failure",
-            "member": member,
-            "status": "failed",
-            "error": failure,
-            "team": team.name,
-        },
-    )
+    report = await send_failure_report(ctx.mailbox, message, member=member, team=team.name, failure=failure)
     await emit(TeamMessageEvent(subtype="failed", team=team.name, message=_public(failed), error=failure))
-    return WorkItemOutcome(message=failed, status="failed", content=text, error=failure, report=report)
+    return WorkItemOutcome(
+        message=failed, status="failed", content=report.content, error=failure, report=report
+    )
 
 
 __all__ = [
@@ -511,6 +524,7 @@ __all__ = [
     "deliver",
     "process_claimed",
     "reply_from_child",
+    "send_failure_report",
     "session_agent",
     "start_child_run",
 ]

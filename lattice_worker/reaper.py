@@ -182,7 +182,7 @@ async def fail_exhausted(ctx: WorkerContext, message: TeamMessage) -> WorkItemOu
     """``message`` failed after ``max_attempts`` expired claims: send the
     diagnostic upstream, emit ``team_message`` ``failed`` and complete its work
     item as failed (the lead resumes with the report)."""
-    from .member_run import complete_work_item
+    from .member_run import complete_work_item, send_failure_report
 
     try:
         team_name, member = split_mailbox_id(message.to)
@@ -196,24 +196,11 @@ async def fail_exhausted(ctx: WorkerContext, message: TeamMessage) -> WorkItemOu
         ),
         "error_type": None,
     }
-    text = f'Work item {message.work_item_id} for member "{member}" failed ({failure["code"]}): {failure["message"]}'
-    report = await ctx.mailbox.send(
-        message.to,
-        message.from_,
-        text,
-        thread_id=message.thread_id,
-        work_item_id=message.work_item_id,
-        reply_to=message.id,
-        metadata={
-            "kind": "failure",
-            "member": member,
-            "status": "failed",
-            "error": failure,
-            "team": team_name,
-        },
-    )
+    report = await send_failure_report(ctx.mailbox, message, member=member, team=team_name, failure=failure)
     failed = message.model_copy(update={"status": MessageStatus.FAILED, "claim_token": None})
-    outcome = WorkItemOutcome(message=failed, status="failed", content=text, error=failure, report=report)
+    outcome = WorkItemOutcome(
+        message=failed, status="failed", content=report.content, error=failure, report=report
+    )
     link = await ctx.run_of(message.work_item_id)
     if link is not None:
         run_id, run_team = link
@@ -418,6 +405,8 @@ async def orphan_outcome(ctx: WorkerContext, message: TeamMessage, lease_ms: int
     would have, else (the upstream message was lost) a ``reply_lost``
     diagnostic sent upstream now. ``None`` while another reaper is sending
     that diagnostic."""
+    from .member_run import send_failure_report
+
     ended = message.model_copy(update={"claim_token": None})
     upstream = await _upstream_of(ctx, message)
     if upstream is not None:
@@ -461,21 +450,8 @@ async def orphan_outcome(ctx: WorkerContext, message: TeamMessage, lease_ms: int
         ),
         "error_type": None,
     }
-    text = f'Work item {message.work_item_id} for member "{member}" failed ({failure["code"]}): {failure["message"]}'
-    report = await ctx.mailbox.send(
-        message.to,
-        message.from_,
-        text,
-        thread_id=message.thread_id,
-        work_item_id=message.work_item_id,
-        reply_to=message.id,
-        metadata={
-            "kind": "diagnostic",
-            "member": member,
-            "status": "failed",
-            "error": failure,
-            "team": team_name,
-        },
+    report = await send_failure_report(
+        ctx.mailbox, message, member=member, team=team_name, failure=failure, kind="diagnostic"
     )
     link = await ctx.run_of(message.work_item_id)
     if link is not None:
@@ -483,7 +459,9 @@ async def orphan_outcome(ctx: WorkerContext, message: TeamMessage, lease_ms: int
             link[0],
             TeamMessageEvent(subtype="failed", team=team_name, message=ended.to_json_dict(), error=failure),
         )
-    return WorkItemOutcome(message=ended, status="failed", content=text, error=failure, report=report)
+    return WorkItemOutcome(
+        message=ended, status="failed", content=report.content, error=failure, report=report
+    )
 
 
 class Reaper:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 
 import pytest
 import redis
@@ -41,17 +40,10 @@ class Killed(BaseException):
 
 
 @pytest.fixture
-def prefix(monkeypatch):
-    name = f"test-{uuid.uuid4().hex[:12]}"
-    monkeypatch.setenv("LATTICE_KEY_PREFIX", name)
-    yield name
-    sync = redis.Redis.from_url(REDIS_URL)
-    try:
-        keys = list(sync.scan_iter(match=f"{name}:*", count=1000))
-        if keys:
-            sync.delete(*keys)
-    finally:
-        sync.close()
+def prefix(prefix, monkeypatch):
+    """The shared unique prefix (conftest), also as ``LATTICE_KEY_PREFIX``."""
+    monkeypatch.setenv("LATTICE_KEY_PREFIX", prefix)
+    return prefix
 
 
 @pytest.fixture
