@@ -81,3 +81,13 @@ def raw():
     sync = redis.Redis.from_url(REDIS_URL, decode_responses=True)
     yield sync
     sync.close()
+
+
+@pytest.fixture
+async def ctx(prefix: str) -> AsyncIterator[Any]:
+    """A :func:`tests.support.workers.worker_context` for one test; its run store is closed afterwards."""
+    from tests.support.workers import worker_context
+
+    context = worker_context(prefix)
+    yield context
+    await context.runs.aclose()

@@ -21,13 +21,9 @@ import pytest
 import lattice_client.runs as runs_mod
 from lattice_client.errors import RunLeaseLostError
 from lattice_client.models import RunStatus
-from lattice_client.runs import RunStore
-from lattice_client.settings import get_settings
 from lattice_worker.lead_lease import FencedHistoryStore, LeadLease
 from lattice_worker.lead_run import DistributedLeadRuntime, dispatch_items
-from lattice_worker.worker_context import WorkerContext
-
-REDIS_URL = "redis://127.0.0.1:6379/0"
+from tests.support.workers import worker_context
 
 CALL = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "ask_bob", "input": {}}]}
 RESULT = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "placeholder"}]}
@@ -46,16 +42,6 @@ TEAM = types.SimpleNamespace(
 )
 
 
-def _context(prefix: str, runs: RunStore, sent: list[Any]) -> WorkerContext:
-    return WorkerContext(
-        settings=get_settings(key_prefix=prefix, broker_url=REDIS_URL),
-        registry=None,
-        mailbox=None,
-        runs=runs,
-        send_task=lambda *args: sent.append(args),
-    )
-
-
 @pytest.mark.parametrize("uncached", ["write_history", "suspend"])
 async def test_an_uncached_script_does_not_reorder_the_batch(
     prefix: str, raw: Any, monkeypatch: pytest.MonkeyPatch, uncached: str
@@ -66,9 +52,9 @@ async def test_an_uncached_script_does_not_reorder_the_batch(
     source = runs_mod._SCRIPTS[uncached] + f"\n-- uncached {uuid.uuid4().hex}\n"
     monkeypatch.setitem(runs_mod._SCRIPTS, uncached, source)
     monkeypatch.setitem(runs_mod._SHAS, uncached, hashlib.sha1(source.encode()).hexdigest())
-    runs = RunStore(REDIS_URL, prefix)
     sent: list[Any] = []
-    ctx = _context(prefix, runs, sent)
+    ctx = worker_context(prefix, send_task=lambda *args: sent.append(args))
+    runs = ctx.runs
     try:
         await runs.create("r1", "team", "p")
         start = await runs.begin_segment("r1", expect=RunStatus.QUEUED, lease_s=30)
@@ -89,8 +75,8 @@ async def test_an_uncached_script_does_not_reorder_the_batch(
 
 
 async def test_a_segment_that_lost_its_lease_counts_no_usage(prefix: str, raw: Any) -> None:
-    runs = RunStore(REDIS_URL, prefix)
-    ctx = _context(prefix, runs, [])
+    ctx = worker_context(prefix)
+    runs = ctx.runs
     try:
         await runs.create("r1", "team", "p")
         start = await runs.begin_segment("r1", expect=RunStatus.QUEUED, lease_s=30)

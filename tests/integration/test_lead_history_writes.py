@@ -16,8 +16,6 @@ import redis
 
 from lattice_client.errors import RunLeaseLostError
 from lattice_client.models import RunStatus
-from lattice_client.runs import RunStore
-from lattice_client.settings import get_settings
 from lattice_worker.lead_lease import FencedHistoryStore, LeadLease
 from lattice_worker.worker_context import WorkerContext
 
@@ -28,20 +26,6 @@ REDIS_URL = "redis://127.0.0.1:6379/0"
 USER = {"role": "user", "content": "the prompt"}
 CALL = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "x", "input": {}}]}
 RESULT = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "ok"}]}
-
-
-@pytest.fixture
-async def ctx(prefix):
-    runs = RunStore(REDIS_URL, prefix)
-    context = WorkerContext(
-        settings=get_settings(key_prefix=prefix, broker_url=REDIS_URL),
-        registry=None,
-        mailbox=None,
-        runs=runs,
-        send_task=lambda *a: None,
-    )
-    yield context
-    await runs.aclose()
 
 
 async def segment(ctx: WorkerContext, run_id: str = "r1") -> tuple[LeadLease, FencedHistoryStore]:

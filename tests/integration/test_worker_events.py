@@ -14,27 +14,11 @@ import uuid
 import pytest
 import redis
 
-from lattice_client.runs import RunStore
-from lattice_client.settings import get_settings
 from lattice_worker.worker_context import WorkerContext
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
-
-
-@pytest.fixture
-async def ctx(prefix):
-    runs = RunStore(REDIS_URL, prefix)
-    context = WorkerContext(
-        settings=get_settings(key_prefix=prefix, broker_url=REDIS_URL),
-        registry=None,
-        mailbox=None,
-        runs=runs,
-        send_task=lambda *a: None,
-    )
-    yield context
-    await runs.aclose()
 
 
 async def _types(ctx: WorkerContext, run_id: str) -> list[str]:

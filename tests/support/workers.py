@@ -1,0 +1,24 @@
+"""Worker-side helpers for tests that drive the runtime's run-store writes directly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lattice_client.runs import RunStore
+from lattice_client.settings import get_settings
+from lattice_worker.worker_context import WorkerContext
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def worker_context(prefix: str, send_task: Any = None) -> Any:
+    """A bare ``WorkerContext`` over a fresh ``RunStore`` under ``prefix`` (no
+    registry, no mailbox): for driving the worker's run-store writes directly.
+    ``send_task``: where enqueued tasks go (default: dropped)."""
+    return WorkerContext(
+        settings=get_settings(key_prefix=prefix, broker_url=REDIS_URL),
+        registry=None,
+        mailbox=None,
+        runs=RunStore(REDIS_URL, prefix),
+        send_task=send_task or (lambda *args: None),
+    )
