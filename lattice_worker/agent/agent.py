@@ -25,6 +25,7 @@ from typing import Any
 
 from ..errors import ConcurrentQueryError, ConfigError
 from ..tools.tool import ToolDefinition
+from ..tools.tool_search import DeferredTools
 from .events import ResultMessage, SDKMessage
 from .loop import RunControl, _copy, run_query
 from .options import AgentOptions, check_tool_set, validate_agent_options, validate_query_options
@@ -97,6 +98,7 @@ class Agent:
         self.session_id = session_id or str(uuid.uuid4())
         self._bare = bare
         self._tools: dict[str, ToolDefinition] = {t.name: t for t in options.tools}
+        self.deferred_tools = DeferredTools(self._tools.values())
         self._submit_tool = (
             build_submit_output_tool(options.output_schema) if options.output_schema is not None else None
         )
@@ -152,11 +154,21 @@ class Agent:
         check_tool_set(list(self._tools.values()) + new, output_schema=self.output_schema, where="add_tools")
         for t in new:
             self._tools[t.name] = t
+        if any(t.defer for t in new):
+            self.deferred_tools.update(self._tools.values())
 
     def _tool_map(self) -> dict[str, ToolDefinition]:
-        if self._submit_tool is None:
+        """Every tool a call may name: the registered ones, ``tool_search``
+        while anything is deferred, ``submit_output`` with an output schema."""
+        search = self.deferred_tools.search_tool
+        if self._submit_tool is None and search is None:
             return self._tools
-        return {**self._tools, self._submit_tool.name: self._submit_tool}
+        extra = [t for t in (search, self._submit_tool) if t is not None]
+        return {**self._tools, **{t.name: t for t in extra}}
+
+    def _request_tools(self) -> list[ToolDefinition]:
+        """The tools the next model request offers: deferred tools only once loaded."""
+        return self.deferred_tools.visible(self._tool_map().values())
 
     def _system_prompt(self) -> str | None:
         prompt = self.options.system_prompt
@@ -168,7 +180,9 @@ class Agent:
             mode == "all"
             or (
                 mode == "safe"
-                and any(t.is_concurrency_safe not in (None, False) for t in self._tools.values())
+                and any(
+                    t.concurrent or t.is_concurrency_safe not in (None, False) for t in self._tools.values()
+                )
             )
         ):
             sections.append(CONCURRENCY_PROMPT)
@@ -214,6 +228,7 @@ class Agent:
             loaded = []
         self._history = list(loaded) + self._history
         self._history_loaded = True
+        self.deferred_tools.note_history(self._history)
 
     async def _append(self, message: dict[str, Any]) -> None:
         self._history.append(message)
@@ -262,6 +277,7 @@ class Agent:
                 self._store_failed("replace", exc)
         self._history = new
         self._history_loaded = True
+        self.deferred_tools.note_history(new, replace=True)
 
     # ---------------------------------------------------------------- queries
 

@@ -44,6 +44,7 @@ from .hooks import ModelRequestHookContext, ToolResultHookContext
 from .model import AssistantModelMessage, ModelRequest, TokenUsage
 from .options import DEFAULT_MAX_TOKENS, QueryOptions
 from .output import SUBMIT_OUTPUT_TOOL_NAME, payload_text
+from .suspend import SuspendQuery
 from .tool_batch import CallOutcome, ToolBatchRunner
 
 if TYPE_CHECKING:
@@ -52,17 +53,6 @@ if TYPE_CHECKING:
     from .agent import Agent
 
 logger = logging.getLogger("lattice_worker.agent")
-
-
-class SuspendQuery(Exception):  # noqa: N818 - the name is the contract (docs/contracts.md)
-    """Raised by a query ``runtime``'s ``after_tool_batch`` to stop the query
-    without an error: it ends with a ``result`` of subtype ``"suspended"``
-    (``is_error`` false) and the history intact, ready for ``Agent.query(None)``.
-    Only the distributed runtime uses it. ``reason`` is free text for logs."""
-
-    def __init__(self, reason: str = "suspended") -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 @dataclass
@@ -253,7 +243,7 @@ class _QueryRun:
     async def build_request(self) -> ModelRequest:
         self.turns += 1
         agent = self.agent
-        tools = agent._tool_map()
+        tools = agent._request_tools()
         messages = list(agent._history)
         system = agent._system_prompt()
         hooks = self.hooks
@@ -265,7 +255,7 @@ class _QueryRun:
             model=agent.options.model,
             system=system,
             messages=messages,
-            tools=[t.to_model_tool() for t in tools.values()],
+            tools=[t.to_model_tool() for t in tools],
             max_tokens=self.max_tokens(),
             stream=self.q.stream,
             thinking=self.thinking(),
@@ -413,6 +403,10 @@ class _QueryRun:
             recorded = True
             await self.trace("user_message", {"message": user_message})
             return user_message
+        except SuspendQuery:
+            # A call waits for an approval or a person (docs/contracts.md): the history keeps
+            # ending with the assistant turn; the runtime's journal holds the calls done.
+            raise
         except BaseException:
             if not recorded:
                 withheld = {
@@ -643,7 +637,11 @@ async def run_query(agent: Agent, prompt: Any, q: QueryOptions) -> AsyncIterator
                 return
 
             # ---- the tool batch
-            user_message = await run.execute_batch(calls, truncated=message.stop_reason == "max_tokens")
+            try:
+                user_message = await run.execute_batch(calls, truncated=message.stop_reason == "max_tokens")
+            except SuspendQuery:
+                yield await run.finish(_Finish("suspended"))
+                return
             outcomes, blocks = run.last_outcomes, user_message["content"]
             yield UserMessage(
                 session_id=run.session_id,
@@ -655,7 +653,7 @@ async def run_query(agent: Agent, prompt: Any, q: QueryOptions) -> AsyncIterator
                 yield await run.finish(_abort_finish(run.signal))
                 return
 
-            ended = next((o for o in outcomes if o.result is not None and o.result.end_turn), None)
+            ended = next((o for o in outcomes if o.ends_turn), None)
 
             runtime = q.runtime
             after = getattr(runtime, "after_tool_batch", None) if runtime is not None else None
@@ -693,7 +691,7 @@ async def run_query(agent: Agent, prompt: Any, q: QueryOptions) -> AsyncIterator
                             ),
                         )
                     )
-                else:
+                elif ended.result.end_turn:
                     yield await run.finish(
                         _Finish(
                             "success",
@@ -701,6 +699,8 @@ async def run_query(agent: Agent, prompt: Any, q: QueryOptions) -> AsyncIterator
                             structured=ended.result.structured_result,
                         )
                     )
+                else:  # an ends_turn tool: the run's result is the model's last text
+                    yield await run.finish(_Finish("success"))
                 return
     finally:
         agent._control = None

@@ -1,8 +1,21 @@
-"""Tools: ``tool()`` / ``@tool``, ``ToolDefinition``, ``ToolResult``, ``ToolContext``.
+"""Tools: ``tool()`` / ``@tool``, ``ToolDefinition``, ``ToolResult``, ``ToolContext``;
+effects (:mod:`.effects`), recovery by effect (:mod:`.recovery`) and deferred
+tools (:mod:`.tool_search`).
 
-Spec: AgentLattice "Tools". See :mod:`.tool`.
+Spec: AgentLattice "Tools"; ``docs/tool-effects.md``. See :mod:`.tool`.
 """
 
+from .effects import (
+    EFFECTS,
+    Effect,
+    LookupFound,
+    LookupNotFound,
+    LookupResult,
+    LookupUnknown,
+    Reconcile,
+    builtin_tool_effect,
+    effect_from_mcp_annotations,
+)
 from .tool import (
     TOOL_NAME_PATTERN,
     ToolContext,
@@ -13,6 +26,15 @@ from .tool import (
 )
 
 __all__ = [
+    "EFFECTS",
+    "Effect",
+    "LookupFound",
+    "LookupNotFound",
+    "LookupResult",
+    "LookupUnknown",
+    "Reconcile",
+    "builtin_tool_effect",
+    "effect_from_mcp_annotations",
     "TOOL_NAME_PATTERN",
     "ToolContext",
     "ToolDefinition",
