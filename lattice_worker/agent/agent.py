@@ -225,7 +225,8 @@ class Agent:
             return f"{prompt}\n\n{skills}" if prompt else skills
         sections = [prompt] if prompt else []
         if self._workspace is not None:
-            sections.append(self._workspace.describe())
+            builtin = [t.name for t in self._tools.values() if (t.metadata or {}).get("builtin") is True]
+            sections.append(self._workspace.describe(builtin))
         mode = self.options.tool_concurrency.mode
         if len(self._tools) > 1 and (
             mode == "all"

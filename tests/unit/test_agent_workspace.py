@@ -143,6 +143,13 @@ def test_built_in_tools_passed_by_hand_replace_the_default_set(home: Path, tmp_p
     assert [t.name for t in bare.tools] == BUILTIN and bare.workspace is None
 
 
+def test_the_prompt_names_only_the_built_in_tools_the_agent_has(home: Path, tmp_path: Path) -> None:
+    read_only = [t for t in create_builtin_tools(cwd=tmp_path) if t.name in ("Read", "Grep")]
+    agent = create_agent(tools=read_only, model_client=ScriptedModelClient([]))
+    prompt = agent._system_prompt()
+    assert prompt is not None and "built-in file and shell tools (Read, Grep):" in prompt
+
+
 def test_a_session_rebuilt_from_an_agents_tools_keeps_its_workspace(home: Path) -> None:
     # what the distributed runtime does for session members (member_run.session_agent)
     base = create_agent(model_client=ScriptedModelClient([]))

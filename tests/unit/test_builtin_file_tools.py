@@ -287,3 +287,16 @@ async def test_a_missing_cwd_is_an_error_not_created(tmp_path: Path) -> None:
     result = await call(tools, "LS", {})
     assert result.is_error and "absent" in text(result)
     assert not (tmp_path / "absent").exists()
+
+
+async def test_devices_and_fifos_are_refused_not_waited_on(ws: Path, tools) -> None:
+    os.mkfifo(ws / "pipe")
+    for name, args in [
+        ("Read", {"file_path": "pipe"}),
+        ("Write", {"file_path": "pipe", "content": "x"}),
+        ("Edit", {"file_path": "pipe", "old_string": "a", "new_string": "b"}),
+        ("Grep", {"pattern": "x", "path": "pipe"}),
+        ("Read", {"file_path": "/dev/null"}),
+    ]:
+        result = await call(tools, name, args)
+        assert result.is_error and "is not a regular file" in text(result), (name, text(result))

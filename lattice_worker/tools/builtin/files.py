@@ -90,6 +90,13 @@ def _existing_file(path: str) -> None:
         raise Refusal(f"{path} is a directory, not a file (use LS to list it)")
     if not os.path.exists(path):
         raise Refusal(f"{path} does not exist")
+    _regular(path)
+
+
+def _regular(path: str) -> None:
+    # a FIFO or a device could block the worker thread for good
+    if not os.path.isfile(path):
+        raise Refusal(f"{path} is not a regular file (a device, FIFO or socket)")
 
 
 def read_file(ws: Workspace, args: ReadInput, ctx: ToolContext) -> str:
@@ -137,6 +144,8 @@ def write_file(ws: Workspace, args: WriteInput, ctx: ToolContext) -> str:
     if os.path.isdir(target):
         raise Refusal(f"{target} is a directory; Write writes files")
     existed = os.path.exists(target)
+    if existed:
+        _regular(target)
     os.makedirs(os.path.dirname(target), exist_ok=True)
     data = args.content.encode("utf-8")
     with open(target, "wb") as out:

@@ -184,12 +184,13 @@ class Workspace:
             return os.path.relpath(path, self.cwd)
         return path
 
-    def describe(self) -> str:
-        """One paragraph for the agent's system prompt: where it works and what it may write."""
+    def describe(self, tools: Iterable[str] = ("Read", "Write", "Edit", "LS", "Glob", "Grep", "Bash")) -> str:
+        """One paragraph for the agent's system prompt: where it works (for the
+        built-in ``tools`` it has) and what it may write."""
         roots = ", ".join(self.allowed_directories)
         return (
             f"Your workspace is {self.cwd}. It is the working directory of your built-in file and shell "
-            "tools (Read, Write, Edit, LS, Glob, Grep, Bash): relative paths are resolved against it. "
+            f"tools ({', '.join(tools)}): relative paths are resolved against it. "
             f"You may change files only inside {roots}; you may read any file you can access. "
             "Keep durable work there (code, reports, logs, test evidence), and in your final answer name "
             "the important paths and say how you verified the result."

@@ -136,6 +136,8 @@ def grep_files(ws: Workspace, args: GrepInput, ctx: ToolContext) -> str:
     if not os.path.exists(root):
         raise Refusal(f"{root} does not exist")
     single = not os.path.isdir(root)
+    if single and not os.path.isfile(root):
+        raise Refusal(f"{root} is not a regular file (a device, FIFO or socket)")
     files = iter([root]) if single else _walk(root)
     lines: list[str] = []
     size = 0

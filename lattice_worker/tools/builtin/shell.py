@@ -23,6 +23,9 @@ loop as an asyncio subprocess, never blocking it.
 * **Write bound**: before anything runs, the command is checked for obvious
   writes outside ``allowed_directories`` (:mod:`.shell_policy`); a refused
   command does not run at all.
+* **Environment**: the command inherits this process's environment variables
+  (API keys included) and user: scrub them in the host, or leave ``Bash`` out,
+  where the model must not see them.
 """
 
 from __future__ import annotations
