@@ -203,6 +203,8 @@ ESCAPES = [
     "echo ok\necho x > {out}/a",
     "bash -c 'echo x > {out}/a'",
     "sudo cp seed.txt {out}/a",
+    "sudo -u root cp seed.txt {out}/a",
+    "nice -n 5 env -u HOME cp seed.txt {out}/a",
     "X=1 cp seed.txt {out}/a",
     "eval 'echo x > {out}/a'",
     "echo x > $OUTSIDE_DIR/a",

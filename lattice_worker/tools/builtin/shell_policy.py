@@ -44,6 +44,13 @@ _PUNCTUATION = ";&|()<>\n"
 _OPERATOR = re.compile(r"&>>|&>|>>|>\||>&|<>|<<<|<<-|<<|<&|>|<|&&|\|\||\|&|;;|[;&|()\n]")
 _SAFE_TARGETS = ("/dev/null", "/dev/stdout", "/dev/stderr", "/dev/tty", "/dev/zero")
 _WRAPPERS = {"sudo", "env", "command", "nohup", "time", "exec", "nice", "builtin", "doas"}
+_WRAPPER_VALUE_OPTIONS = {
+    "sudo": {"-u", "-g", "-C", "-D", "-h", "-p", "-r", "-t", "-U", "--user", "--group"},
+    "doas": {"-u", "-C"},
+    "nice": {"-n", "--adjustment"},
+    "env": {"-u", "-C", "--unset", "--chdir"},
+    "time": {"-f", "-o", "--format", "--output"},
+}
 _SHELLS = {"bash", "sh", "zsh", "dash", "ksh"}
 _EVERY_OPERAND = {"rm", "rmdir", "unlink", "mkdir", "touch", "truncate", "tee"}
 _KEEP_LAST_LINK = {"rm", "rmdir", "unlink"}
@@ -187,9 +194,10 @@ def _strip_wrappers(words: list[str]) -> list[str]:
         if "=" in word and not word.startswith("=") and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", word):
             i += 1
         elif os.path.basename(word) in _WRAPPERS:
+            takes_value = _WRAPPER_VALUE_OPTIONS.get(os.path.basename(word), set())
             i += 1
             while i < len(words) and words[i].startswith("-"):
-                i += 1  # wrapper options (sudo -u is rare enough to ignore its value)
+                i += 2 if words[i] in takes_value else 1  # sudo -u USER, nice -n 5 ...
         else:
             break
     return words[i:]
