@@ -1,6 +1,7 @@
-"""Tools: ``tool()`` / ``@tool``, ``ToolDefinition``, ``ToolResult``, ``ToolContext``;
-effects (:mod:`.effects`), recovery by effect (:mod:`.recovery`) and deferred
-tools (:mod:`.tool_search`).
+"""Tools: ``tool()`` / ``@tool``, ``ToolDefinition``, ``ToolResult``, ``ToolContext``
+(:mod:`.tool`); effects (:mod:`.effects`), recovery by effect (:mod:`.recovery`)
+and deferred tools (:mod:`.tool_search`); the built-in workspace tools
+(:mod:`.builtin`); skills (:mod:`.skills`).
 
 Spec: AgentLattice "Tools"; ``docs/tool-effects.md``. See :mod:`.tool`.
 """

@@ -287,3 +287,11 @@ async def test_ends_turn_before_submit_output_is_missing_output():
     agent = create_agent(model_client=client, tools=[finish], output_schema=Out, workspace=False)
     result = await agent.prompt("go", stream=False)
     assert result.subtype == "error_missing_output"
+
+
+def test_the_built_in_workspace_tools_carry_their_effects(tmp_path):
+    from lattice_worker import create_builtin_tools
+
+    effects = {t.name: (t.effect, t.dedup_window_s) for t in create_builtin_tools(cwd=str(tmp_path))}
+    assert effects == {name: BUILTIN_TOOL_EFFECTS[name] for name in effects}
+    assert set(effects) == set(BUILTIN_TOOL_EFFECTS)
