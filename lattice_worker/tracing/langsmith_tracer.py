@@ -144,6 +144,12 @@ class LangSmithBackend:
         handle.tree.end(outputs=outputs, error=end.error, end_time=end.end_time)
         self._post(handle)
         handle.tree.patch()
+        # RunTree keeps every child in its parent's child_runs; once a run is sent nothing
+        # needs it there, and a long chain would otherwise hold every turn's full inputs.
+        if handle.parent is not None:
+            siblings = getattr(handle.parent.tree, "child_runs", None)
+            if isinstance(siblings, list):
+                siblings[:] = [child for child in siblings if child is not handle.tree]
 
     def add_event(self, handle: Any, name: str, data: dict[str, Any], time: Any) -> None:
         handle.tree.add_event({"name": name, "time": time.isoformat(), "kwargs": data})

@@ -120,6 +120,22 @@ async def test_agent_with_tools_is_a_chain_with_llm_and_tool_children():
     assert client.flushes == 1
 
 
+async def test_sent_runs_are_not_kept_by_their_parents():
+    from langsmith import RunTree
+
+    roots: list[RunTree] = []
+
+    def run_tree(**kwargs: Any) -> RunTree:
+        roots.append(RunTree(**kwargs))
+        return roots[-1]
+
+    client = RecordingClient()
+    await run_team(create_langsmith_context_tracer(client=client, run_tree=run_tree))
+    (root,) = roots
+    assert root.name == "crew" and root.child_runs == []  # a long-lived tracer holds no old turns
+    assert len(client.updated()) == len(client.created()) > 5
+
+
 async def test_a_model_error_is_an_llm_error_then_a_chain_error():
     client = RecordingClient()
     await run_model_error_agent(create_langsmith_context_tracer(client=client))
