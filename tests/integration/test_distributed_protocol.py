@@ -22,11 +22,11 @@ from lattice_client.celery_config import DELIVER_TASK, RESUME_LEAD_TASK, RUN_LEA
 from lattice_client.runs import RunStore
 from lattice_client.settings import get_settings
 from lattice_mailbox.redis import RedisMailbox
-from lattice_worker import lead_run, member_run, reaper
 from lattice_worker.errors import ConfigError
-from lattice_worker.registry import TeamRegistry
+from lattice_worker.runtime import lead_run, member_run, reaper
+from lattice_worker.runtime.registry import TeamRegistry
+from lattice_worker.runtime.worker_context import WorkerContext
 from lattice_worker.team.reports import parse_report_message
-from lattice_worker.worker_context import WorkerContext
 from tests.e2e import teams
 from tests.e2e.teams import plan
 
@@ -378,7 +378,7 @@ async def test_registry_loads_nested_teams_and_lists_queues(env, prefix):
 
 
 async def test_follow_ups_on_served_queues_run_inline(env, raw, prefix):
-    from lattice_worker.tasks import run_step
+    from lattice_worker.runtime.tasks import run_step
 
     ctx, broker = env
     ctx.served_queues = frozenset(ctx.registry.queues(prefix, None))
@@ -404,7 +404,7 @@ async def test_follow_ups_on_served_queues_run_inline(env, raw, prefix):
 
 
 async def test_inline_follow_ups_stop_at_the_budget(env, raw, prefix):
-    from lattice_worker.tasks import run_step
+    from lattice_worker.runtime.tasks import run_step
 
     ctx, broker = env
     ctx.served_queues = frozenset(ctx.registry.queues(prefix, None))
@@ -562,7 +562,7 @@ class Gate:
 def frozen_leases(monkeypatch):
     """While ``state["frozen"]``, new lead leases never renew (their worker is
     stuck or dead); leases made afterwards renew normally."""
-    from lattice_worker.lead_lease import LeadLease
+    from lattice_worker.runtime.lead_lease import LeadLease
 
     state = {"frozen": True}
     original = LeadLease._run

@@ -16,11 +16,11 @@ from rich.console import Console
 from lattice_client.runs import RunStore
 from lattice_client.settings import get_settings
 from lattice_mailbox.redis import RedisMailbox
-from lattice_worker import lead_run
-from lattice_worker.drain_cli import run_drain
 from lattice_worker.errors import ConfigError
-from lattice_worker.registry import TeamRegistry
-from lattice_worker.worker_context import WorkerContext
+from lattice_worker.runtime import lead_run
+from lattice_worker.runtime.drain import run_drain
+from lattice_worker.runtime.registry import TeamRegistry
+from lattice_worker.runtime.worker_context import WorkerContext
 from tests.e2e.teams import plan
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
@@ -148,7 +148,7 @@ async def test_drain_by_a_name_only_a_running_worker_registered(prefix):
 
 def test_a_published_nested_team_name_drains_that_team_only(prefix):
     from lattice_mailbox.memory import MemoryMailbox
-    from lattice_worker.drain_cli import _targets, load_root
+    from lattice_worker.runtime.drain import _targets, load_root
 
     publish(
         prefix,

@@ -22,11 +22,11 @@ from lattice_client.celery_config import DELIVER_TASK, RESUME_LEAD_TASK
 from lattice_client.runs import RunStore
 from lattice_client.settings import get_settings
 from lattice_mailbox.redis import RedisMailbox
-from lattice_worker import member_run, reaper
-from lattice_worker.registry import TeamRegistry
+from lattice_worker.runtime import member_run, reaper
+from lattice_worker.runtime.registry import TeamRegistry
+from lattice_worker.runtime.worker_context import WorkerContext
 from lattice_worker.team.member_tools import MailboxToolState
 from lattice_worker.team.reports import parse_report_message
-from lattice_worker.worker_context import WorkerContext
 from tests.e2e.teams import plan
 from tests.integration.test_distributed_protocol import REDIS_URL, Broker, executions, submit
 

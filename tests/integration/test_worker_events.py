@@ -14,7 +14,7 @@ import uuid
 import pytest
 import redis
 
-from lattice_worker.worker_context import WorkerContext
+from lattice_worker.runtime.worker_context import WorkerContext
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 

@@ -6,7 +6,7 @@ import pytest
 from redis.asyncio.connection import Connection
 from redis.exceptions import DataError
 
-from lattice_worker.worker_context import _pack
+from lattice_worker.runtime.worker_context import _pack
 
 COMMANDS = [
     ("EVALSHA", "a" * 40, 2, "p:run:{run:r1}", "p:run:{run:r1}:events", 10000, '{"type":"x","t":"héllo ✓"}'),

@@ -3,7 +3,7 @@
 Spec: AgentLattice "Manual draining" (each member claims from its *own*
 mailbox and is prompted; nothing is rerouted); DESIGN.md section 7. Unlike
 ``Team.drain`` (in-process, embedded mailbox), this drives the distributed
-runtime's own member step (:func:`lattice_worker.member_run.process_claimed`)
+runtime's own member step (:func:`lattice_worker.runtime.member_run.process_claimed`)
 in this process: claims carry a lease renewed while the member works, the
 outcome completes the work item in the run store, and a run whose last item
 completes gets its ``resume_lead`` task (and newly allowed items their
@@ -30,13 +30,13 @@ from lattice_client.celery_config import make_celery_app
 from lattice_client.runs import RunStore
 from lattice_client.settings import get_settings
 
-from .errors import ConfigError
+from ..errors import ConfigError
+from ..team.drain import DrainResult
+from ..team.member import TeamMember
+from ..team.team import Team
 from .member_run import process_claimed
 from .process import make_mailbox
 from .registry import TeamRegistry, member_mode, teams_key
-from .team.drain import DrainResult
-from .team.member import TeamMember
-from .team.team import Team
 from .worker_context import WorkerContext, default_worker_id
 
 

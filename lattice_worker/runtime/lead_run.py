@@ -23,7 +23,7 @@ duplicated task is a no-op), ``resume_lead`` only once per suspension
 (``RunStore.begin_resume``), a cancelled run is never resumed. Every SDK and
 team event goes to the run's event stream; the final result goes to the run
 record and the stream (``RunStore.finish``). A run of a nested team (a child
-run with ``parent``) replies upstream when it ends (:mod:`lattice_worker.member_run`).
+run with ``parent``) replies upstream when it ends (:mod:`lattice_worker.runtime.member_run`).
 """
 
 from __future__ import annotations
@@ -38,18 +38,18 @@ from lattice_client.models import RunRecord, RunResult, RunStatus
 from lattice_client.runs import SegmentStart
 from lattice_mailbox.message import MessageStatus, TeamMessage
 
-from .agent.agent import Agent
-from .agent.history_stores import RedisHistoryStore
-from .agent.loop import SuspendQuery
-from .errors import ConfigError
+from ..agent.agent import Agent
+from ..agent.history_stores import RedisHistoryStore
+from ..agent.loop import SuspendQuery
+from ..errors import ConfigError
+from ..team.lead_tools import make_lead_member_tools
+from ..team.member import TeamMember
+from ..team.member_tools import MailboxToolState, make_mailbox_tools
+from ..team.reports import format_report_message, parse_report_message
+from ..team.team import Team
+from ..team.work import WorkItemOutcome, outcome_tool_text
+from ..tools.tool import ToolContext
 from .lead_lease import FencedHistoryStore, LeadLease, ReplayModelClient
-from .team.lead_tools import make_lead_member_tools
-from .team.member import TeamMember
-from .team.member_tools import MailboxToolState, make_mailbox_tools
-from .team.reports import format_report_message, parse_report_message
-from .team.team import Team
-from .team.work import WorkItemOutcome, outcome_tool_text
-from .tools.tool import ToolContext
 from .worker_context import RUN_KEY_TTL_SECONDS, WorkerContext
 
 logger = logging.getLogger("lattice_worker.runtime")
@@ -393,7 +393,7 @@ def spawn_lead(
     the member tools (and the mailbox tools when the team exposes them).
 
     ``lease``: the segment's lead lease; its history is then written only
-    under it (:class:`~lattice_worker.lead_lease.FencedHistoryStore`, through
+    under it (:class:`~lattice_worker.runtime.lead_lease.FencedHistoryStore`, through
     ``ctx``'s writer: ``ctx.sync(lease.token)`` writes what it queued).
     ``replay``: a persisted assistant message the first model request returns
     instead of calling the model (a recovering segment finishing the turn its
@@ -454,7 +454,7 @@ def team_for_run(ctx: WorkerContext, record: RunRecord) -> Team:
 async def run_lead(ctx: WorkerContext, run_id: str) -> str:
     """Body of ``lattice.run_lead``: start a ``queued`` run's lead.
 
-    The segment holds a lead lease (:class:`~lattice_worker.lead_lease.LeadLease`)
+    The segment holds a lead lease (:class:`~lattice_worker.runtime.lead_lease.LeadLease`)
     until it suspends or ends. Returns what happened: ``"missing"`` (no such
     run), ``"skipped"`` (not ``queued``: a duplicate or redelivered task, or a
     cancelled run), ``"suspended"``, ``"completed"``, ``"failed"``,
@@ -575,7 +575,7 @@ async def recover_segment(
     * empty: the segment died before storing the prompt -- start over with it;
     * an assistant message: the segment died inside that turn (during its tool
       batch, or before finishing). It is removed and *replayed*: the first
-      model request returns it (:class:`~lattice_worker.lead_lease.ReplayModelClient`),
+      model request returns it (:class:`~lattice_worker.runtime.lead_lease.ReplayModelClient`),
       so its tool batch runs again through the normal path; member calls it had
       sent are found in the call journal and not sent again (see
       :class:`RunLinkingMailbox`), the others are sent once. Items a

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import redis
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .registry import TEAMS_ENV, teams_key
 
 

@@ -5,14 +5,14 @@ claims the oldest pending message of one member mailbox; nothing claimed means
 a duplicated doorbell or a redelivered Celery message, and the task is a
 no-op. Otherwise the member runs on the message exactly as in-process
 (:func:`~lattice_worker.team.work.run_work_item`: reply upstream, failure
-report, no-reply diagnostic), while a :class:`~lattice_worker.leases.LeaseKeeper`
+report, no-reply diagnostic), while a :class:`~lattice_worker.runtime.leases.LeaseKeeper`
 renews the claim; a run that loses its claim is aborted and its outcome
 discarded (the successor owns the message). The outcome completes the work
 item in the run store: the completion that empties a suspended run's wait set
 enqueues ``resume_lead``; queued items of the run that may now start get their
 doorbells rung.
 
-Member modes (:func:`~lattice_worker.registry.member_mode`):
+Member modes (:func:`~lattice_worker.runtime.registry.member_mode`):
 
 * ``template`` (an ``AgentSpec``): claimed with a lease, a fresh session per
   item, items run in parallel across workers;
@@ -45,17 +45,17 @@ from lattice_client.models import RunRecord, RunResult
 from lattice_mailbox.base import ClaimError, InvalidTransitionError
 from lattice_mailbox.message import MessageStatus, TeamMessage
 
-from .agent.abort import AbortController
-from .agent.agent import Agent
-from .agent.history_stores import RedisHistoryStore
+from ..agent.abort import AbortController
+from ..agent.agent import Agent
+from ..agent.history_stores import RedisHistoryStore
+from ..team.events import TeamAgentEvent, TeamMessageEvent
+from ..team.ids import split_mailbox_id
+from ..team.member import TeamMember
+from ..team.member_tools import MailboxToolState, set_message_status
+from ..team.team import Team
+from ..team.work import WorkItemOutcome, run_work_item
 from .leases import LeaseKeeper
 from .registry import member_mode
-from .team.events import TeamAgentEvent, TeamMessageEvent
-from .team.ids import split_mailbox_id
-from .team.member import TeamMember
-from .team.member_tools import MailboxToolState, set_message_status
-from .team.team import Team
-from .team.work import WorkItemOutcome, run_work_item
 from .worker_context import RUN_KEY_TTL_SECONDS, WorkerContext
 
 logger = logging.getLogger("lattice_worker.runtime")

@@ -5,18 +5,18 @@ prefetch 1, task events for Flower, key prefix everywhere -- all set by
 :func:`lattice_client.celery_config.make_celery_app`) and "Async inside
 Celery": each worker process keeps one asyncio event loop, created in
 ``worker_process_init`` for prefork pool processes (lazily otherwise), and
-runs every task's coroutine on it (:mod:`lattice_worker.loops`).
+runs every task's coroutine on it (:mod:`lattice_worker.runtime.loops`).
 
 Signals used:
 
 * ``worker_process_init`` (each prefork pool process): drop the loop and the
   contexts inherited from the parent and create this process's own loop.
 * ``worker_ready`` (the main worker process): start the reaper thread
-  (:class:`~lattice_worker.reaper.Reaper`), unless ``LATTICE_REAPER=0``.
+  (:class:`~lattice_worker.runtime.reaper.Reaper`), unless ``LATTICE_REAPER=0``.
 * ``worker_shutdown``: stop it.
 
 Run it with ``lattice worker TEAM_REF`` (which also loads the team and
-chooses the queues), or ``celery -A lattice_worker.celery_app worker -Q ...``
+chooses the queues), or ``celery -A lattice_worker.runtime.celery_app worker -Q ...``
 with ``LATTICE_WORKER_TEAMS`` set.
 """
 

@@ -24,9 +24,9 @@ from typing import Any
 
 from lattice_mailbox.base import ClaimError
 
-from .agent.abort import AbortController
+from ..agent.abort import AbortController
 
-logger = logging.getLogger("lattice_worker.leases")
+logger = logging.getLogger("lattice_worker.runtime.leases")
 
 
 class LeaseLostError(Exception):

@@ -51,7 +51,7 @@ from lattice_client.celery_config import DELIVER_TASK, RESUME_LEAD_TASK, RUN_LEA
 from lattice_client.runs import RunStore
 from lattice_client.settings import LatticeSettings
 
-from .team.ids import split_mailbox_id
+from ..team.ids import split_mailbox_id
 
 logger = logging.getLogger("lattice_worker.runtime")
 
@@ -89,7 +89,7 @@ class WorkerContext:
 
     Attributes:
         settings: the :class:`~lattice_client.settings.LatticeSettings`.
-        registry: the :class:`~lattice_worker.registry.TeamRegistry` of this process.
+        registry: the :class:`~lattice_worker.runtime.registry.TeamRegistry` of this process.
         mailbox: the leased mailbox store (``registry.mailbox``).
         runs: the :class:`~lattice_client.runs.RunStore`.
         send_task: how follow-up tasks are enqueued (see :data:`TaskSender`).
@@ -97,7 +97,7 @@ class WorkerContext:
         served_queues: the queues this worker consumes, or ``None``. When set,
             a follow-up task on one of them is also recorded in
             :attr:`follow_ups`, for the running task to do at once (see
-            :func:`lattice_worker.tasks.run_step`). A resume, and the first
+            :func:`lattice_worker.runtime.tasks.run_step`). A resume, and the first
             doorbell of a mailbox in a step, are then *not* enqueued: the step
             does them itself, and a crash in between is repaired by the reaper
             (a pending message nobody claims is re-rung, an expired claim is
@@ -259,7 +259,7 @@ class WorkerContext:
 
     async def save_early_outcome(self, work_item_id: str, outcome: dict[str, Any]) -> None:
         """Keep the outcome of an item its run has not registered yet (see
-        :func:`lattice_worker.member_run.complete_work_item`)."""
+        :func:`lattice_worker.runtime.member_run.complete_work_item`)."""
         client = await self.redis()
         await client.set(self.early_outcome_key(work_item_id), json.dumps(outcome), ex=RUN_KEY_TTL_SECONDS)
 
@@ -527,7 +527,7 @@ class WorkerContext:
     async def end_step(self) -> None:
         """The end of a task body: write everything queued now -- unless a
         follow-up step runs next in this task (:attr:`follow_ups`): its writes
-        take them along, in order, and :func:`lattice_worker.tasks.run_step`
+        take them along, in order, and :func:`lattice_worker.runtime.tasks.run_step`
         flushes when the task ends."""
         if not self.follow_ups:
             await self.flush_events()

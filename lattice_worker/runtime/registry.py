@@ -41,10 +41,10 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
-from .errors import ConfigError
-from .team.ids import LEAD
-from .team.member import TeamMember
-from .team.team import Team, create_team
+from ..errors import ConfigError
+from ..team.ids import LEAD
+from ..team.member import TeamMember
+from ..team.team import Team, create_team
 
 MemberMode = Literal["template", "session", "team"]
 

@@ -2,14 +2,14 @@
 
 DESIGN.md section 5 steps 1-6; issue 6 item 3. Each task is a thin
 synchronous wrapper that runs its async body on the worker process's event
-loop (:func:`lattice_worker.loops.run`) with this thread's
-:class:`~lattice_worker.worker_context.WorkerContext`:
+loop (:func:`lattice_worker.runtime.loops.run`) with this thread's
+:class:`~lattice_worker.runtime.worker_context.WorkerContext`:
 
-* ``lattice.run_lead(run_id)`` -> :func:`lattice_worker.lead_run.run_lead`
+* ``lattice.run_lead(run_id)`` -> :func:`lattice_worker.runtime.lead_run.run_lead`
   (only from ``queued``; a duplicate is a no-op);
-* ``lattice.deliver(mailbox_id)`` -> :func:`lattice_worker.member_run.deliver`
+* ``lattice.deliver(mailbox_id)`` -> :func:`lattice_worker.runtime.member_run.deliver`
   (the doorbell; nothing to claim is a no-op);
-* ``lattice.resume_lead(run_id)`` -> :func:`lattice_worker.lead_run.resume_lead`
+* ``lattice.resume_lead(run_id)`` -> :func:`lattice_worker.runtime.lead_run.resume_lead`
   (once per suspension).
 
 No task waits for another: each ends after its own step and enqueues the
@@ -37,7 +37,7 @@ from . import lead_run, loops, member_run, process
 from .celery_app import app
 from .worker_context import WorkerContext
 
-logger = logging.getLogger("lattice_worker.tasks")
+logger = logging.getLogger("lattice_worker.runtime.tasks")
 
 MAX_INLINE_STEPS = 16
 """Follow-up steps one task may do inline before leaving the rest to their queued copies."""
@@ -91,7 +91,7 @@ def _bad_arg(task: str, name: str, value: object) -> str:
 
 @app.task(name=RUN_LEAD_TASK, **_RETRY)
 def run_lead(run_id: str) -> str:
-    """Start the lead of run ``run_id`` (see :func:`lattice_worker.lead_run.run_lead`)."""
+    """Start the lead of run ``run_id`` (see :func:`lattice_worker.runtime.lead_run.run_lead`)."""
     if not isinstance(run_id, str) or not run_id:
         return _bad_arg(RUN_LEAD_TASK, "run_id", run_id)
     return loops.run(run_step(process.context(), RUN_LEAD_TASK, run_id))
@@ -99,7 +99,7 @@ def run_lead(run_id: str) -> str:
 
 @app.task(name=DELIVER_TASK, **_RETRY)
 def deliver(mailbox_id: str) -> str:
-    """The doorbell of ``mailbox_id`` (see :func:`lattice_worker.member_run.deliver`)."""
+    """The doorbell of ``mailbox_id`` (see :func:`lattice_worker.runtime.member_run.deliver`)."""
     if not isinstance(mailbox_id, str) or not mailbox_id:
         return _bad_arg(DELIVER_TASK, "mailbox_id", mailbox_id)
     return loops.run(run_step(process.context(), DELIVER_TASK, mailbox_id))
@@ -107,7 +107,7 @@ def deliver(mailbox_id: str) -> str:
 
 @app.task(name=RESUME_LEAD_TASK, **_RETRY)
 def resume_lead(run_id: str) -> str:
-    """Resume run ``run_id`` (see :func:`lattice_worker.lead_run.resume_lead`)."""
+    """Resume run ``run_id`` (see :func:`lattice_worker.runtime.lead_run.resume_lead`)."""
     if not isinstance(run_id, str) or not run_id:
         return _bad_arg(RESUME_LEAD_TASK, "run_id", run_id)
     return loops.run(run_step(process.context(), RESUME_LEAD_TASK, run_id))

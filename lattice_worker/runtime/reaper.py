@@ -25,7 +25,7 @@ A sweep:
    (the worker died or stalled during a lead turn; the runs come from the
    lease index ``<prefix>:runs:leased``) becomes ``resuming`` with the recover
    flag and gets ``lattice.resume_lead``, which rebuilds it from the persisted
-   history (:func:`lattice_worker.lead_run.recover_segment`); the stale
+   history (:func:`lattice_worker.runtime.lead_run.recover_segment`); the stale
    worker's token stops holding the run, so its writes are refused. After
    ``max_attempts`` segment starts the run fails instead, with an error naming
    the attempts; its unfinished work is cancelled and a child run replies
@@ -42,7 +42,7 @@ A sweep:
    ``<prefix>:reaper:closed:<message_id>``; its age is read from its TTL, the
    Redis clock). Once the message has been seen terminal for over a lease
    (a live worker has had that long to record the item itself) its outcome is
-   recorded through :func:`~lattice_worker.member_run.complete_work_item`
+   recorded through :func:`~lattice_worker.runtime.member_run.complete_work_item`
    (doorbells and the resume follow), built as the member would have from the
    upstream message it sent for it (``reply_to`` = the task message: a reply,
    a failure report or a diagnostic). When there is none (the worker died
@@ -72,13 +72,13 @@ from lattice_client.celery_config import RESUME_LEAD_TASK, queue_name
 from lattice_client.models import RunRecord
 from lattice_mailbox.message import MessageStatus, TeamMessage
 
+from ..team.events import TeamMessageEvent
+from ..team.ids import LEAD, split_mailbox_id
+from ..team.work import WorkItemOutcome
 from .registry import teams_key
-from .team.events import TeamMessageEvent
-from .team.ids import LEAD, split_mailbox_id
-from .team.work import WorkItemOutcome
 from .worker_context import WorkerContext
 
-logger = logging.getLogger("lattice_worker.reaper")
+logger = logging.getLogger("lattice_worker.runtime.reaper")
 
 STALE_SCAN_LIMIT = 500
 """How many of the most recent runs the stale-resume check looks at per sweep."""

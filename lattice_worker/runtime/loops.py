@@ -48,7 +48,7 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     else:
         coro.close()
         raise RuntimeError(
-            "lattice_worker.loops.run() called from inside a running event loop; await the coroutine"
+            "lattice_worker.runtime.loops.run() called from inside a running event loop; await the coroutine"
         )
     loop = get_loop()
     asyncio.set_event_loop(loop)

@@ -1,11 +1,11 @@
 """Per-process state of a worker: settings, the team registry, and one
-:class:`~lattice_worker.worker_context.WorkerContext` per thread (event loop).
+:class:`~lattice_worker.runtime.worker_context.WorkerContext` per thread (event loop).
 
 The registry is built once per process from the settings' mailbox URL and
 the team references in ``LATTICE_WORKER_TEAMS`` (``lattice worker`` sets it
 before Celery starts, so pool processes load the same teams however they are
 started). Contexts are per thread because each thread has its own event loop
-(:mod:`lattice_worker.loops`); after a fork they are dropped.
+(:mod:`lattice_worker.runtime.loops`); after a fork they are dropped.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def new_context(
     reg = registry()
     send = sender or _sender
     if send is None:
-        raise RuntimeError("no task sender installed: import lattice_worker.celery_app first")
+        raise RuntimeError("no task sender installed: import lattice_worker.runtime.celery_app first")
     return WorkerContext(
         settings=s,
         registry=reg,
