@@ -63,9 +63,7 @@ def _start_reaper(**_: Any) -> None:
         return
     if _reaper is None:
         settings = process.settings()
-        _reaper = Reaper(
-            lambda: process.new_context(inline=False), interval_s=settings.reaper_interval_seconds
-        )
+        _reaper = Reaper(process.new_context, interval_s=settings.reaper_interval_seconds)
         _reaper.start()
         logger.info("reaper started (every %.1f s)", settings.reaper_interval_seconds)
 

@@ -473,7 +473,7 @@ async def run_lead(ctx: WorkerContext, run_id: str) -> str:
     try:
         return await _guarded(ctx, start.record, lease, resume=False, start=start)
     finally:
-        await ctx.end_step()
+        await ctx.flush_events()
 
 
 async def _begin_segment(ctx: WorkerContext, run_id: str, expect: RunStatus) -> SegmentStart | None:
@@ -510,7 +510,7 @@ async def resume_lead(ctx: WorkerContext, run_id: str) -> str:
     try:
         return await _guarded(ctx, start.record, lease, resume=True, start=start)
     finally:
-        await ctx.end_step()
+        await ctx.flush_events()
 
 
 async def _guarded(

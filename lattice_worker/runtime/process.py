@@ -10,7 +10,6 @@ started). Contexts are per thread because each thread has its own event loop
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -29,10 +28,6 @@ _registry: TeamRegistry | None = None
 _local = threading.local()
 _sender: TaskSender | None = None
 _worker_id: str | None = None
-
-QUEUES_ENV = "LATTICE_WORKER_QUEUES"
-"""Comma-separated queues this worker consumes (set by ``lattice worker``); follow-up
-steps on them run inline in the task that caused them."""
 
 
 def settings() -> LatticeSettings:
@@ -86,17 +81,8 @@ def context() -> WorkerContext:
     return ctx
 
 
-def served_queues() -> frozenset[str] | None:
-    """The queues in ``LATTICE_WORKER_QUEUES``, or ``None`` when unset."""
-    raw = os.environ.get(QUEUES_ENV, "")
-    queues = frozenset(q.strip() for q in raw.split(",") if q.strip())
-    return queues or None
-
-
-def new_context(
-    sender: Callable[[str, list[Any], str], None] | None = None, *, inline: bool = True
-) -> WorkerContext:
-    """A fresh context. ``inline=False`` (the reaper) never runs follow-ups itself."""
+def new_context(sender: Callable[[str, list[Any], str], None] | None = None) -> WorkerContext:
+    """A fresh context (each event loop has its own: the task loop, the reaper thread's)."""
     s = settings()
     reg = registry()
     send = sender or _sender
@@ -109,7 +95,6 @@ def new_context(
         runs=RunStore(s.broker_url, s.key_prefix, max_events=s.max_run_events),
         send_task=send,
         worker_id=worker_id(),
-        served_queues=served_queues() if inline else None,
     )
 
 
@@ -122,8 +107,6 @@ def _reset() -> None:
 loops.on_reset(_reset)
 
 __all__ = [
-    "QUEUES_ENV",
-    "served_queues",
     "context",
     "make_mailbox",
     "new_context",

@@ -13,10 +13,9 @@ loop (:func:`lattice_worker.runtime.loops.run`) with this thread's
   (once per suspension).
 
 No task waits for another: each ends after its own step and enqueues the
-next. When the next step is on a queue this worker consumes, the task also
-does it at once (:func:`run_step`; at most :data:`MAX_INLINE_STEPS` per task),
-which saves a broker round trip per step; the enqueued copy then finds
-nothing to do (an idle doorbell, a skipped resume).
+next steps (doorbells, the resume, child runs) as Celery tasks of their own,
+even on a queue this worker consumes: every step shows in Flower with its
+state, and any worker on the step's queue may take it.
 A Redis connection failure is retried by Celery (every body is idempotent up
 to its first state change). Each task returns a short word saying what
 happened (``"idle"``, ``"skipped"``, ``"suspended"``, ``"done"``...), visible
@@ -39,9 +38,6 @@ from .worker_context import WorkerContext
 
 logger = logging.getLogger("lattice_worker.runtime.tasks")
 
-MAX_INLINE_STEPS = 16
-"""Follow-up steps one task may do inline before leaving the rest to their queued copies."""
-
 _BODIES: dict[str, Callable[[WorkerContext, str], Awaitable[str]]] = {
     RUN_LEAD_TASK: lead_run.run_lead,
     DELIVER_TASK: member_run.deliver,
@@ -49,28 +45,14 @@ _BODIES: dict[str, Callable[[WorkerContext, str], Awaitable[str]]] = {
 }
 
 
-async def run_step(ctx: WorkerContext, task: str, arg: str, *, max_inline: int = MAX_INLINE_STEPS) -> str:
-    """Run the body of ``task`` on ``arg``, then the follow-ups it recorded in
-    ``ctx.follow_ups`` (steps on queues this worker consumes), oldest first, up
-    to ``max_inline`` of them; follow-ups not done (budget spent, or an error)
-    are enqueued. Returns the first body's outcome word."""
-    ctx.follow_ups.clear()
+async def run_step(ctx: WorkerContext, task: str, arg: str) -> str:
+    """Run the body of ``task`` on ``arg``; its queued writes are written before
+    the task ends (the steps it enqueued may already be running elsewhere and
+    find them). Returns the body's outcome word."""
     try:
-        outcome = await _BODIES[task](ctx, arg)
-        done = 0
-        while ctx.follow_ups and done < max_inline:
-            name, value, _, _ = ctx.follow_ups.pop(0)
-            inline = await _BODIES[name](ctx, value)
-            done += 1
-            logger.info("inline %s(%s) -> %s", name, value, inline)
+        return await _BODIES[task](ctx, arg)
     finally:
-        try:
-            await ctx.flush_events()  # the bodies leave their writes to the next inline step
-        finally:
-            # whatever was not done here goes to the queues -- after this task's
-            # writes are stored, so the steps it enqueues find them
-            ctx.publish_follow_ups()
-    return outcome
+        await ctx.flush_events()
 
 
 _RETRY = {
@@ -113,4 +95,4 @@ def resume_lead(run_id: str) -> str:
     return loops.run(run_step(process.context(), RESUME_LEAD_TASK, run_id))
 
 
-__all__ = ["MAX_INLINE_STEPS", "deliver", "resume_lead", "run_lead", "run_step"]
+__all__ = ["deliver", "resume_lead", "run_lead", "run_step"]

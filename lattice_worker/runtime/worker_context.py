@@ -94,20 +94,6 @@ class WorkerContext:
         runs: the :class:`~lattice_client.runs.RunStore`.
         send_task: how follow-up tasks are enqueued (see :data:`TaskSender`).
         worker_id: this process's id, recorded on claims.
-        served_queues: the queues this worker consumes, or ``None``. When set,
-            a follow-up task on one of them is also recorded in
-            :attr:`follow_ups`, for the running task to do at once (see
-            :func:`lattice_worker.runtime.tasks.run_step`). A resume, and the first
-            doorbell of a mailbox in a step, are then *not* enqueued: the step
-            does them itself, and a crash in between is repaired by the reaper
-            (a pending message nobody claims is re-rung, an expired claim is
-            requeued, a run left ``resuming`` is resumed -- each after one
-            lease). Further doorbells of the same mailbox are enqueued too, so
-            idle workers can take them in parallel, and new (child) runs always
-            are (``run_lead`` only starts a ``queued`` run, so a second copy is
-            a no-op).
-        follow_ups: ``(task name, argument, queue, enqueued)`` recorded for inline execution;
-            :meth:`publish_follow_ups` enqueues those not enqueued yet.
     """
 
     settings: LatticeSettings
@@ -116,8 +102,6 @@ class WorkerContext:
     runs: RunStore
     send_task: TaskSender
     worker_id: str = field(default_factory=default_worker_id)
-    served_queues: frozenset[str] | None = None
-    follow_ups: list[tuple[str, str, str, bool]] = field(default_factory=list, repr=False)
     _parents: dict[str, tuple[str, str, str] | None] = field(default_factory=dict, repr=False)
     _client: Any = field(default=None, repr=False)
     _client_loop: Any = field(default=None, repr=False)
@@ -192,22 +176,7 @@ class WorkerContext:
     # -- enqueueing ---------------------------------------------------------------------
 
     def _enqueue(self, task: str, arg: str, queue: str) -> None:
-        served = self.served_queues is not None and queue in self.served_queues
-        first = not any(f[0] == task and f[1] == arg for f in self.follow_ups)
-        if served and first and task in (DELIVER_TASK, RESUME_LEAD_TASK):
-            self.follow_ups.append((task, arg, queue, False))
-            return
         self.send_task(task, [arg], queue)
-        if served:
-            self.follow_ups.append((task, arg, queue, True))
-
-    def publish_follow_ups(self) -> None:
-        """Enqueue the recorded follow-ups that were not enqueued (a step that
-        stops early leaves them to the queues), then forget them all."""
-        pending, self.follow_ups = self.follow_ups, []
-        for task, arg, queue, enqueued in pending:
-            if not enqueued:
-                self.send_task(task, [arg], queue)
 
     def ring(self, mailbox_id: str) -> None:
         """Ring the doorbell of ``mailbox_id``: ``lattice.deliver`` on its member queue."""
@@ -523,14 +492,6 @@ class WorkerContext:
         self._events.append(_Write(commands, future, scripts, None, on_error))
         await self.flush_events()
         return await future
-
-    async def end_step(self) -> None:
-        """The end of a task body: write everything queued now -- unless a
-        follow-up step runs next in this task (:attr:`follow_ups`): its writes
-        take them along, in order, and :func:`lattice_worker.runtime.tasks.run_step`
-        flushes when the task ends."""
-        if not self.follow_ups:
-            await self.flush_events()
 
     async def sync(self, fence: str | None = None) -> None:
         """Write everything queued now (:meth:`flush_events`), then raise the

@@ -67,7 +67,6 @@ def run_worker(
     registry = process.registry()
     root = registry.load(team_ref)
     queues = registry.queues(settings.key_prefix, list(members) if members else None)
-    os.environ[process.QUEUES_ENV] = ",".join(queues)
     client = redis.Redis.from_url(settings.broker_url)
     try:
         client.hset(teams_key(settings.key_prefix), mapping=registry.publication())

@@ -377,50 +377,38 @@ async def test_registry_loads_nested_teams_and_lists_queues(env, prefix):
         reg.load("not-registered")
 
 
-async def test_follow_ups_on_served_queues_run_inline(env, raw, prefix):
+async def test_every_follow_up_step_goes_through_the_broker(env, raw, prefix):
     from lattice_worker.runtime.tasks import run_step
 
     ctx, broker = env
-    ctx.served_queues = frozenset(ctx.registry.queues(prefix, None))
-    try:
-        run_id = await submit(ctx, broker, "e2e", plan(("worker", "handoff", "a"), ("other", "ask", "b")))
-        broker.queue.pop(0)
-        # one task does the whole run: lead turn, both members, resume
-        assert await run_step(ctx, RUN_LEAD_TASK, run_id) == "suspended"
-        record = await ctx.runs.get(run_id)
-        assert record.status.value == "completed"
-        assert record.result.result == "final: ask:worked[b] | done:worked[a]"
-        # nothing was left to the queues: the step rang the doorbells and resumed itself
-        # (after a crash the reaper re-rings pending messages and re-enqueues stale resumes)
-        assert broker.queue == []
-        assert executions(raw, prefix, "a") == 1 and executions(raw, prefix, "b") == 1
-        # a step leaves its writes to the next inline step; the task writes them all by its end
-        types = [e["type"] for _, e in await ctx.runs.events(run_id, count=1000)]
-        assert types[-2:] == ["result", "run_result"] and types.count("run_status") == 1
-        assert types.index("run_status") < types.index("agent_message")  # suspended, then the members
-        assert raw.zscore(ctx.runs.leases_key, run_id) is None
-    finally:
-        ctx.served_queues = None
-
-
-async def test_inline_follow_ups_stop_at_the_budget(env, raw, prefix):
-    from lattice_worker.runtime.tasks import run_step
-
-    ctx, broker = env
-    ctx.served_queues = frozenset(ctx.registry.queues(prefix, None))
-    try:
-        run_id = await submit(ctx, broker, "e2e", plan(("worker", "handoff", "a"), ("other", "handoff", "b")))
-        broker.queue.pop(0)
-        await run_step(ctx, RUN_LEAD_TASK, run_id, max_inline=1)
-        assert executions(raw, prefix, "a") == 1 and executions(raw, prefix, "b") == 0
-        assert ctx.follow_ups == []
-        # the doorbell the step did not get to was enqueued when it stopped
-        assert [(n, a) for n, a, _ in broker.queue] == [(DELIVER_TASK, ["e2e::other"])]
-        ctx.served_queues = None  # another worker takes it from the queue
-        await broker.drain()
-        assert (await ctx.runs.get(run_id)).result.result == "final: done:worked[a] | done:worked[b]"
-    finally:
-        ctx.served_queues = None
+    run_id = await submit(ctx, broker, "e2e", plan(("worker", "handoff", "a"), ("other", "ask", "b")))
+    broker.queue.pop(0)
+    # the lead's task ends at the suspension: the doorbells are tasks of their own
+    assert await run_step(ctx, RUN_LEAD_TASK, run_id) == "suspended"
+    assert [(n, a) for n, a, _ in broker.queue] == [
+        (DELIVER_TASK, ["e2e::worker"]),
+        (DELIVER_TASK, ["e2e::other"]),
+    ]
+    assert executions(raw, prefix, "a") == 0 and executions(raw, prefix, "b") == 0
+    record = await ctx.runs.get(run_id)
+    assert record.status.value == "suspended"
+    # the step's writes are stored by the end of its task, before anyone takes the doorbells
+    types = [e["type"] for _, e in await ctx.runs.events(run_id, count=1000)]
+    assert types[-1] == "run_status" and "agent_message" not in types
+    # each member step enqueues nothing but, for the last one, the resume
+    name, args, _ = broker.queue.pop(0)
+    assert await run_step(ctx, name, args[0]) == "done"
+    assert broker.queue == [(DELIVER_TASK, ["e2e::other"], f"{prefix}.e2e.other")]
+    name, args, _ = broker.queue.pop(0)
+    assert await run_step(ctx, name, args[0]) == "done"
+    assert broker.queue == [(RESUME_LEAD_TASK, [run_id], f"{prefix}.e2e.lead")]
+    name, args, _ = broker.queue.pop(0)
+    assert await run_step(ctx, name, args[0]) == "completed"
+    record = await ctx.runs.get(run_id)
+    assert record.result.result == "final: ask:worked[b] | done:worked[a]"
+    assert broker.queue == []
+    assert executions(raw, prefix, "a") == 1 and executions(raw, prefix, "b") == 1
+    assert raw.zscore(ctx.runs.leases_key, run_id) is None
 
 
 async def test_a_child_run_stops_when_its_parent_run_was_cancelled(env, raw, prefix):
