@@ -27,7 +27,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 
 from lattice_client.celery_config import make_celery_app
-from lattice_client.runs import RunStore
+from lattice_client.runstore import RunStore
 from lattice_client.settings import get_settings
 
 from ..errors import ConfigError

@@ -3,7 +3,7 @@
 DESIGN.md section 5, "Crash" (the lease model of member claims, applied to
 lead turns); issue 6, crash recovery. A *segment* is one stretch of a run's
 lead loop in one worker: from ``run_lead`` (or ``resume_lead``) to the
-suspension or the end. :meth:`~lattice_client.runs.RunStore.begin_segment`
+suspension or the end. :meth:`~lattice_client.runstore.RunStore.begin_segment`
 gives it a lease token and ``lease_until``; :class:`LeadLease` renews it every
 ``lease_s / 3`` seconds while the segment runs. If the worker dies, the
 reaper finds the expired lease and re-enqueues the run for a *recovering*
@@ -32,7 +32,7 @@ import logging
 from typing import Any
 
 from lattice_client.errors import RunLeaseLostError
-from lattice_client.runs import RunStore, SegmentStart
+from lattice_client.runstore import RunStore, SegmentStart
 
 from ..agent.abort import AbortController
 from ..agent.history_stores import RedisHistoryStore

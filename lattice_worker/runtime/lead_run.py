@@ -35,7 +35,7 @@ from typing import Any
 
 from lattice_client.errors import RunLeaseLostError, RunStateError
 from lattice_client.models import RunRecord, RunResult, RunStatus
-from lattice_client.runs import SegmentStart
+from lattice_client.runstore import SegmentStart
 from lattice_mailbox.message import MessageStatus, TeamMessage
 
 from ..agent.agent import Agent

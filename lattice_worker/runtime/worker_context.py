@@ -48,7 +48,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from lattice_client.celery_config import DELIVER_TASK, RESUME_LEAD_TASK, RUN_LEAD_TASK, queue_name
-from lattice_client.runs import RunStore
+from lattice_client.runstore import RunStore
 from lattice_client.settings import LatticeSettings
 
 from ..team.ids import split_mailbox_id
@@ -59,7 +59,9 @@ TaskSender = Callable[[str, list[Any], str], None]
 """``send_task(task_name, args, queue)``: enqueue one Celery task (sync)."""
 
 _APPEND_EVENTS_LUA = (
-    resources.files("lattice_client").joinpath("lua", "append_events.lua").read_text(encoding="utf-8")
+    resources.files("lattice_client.runstore")
+    .joinpath("lua", "append_events.lua")
+    .read_text(encoding="utf-8")
 )
 """The run store's multi-event append script (``RunStore.append_events``: same checks and
 stream format), pipelined by the event writer: one call per run stream and batch."""
@@ -91,7 +93,7 @@ class WorkerContext:
         settings: the :class:`~lattice_client.settings.LatticeSettings`.
         registry: the :class:`~lattice_worker.runtime.registry.TeamRegistry` of this process.
         mailbox: the leased mailbox store (``registry.mailbox``).
-        runs: the :class:`~lattice_client.runs.RunStore`.
+        runs: the :class:`~lattice_client.runstore.RunStore`.
         send_task: how follow-up tasks are enqueued (see :data:`TaskSender`).
         worker_id: this process's id, recorded on claims.
     """

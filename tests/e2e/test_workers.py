@@ -16,7 +16,7 @@ import pytest
 
 from examples.team import count_directory_lines, demo_prompt, search_directory
 from lattice_client.celery_config import make_celery_app, queue_name
-from lattice_client.runs import RunStore
+from lattice_client.runstore import RunStore
 from lattice_client.settings import get_settings
 from tests.e2e.conftest import Deployment, wait_for
 from tests.e2e.teams import plan

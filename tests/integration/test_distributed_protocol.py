@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from lattice_client.celery_config import DELIVER_TASK, RESUME_LEAD_TASK, RUN_LEAD_TASK
-from lattice_client.runs import RunStore
+from lattice_client.runstore import RunStore
 from lattice_client.settings import get_settings
 from lattice_mailbox.redis import RedisMailbox
 from lattice_worker.errors import ConfigError

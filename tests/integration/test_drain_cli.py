@@ -13,7 +13,7 @@ import pytest
 import redis
 from rich.console import Console
 
-from lattice_client.runs import RunStore
+from lattice_client.runstore import RunStore
 from lattice_client.settings import get_settings
 from lattice_mailbox.redis import RedisMailbox
 from lattice_worker.errors import ConfigError

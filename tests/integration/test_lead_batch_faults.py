@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-import lattice_client.runs as runs_mod
+import lattice_client.runstore.scripts as runs_mod
 from lattice_client.errors import RunLeaseLostError
 from lattice_client.models import RunStatus
 from lattice_worker.runtime.lead_lease import FencedHistoryStore, LeadLease
@@ -49,9 +49,9 @@ async def test_an_uncached_script_does_not_reorder_the_batch(
     # A different source (a unique trailing comment) is a script this server has
     # never seen: the state of a script cache after a restart, without flushing
     # the scripts other tests use.
-    source = runs_mod._SCRIPTS[uncached] + f"\n-- uncached {uuid.uuid4().hex}\n"
-    monkeypatch.setitem(runs_mod._SCRIPTS, uncached, source)
-    monkeypatch.setitem(runs_mod._SHAS, uncached, hashlib.sha1(source.encode()).hexdigest())
+    source = runs_mod.SCRIPTS[uncached] + f"\n-- uncached {uuid.uuid4().hex}\n"
+    monkeypatch.setitem(runs_mod.SCRIPTS, uncached, source)
+    monkeypatch.setitem(runs_mod.SHAS, uncached, hashlib.sha1(source.encode()).hexdigest())
     sent: list[Any] = []
     ctx = worker_context(prefix, send_task=lambda *args: sent.append(args))
     runs = ctx.runs

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lattice_client.runs import RunStore
+from lattice_client.runstore import RunStore
 from lattice_client.settings import get_settings
 from lattice_worker.runtime.worker_context import WorkerContext
 
