@@ -15,9 +15,8 @@ from redis.exceptions import NoScriptError, ResponseError
 from ..errors import RunLeaseLostError, RunNotFoundError
 from ..models import RunStatus
 from ..settings import KEY_PREFIX_PATTERN
-from . import scripts
 from .records import DEFAULT_MAX_EVENTS, RunKeys, as_text, check_run_id
-from .scripts import script_call
+from .scripts import SCRIPTS, script_call
 
 
 @dataclass
@@ -28,17 +27,8 @@ class _Conn:
 
 
 class RunStoreCore:
-    """What every part of the run store shares: connections, keys, script calls.
-
-    ``redis_url_or_client``: a ``redis://`` URL (a client is then created per
-    running event loop) or a ``redis.asyncio.Redis``. ``prefix``: the key prefix
-    (``[A-Za-z0-9_.-]+``). ``max_events``: approximate bound of each run's
-    event stream. Raises ``ValueError`` on a bad prefix.
-
-    Redis failures surface as ``redis.exceptions.ConnectionError`` /
-    ``TimeoutError``; every write is one atomic script, so a failed call either
-    happened completely or not at all.
-    """
+    """What every part of the run store shares: connections, keys, script calls
+    (arguments: see :class:`~lattice_client.runstore.RunStore`)."""
 
     def __init__(
         self,
@@ -70,7 +60,7 @@ class RunStoreCore:
 
     @staticmethod
     def _make_conn(client: Redis) -> _Conn:
-        return _Conn(client, {name: client.register_script(src) for name, src in scripts.SCRIPTS.items()})
+        return _Conn(client, {name: client.register_script(src) for name, src in SCRIPTS.items()})
 
     def _conn(self) -> _Conn:
         if self._shared is not None:

@@ -10,9 +10,9 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
 from ..models import RunParent, RunRecord, RunStatus
-from . import scripts
 from .core import RunStoreCore
 from .records import as_text, dumps, now_ms, parse_record
+from .scripts import SCRIPTS, SHAS
 
 
 class RunRecords(RunStoreCore):
@@ -75,7 +75,7 @@ class RunRecords(RunStoreCore):
             if not errors:
                 break
             if attempt == 0 and any(isinstance(e, NoScriptError) for e in errors):
-                for source in scripts.SCRIPTS.values():
+                for source in SCRIPTS.values():
                     client.script_load(source)
                 continue
             raise errors[0]
@@ -118,7 +118,7 @@ class RunRecords(RunStoreCore):
         created = now_ms()
         args = [run_id, team, team_ref or "", prompt, created, meta_json, parent_json]
         commands: list[tuple[Any, ...]] = [
-            ("EVALSHA", scripts.SHAS["create"], 1, keys.record, *args),
+            ("EVALSHA", SHAS["create"], 1, keys.record, *args),
             ("ZADD", self.runs_index_key, "NX", created, run_id),
             ("ZADD", self.team_index_key(team), "NX", created, run_id),
         ]
