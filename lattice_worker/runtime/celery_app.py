@@ -1,6 +1,6 @@
 """The worker's Celery app: ``app = make_celery_app(process.settings())`` plus the tasks.
 
-Design: DESIGN.md section 5 (JSON only, ``acks_late``, ``reject_on_worker_lost``,
+Design: docs/architecture.md (JSON only, ``acks_late``, ``reject_on_worker_lost``,
 prefetch 1, task events for Flower, key prefix everywhere -- all set by
 :func:`lattice_client.celery_config.make_celery_app`) and "Async inside
 Celery": each worker process keeps one asyncio event loop, created in
@@ -30,7 +30,7 @@ from celery import signals
 
 from lattice_client.celery_config import make_celery_app
 
-from . import loops, process
+from . import loops, process, tasks
 from .reaper import Reaper
 
 logger = logging.getLogger("lattice_worker.celery")
@@ -39,6 +39,7 @@ REAPER_ENV = "LATTICE_REAPER"
 """Set to ``0`` to run a worker without its reaper thread."""
 
 app = make_celery_app(process.settings())
+tasks.register(app)
 
 
 def _send_task(name: str, args: list[Any], queue: str) -> None:
@@ -75,7 +76,5 @@ def _stop_reaper(**_: Any) -> None:
         _reaper.stop()
         _reaper = None
 
-
-from . import tasks as tasks  # noqa: E402  (registers the tasks on `app`)
 
 __all__ = ["app"]

@@ -1,13 +1,13 @@
 """Lead leases: a worker running a lead segment holds its run, and only it may write.
 
-DESIGN.md section 5, "Crash" (the lease model of member claims, applied to
+docs/architecture.md, "Crash" (the lease model of member claims, applied to
 lead turns); issue 6, crash recovery. A *segment* is one stretch of a run's
 lead loop in one worker: from ``run_lead`` (or ``resume_lead``) to the
 suspension or the end. :meth:`~lattice_client.runstore.RunStore.begin_segment`
 gives it a lease token and ``lease_until``; :class:`LeadLease` renews it every
 ``lease_s / 3`` seconds while the segment runs. If the worker dies, the
 reaper finds the expired lease and re-enqueues the run for a *recovering*
-resume (``lattice_worker.runtime.lead_run.recover_segment``), or fails it past
+resume (``lattice_worker.runtime.lead_recovery.recover_segment``), or fails it past
 ``max_attempts``.
 
 Fencing: every write of a segment carries its token and is refused once the
@@ -106,7 +106,7 @@ class FencedHistoryStore(RedisHistoryStore):
     elements given as ``history`` (read when the segment started). ``ttl_seconds``:
     expiry (seconds) renewed on every write.
 
-    With a ``writer`` (the worker's :class:`~lattice_worker.runtime.worker_context.WorkerContext`)
+    With a ``writer`` (the worker's :class:`~lattice_worker.runtime.context.WorkerContext`)
     the writes are queued on its event writer, in order with the run's events,
     and go with the segment's next write -- a member call's journal entry
     (so a tool batch's assistant turn is stored before any member work is

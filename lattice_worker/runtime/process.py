@@ -1,5 +1,5 @@
 """Per-process state of a worker: settings, the team registry, and one
-:class:`~lattice_worker.runtime.worker_context.WorkerContext` per thread (event loop).
+:class:`~lattice_worker.runtime.context.WorkerContext` per thread (event loop).
 
 The registry is built once per process from the settings' mailbox URL and
 the team references in ``LATTICE_WORKER_TEAMS`` (``lattice worker`` sets it
@@ -19,8 +19,9 @@ from lattice_client.settings import LatticeSettings, get_settings
 from lattice_mailbox import mailbox_from_url
 
 from . import loops
+from .context import WorkerContext, default_worker_id
 from .registry import TeamRegistry, refs_from_env
-from .worker_context import TaskSender, WorkerContext, default_worker_id
+from .steps import TaskSender
 
 _lock = threading.RLock()
 _settings: LatticeSettings | None = None

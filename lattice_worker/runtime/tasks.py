@@ -1,15 +1,14 @@
 """The Celery tasks: ``lattice.run_lead``, ``lattice.deliver``, ``lattice.resume_lead``.
 
-DESIGN.md section 5 steps 1-6; issue 6 item 3. Each task is a thin
-synchronous wrapper that runs its async body on the worker process's event
-loop (:func:`lattice_worker.runtime.loops.run`) with this thread's
-:class:`~lattice_worker.runtime.worker_context.WorkerContext`:
+Each task is a thin synchronous wrapper that runs its async body on the
+worker process's event loop (:func:`lattice_worker.runtime.loops.run`) with
+this thread's :class:`~lattice_worker.runtime.context.WorkerContext`:
 
-* ``lattice.run_lead(run_id)`` -> :func:`lattice_worker.runtime.lead_run.run_lead`
+* ``lattice.run_lead(run_id)`` -> :func:`lattice_worker.runtime.lead_segment.run_lead`
   (only from ``queued``; a duplicate is a no-op);
-* ``lattice.deliver(mailbox_id)`` -> :func:`lattice_worker.runtime.member_run.deliver`
+* ``lattice.deliver(mailbox_id)`` -> :func:`lattice_worker.runtime.member_step.deliver`
   (the doorbell; nothing to claim is a no-op);
-* ``lattice.resume_lead(run_id)`` -> :func:`lattice_worker.runtime.lead_run.resume_lead`
+* ``lattice.resume_lead(run_id)`` -> :func:`lattice_worker.runtime.lead_segment.resume_lead`
   (once per suspension).
 
 No task waits for another: each ends after its own step and enqueues the
@@ -20,28 +19,30 @@ A Redis connection failure is retried by Celery (every body is idempotent up
 to its first state change). Each task returns a short word saying what
 happened (``"idle"``, ``"skipped"``, ``"suspended"``, ``"done"``...), visible
 in Flower and the worker log.
+
+:func:`register` adds the tasks to a Celery app (``celery_app`` does, for its ``app``).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from lattice_client.celery_config import DELIVER_TASK, RESUME_LEAD_TASK, RUN_LEAD_TASK
 
-from . import lead_run, loops, member_run, process
-from .celery_app import app
-from .worker_context import WorkerContext
+from . import lead_segment, loops, member_step, process
+from .context import WorkerContext
 
 logger = logging.getLogger("lattice_worker.runtime.tasks")
 
 _BODIES: dict[str, Callable[[WorkerContext, str], Awaitable[str]]] = {
-    RUN_LEAD_TASK: lead_run.run_lead,
-    DELIVER_TASK: member_run.deliver,
-    RESUME_LEAD_TASK: lead_run.resume_lead,
+    RUN_LEAD_TASK: lead_segment.run_lead,
+    DELIVER_TASK: member_step.deliver,
+    RESUME_LEAD_TASK: lead_segment.resume_lead,
 }
 
 
@@ -52,7 +53,7 @@ async def run_step(ctx: WorkerContext, task: str, arg: str) -> str:
     try:
         return await _BODIES[task](ctx, arg)
     finally:
-        await ctx.flush_events()
+        await ctx.writer.flush()
 
 
 _RETRY = {
@@ -71,28 +72,34 @@ def _bad_arg(task: str, name: str, value: object) -> str:
     return "invalid"
 
 
-@app.task(name=RUN_LEAD_TASK, **_RETRY)
 def run_lead(run_id: str) -> str:
-    """Start the lead of run ``run_id`` (see :func:`lattice_worker.runtime.lead_run.run_lead`)."""
+    """Start the lead of run ``run_id`` (see :func:`lattice_worker.runtime.lead_segment.run_lead`)."""
     if not isinstance(run_id, str) or not run_id:
         return _bad_arg(RUN_LEAD_TASK, "run_id", run_id)
     return loops.run(run_step(process.context(), RUN_LEAD_TASK, run_id))
 
 
-@app.task(name=DELIVER_TASK, **_RETRY)
 def deliver(mailbox_id: str) -> str:
-    """The doorbell of ``mailbox_id`` (see :func:`lattice_worker.runtime.member_run.deliver`)."""
+    """The doorbell of ``mailbox_id`` (see :func:`lattice_worker.runtime.member_step.deliver`)."""
     if not isinstance(mailbox_id, str) or not mailbox_id:
         return _bad_arg(DELIVER_TASK, "mailbox_id", mailbox_id)
     return loops.run(run_step(process.context(), DELIVER_TASK, mailbox_id))
 
 
-@app.task(name=RESUME_LEAD_TASK, **_RETRY)
 def resume_lead(run_id: str) -> str:
-    """Resume run ``run_id`` (see :func:`lattice_worker.runtime.lead_run.resume_lead`)."""
+    """Resume run ``run_id`` (see :func:`lattice_worker.runtime.lead_segment.resume_lead`)."""
     if not isinstance(run_id, str) or not run_id:
         return _bad_arg(RESUME_LEAD_TASK, "run_id", run_id)
     return loops.run(run_step(process.context(), RESUME_LEAD_TASK, run_id))
 
 
-__all__ = ["deliver", "resume_lead", "run_lead", "run_step"]
+def register(app: Any) -> dict[str, Any]:
+    """Register the three tasks on the Celery ``app`` (with Celery's retry of
+    Redis connection errors); returns ``{task name: task}``."""
+    return {
+        name: app.task(name=name, **_RETRY)(fn)
+        for name, fn in ((RUN_LEAD_TASK, run_lead), (DELIVER_TASK, deliver), (RESUME_LEAD_TASK, resume_lead))
+    }
+
+
+__all__ = ["deliver", "register", "resume_lead", "run_lead", "run_step"]

@@ -1,6 +1,6 @@
 """``lattice worker TEAM_REF``: start a Celery worker for a team's queues.
 
-DESIGN.md section 7. :func:`run_worker` loads the team (and its nested
+docs/architecture.md. :func:`run_worker` loads the team (and its nested
 teams) through the registry -- so a bad reference or a lead that is not an
 ``AgentSpec`` fails here with a clear error, before Celery starts --, publishes
 ``{ref, name}`` in ``<prefix>:teams`` for the client, picks the queues and
