@@ -1,7 +1,7 @@
 """``RedisMailbox``: the distributed mailbox store on ``redis.asyncio`` + Lua.
 
 Spec: AgentLattice "Durable mailbox storage" (``claimNext`` must be atomic on a
-distributed backend); design DESIGN.md section 5 (hash tags, leases, fencing,
+distributed backend); design docs/architecture.md (hash tags, leases, fencing,
 one Lua script per operation, bounded bodies).
 
 Key scheme
@@ -48,8 +48,6 @@ turned off on clients built here: the operations are not idempotent (a blind
 resend of ``claim_next`` would claim a second message), so a dropped connection
 surfaces as :class:`redis.exceptions.ConnectionError` and the caller decides.
 Each script is atomic, so a failed call never leaves a half-written message.
-Clients built here for ``redis://`` URLs use :class:`DirectWriteConnection`
-(no asyncio task per command; same timeouts).
 """
 
 from __future__ import annotations
@@ -155,43 +153,6 @@ class _Keys:
         )
 
 
-class DirectWriteConnection(aioredis.Connection):
-    """redis-py's TCP connection without a task per command.
-
-    redis-py bounds every write by ``socket_timeout`` with ``asyncio.wait_for``,
-    which creates a task per command. A write into an empty transport buffer
-    hands the bytes to the kernel at once (``transport.write``); only bytes the
-    kernel did not take can make the writer wait. So when the buffer is empty
-    before and after the write, there is nothing to wait for and no task is
-    made; otherwise (bytes left, a closing transport, health checks, no
-    timeout...) redis-py's own path waits, with its timeout and error mapping.
-    Reads are untouched (bounded by ``socket_timeout`` as before).
-
-    The store's own clients for ``redis://`` URLs use it; any other
-    ``redis.asyncio`` client of a plain TCP URL can too
-    (``Redis.from_url(url, connection_class=DirectWriteConnection)``; not for
-    ``unix://`` or ``rediss://``, which need their own connection classes)."""
-
-    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-        writer = getattr(self, "_writer", None)
-        transport = getattr(writer, "transport", None)
-        if (
-            transport is None
-            or not self.is_connected
-            or self.health_check_interval
-            or not isinstance(command, list)
-            or transport.is_closing()
-            or transport.get_write_buffer_size()
-        ):
-            await super().send_packed_command(command, check_health)
-            return
-        assert writer is not None
-        writer.writelines(command)
-        if transport.is_closing() or transport.get_write_buffer_size():
-            # the kernel did not take everything (or the connection broke): wait as redis-py does
-            await super().send_packed_command([], check_health=False)
-
-
 def _text(value: Any) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
@@ -269,8 +230,6 @@ class RedisMailbox(CheckedSend):
         if isinstance(url_or_client, str):
             self._url = url_or_client
             client_kwargs.setdefault("retry", Retry(NoBackoff(), 0))
-            if url_or_client.lower().startswith("redis://"):  # plain TCP (unix/TLS keep their classes)
-                client_kwargs.setdefault("connection_class", DirectWriteConnection)
             self._client_kwargs = client_kwargs
         elif isinstance(url_or_client, aioredis.Redis):
             self._client = url_or_client
@@ -668,4 +627,4 @@ class RedisMailbox(CheckedSend):
             await client.aclose()
 
 
-__all__ = ["DirectWriteConnection", "RedisMailbox"]
+__all__ = ["RedisMailbox"]
