@@ -128,7 +128,7 @@ class RunLinkingMailbox:
 
 
 def lease_error(lease: LeadLease, operation: str) -> Any:
-    """An ``on_error`` for :meth:`WorkerContext.write` of the fenced script call
+    """An ``on_error`` for :meth:`~lattice_worker.runtime.writer.RunWriter.write` of the fenced script call
     ``operation``: a ``FENCED`` reply becomes :class:`RunLeaseLostError` and
     marks ``lease`` lost."""
 

@@ -106,8 +106,8 @@ class FencedHistoryStore(RedisHistoryStore):
     elements given as ``history`` (read when the segment started). ``ttl_seconds``:
     expiry (seconds) renewed on every write.
 
-    With a ``writer`` (the worker's :class:`~lattice_worker.runtime.context.WorkerContext`)
-    the writes are queued on its event writer, in order with the run's events,
+    With a ``writer`` (the worker's :class:`~lattice_worker.runtime.writer.RunWriter`)
+    the writes are queued on it, in order with the run's events,
     and go with the segment's next write -- a member call's journal entry
     (so a tool batch's assistant turn is stored before any member work is
     sent), the registration, the suspension, the finish -- or at the latest

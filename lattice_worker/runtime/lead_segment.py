@@ -178,7 +178,7 @@ async def drive(
     query stops when the lease is lost (outcome ``"lost"``: nothing written).
     ``usage``: the run's token usage totals read when the segment started
     (kept up to date here; the segment's usage is then queued with its
-    writes, see :meth:`WorkerContext.add_usage`)."""
+    writes, see :meth:`~lattice_worker.runtime.usage.UsageCounter.add`)."""
     run_id = record.run_id
     ctx.events.note_parent(run_id, record.parent)
     fence = lease.token if lease is not None else None
