@@ -48,6 +48,9 @@ turned off on clients built here: the operations are not idempotent (a blind
 resend of ``claim_next`` would claim a second message), so a dropped connection
 surfaces as :class:`redis.exceptions.ConnectionError` and the caller decides.
 Each script is atomic, so a failed call never leaves a half-written message.
+The hot ``EVALSHA`` calls of a store's own clients go over connections held
+between calls (:mod:`lattice_mailbox.held`: the one place below redis-py's
+command path, kept because it measurably shortens the handoff round trip).
 """
 
 from __future__ import annotations
@@ -64,11 +67,10 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import NoScriptError
 
 from .base import ClaimMissingError, ClaimTakenError, MailboxError
+from .held import HeldConnections
 from .message import MessageStatus, TeamMessage
 from .transitions import STATUS_ORDER, invalid_transition, sources_for
 from .validation import (
@@ -92,7 +94,6 @@ S = MessageStatus
 _STATUS_NAMES = " ".join(s.value for s in STATUS_ORDER)
 _REQUEUE_BATCH = 500
 _PIPELINE_CHUNK = 200
-_HELD_CONNECTIONS = 4  # connections a store keeps per event loop between its EVALSHA calls
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,10 +239,7 @@ class RedisMailbox(CheckedSend):
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aioredis.Redis] = (
             weakref.WeakKeyDictionary()
         )
-        # per loop: the client and the healthy connections _evalsha keeps between calls
-        self._held: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[aioredis.Redis, list[Any]]] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._held = HeldConnections()  # the connections _evalsha keeps between calls
         self._tag_keys: dict[str, _Keys] = {}
         self._box_keys: dict[str, tuple[_Keys, bytes]] = {}  # validated mailbox id -> keys, UTF-8 id
         # mailbox ids this object has added to the registry set (nothing removes a member
@@ -283,53 +281,12 @@ class RedisMailbox(CheckedSend):
         return found
 
     async def _evalsha(self, sha: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """``EVALSHA`` on the running loop's client.
-
-        On a client this store built (no retries, no response callback for
-        EVALSHA) the command goes straight over a connection of the client's
-        pool: what ``execute_command`` does for it minus its bookkeeping (metrics
-        hooks, a retry wrapper that never retries). Between calls the store keeps
-        a few healthy connections it took from the pool (the pool still counts
-        them as in use and closes them with the client) and checks one with the
-        pool's own ``ensure_connection`` before reusing it, as the pool does
-        before handing one out. A connection error or timeout disconnects the
-        connection (as there) and gives it back to the pool."""
+        """``EVALSHA`` on the running loop's client: on a client this store built
+        (no retries, no response callback for EVALSHA) over a connection held
+        between calls (:class:`~lattice_mailbox.held.HeldConnections`)."""
         if self._client is not None:  # a client passed in: its own settings apply
             return await self._client.evalsha(sha, len(keys), *keys, *args)
-        client = self.client()
-        pool = client.connection_pool
-        loop = asyncio.get_running_loop()
-        held = self._held.get(loop)
-        if held is None or held[0] is not client:
-            held = self._held[loop] = (client, [])
-        idle = held[1]
-        ensure = getattr(pool, "ensure_connection", None)
-        if idle and ensure is not None:
-            conn = idle.pop()
-            try:
-                await ensure(conn)
-            except BaseException:
-                await pool.release(conn)
-                raise
-        else:
-            conn = await pool.get_connection()
-        keep = False
-        try:
-            await conn.send_command("EVALSHA", sha, len(keys), *keys, *args)
-            result = await conn.read_response()
-            keep = True
-            return result
-        except ResponseError:  # a whole reply was read (NOSCRIPT, a script error): the connection is fine
-            keep = True
-            raise
-        except (RedisConnectionError, RedisTimeoutError):
-            await conn.disconnect()
-            raise
-        finally:
-            if keep and ensure is not None and len(idle) < _HELD_CONNECTIONS:
-                idle.append(conn)
-            else:
-                await pool.release(conn)
+        return await self._held.evalsha(self.client(), sha, keys, args)
 
     async def _eval(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         script = _SCRIPTS[name]
