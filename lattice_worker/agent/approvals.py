@@ -56,14 +56,21 @@ ApprovalRequest = PermissionRequest
 _RUNTIME_TOOL_FLAGS = ("team_tool", "team_member_tool", "tool_search")
 
 
+def is_runtime_tool(tool: ToolDefinition) -> bool:
+    """True for the tools a runtime gives an agent for its own protocol
+    (``agent_tool`` kinds, team mailbox and member tools, ``tool_search``):
+    they need no approval and are not journaled (the runtime makes them safe itself)."""
+    if tool.kind == "agent_tool":
+        return True
+    metadata = tool.metadata or {}
+    return any(metadata.get(flag) is True for flag in _RUNTIME_TOOL_FLAGS)
+
+
 def needs_approval(tool: ToolDefinition) -> bool:
     """True when a call of ``tool`` needs an approval under ``by_effect``:
-    the tool is not ``read_only`` and is not one of the runtime's own tools
-    (``agent_tool`` kinds, team tools, ``tool_search``, ``submit_output``)."""
-    if tool.effect == "read_only" or tool.kind == "agent_tool":
-        return False
-    metadata = tool.metadata or {}
-    return not any(metadata.get(flag) is True for flag in _RUNTIME_TOOL_FLAGS)
+    the tool is not ``read_only`` and not a runtime tool (:func:`is_runtime_tool`;
+    ``submit_output`` is exempted by the batch itself)."""
+    return tool.effect != "read_only" and not is_runtime_tool(tool)
 
 
 def no_approver_message(tool: ToolDefinition) -> str:
@@ -156,6 +163,7 @@ __all__ = [
     "PermissionRequest",
     "check_call",
     "check_permission",
+    "is_runtime_tool",
     "needs_approval",
     "no_approver_message",
     "read_decision",

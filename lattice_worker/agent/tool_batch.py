@@ -50,7 +50,7 @@ from ..tools.effects import effect_key
 from ..tools.recovery import JournalCall, JournalRecord, decide_recovery
 from ..tools.tool import ToolContext, ToolDefinition, ToolInputError, ToolResult, content_text
 from .abort import AbortSignal
-from .approvals import PermissionRequest, check_call, needs_approval
+from .approvals import PermissionRequest, check_call, is_runtime_tool, needs_approval
 from .options import ToolConcurrencyOptions
 from .output import SUBMIT_OUTPUT_TOOL_NAME
 from .suspend import SuspendQuery
@@ -255,7 +255,10 @@ class ToolBatchRunner:
             text = self.deferred.hidden_error(definition.name)
             return _fail(call, ToolExecutionError(text), f"Error: {text}")
         key = effect_key(self.scope, tool_use_id)
-        journal = self.journal
+        # the runtime's own tools (team tools, member calls, tool_search) are made safe by the runtime
+        journal = (
+            self.journal if not is_runtime_tool(definition) and name != SUBMIT_OUTPUT_TOOL_NAME else None
+        )
         entry = JournalCall(tool_use_id, definition.name, call.get("input"), definition.effect, key)
         record = await journal.entry(entry) if journal is not None else None
         if record is not None:
