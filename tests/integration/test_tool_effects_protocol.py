@@ -9,6 +9,7 @@ writes must be refused (fenced). Real-process kills are in tests/e2e.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from typing import Any
@@ -172,6 +173,16 @@ async def test_an_interrupted_member_call_is_recovered_by_its_effect(
     e = env
     run_id = await start_member(e, f"{tool_name} {label}")
     await e.stall(DELIVER_TASK, "fx::m", raw, f"start:{tool_name}:{label}")
+    # while the handler runs, what is stored agrees: the turn holding the call, and the call started
+    [claimed] = await e.ctx.mailbox.inbox("fx::m", "processing")
+    history = [
+        json.loads(x) for x in raw.lrange(e.ctx.runs.item_history_key(run_id, claimed.work_item_id), 0, -1)
+    ]
+    journal = raw.hgetall(e.ctx.runs.item_journal_key(run_id, claimed.work_item_id))
+    assert [m["role"] for m in history] == ["user", "assistant", "user", "assistant"]
+    assert history[-1]["content"][0]["id"] == "toolu_target"
+    assert json.loads(journal["toolu_prep"])["status"] == "completed"
+    assert json.loads(journal["toolu_target"])["status"] == "started"
     await e.crash_member()
     assert await e.run(DELIVER_TASK, "fx::m") == "done"  # the re-claimed member resumed
     await e.drain()
