@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 # --- agent loop (lattice_worker.agent) and tools (lattice_worker.tools)
 from .agent.abort import AbortController, AbortSignal
 from .agent.agent import Agent, AgentSpec, create_agent, create_bare_agent, define_agent, is_agent_spec
+from .agent.compaction import DEFAULT_COMPACTION_PROMPT
 from .agent.events import (
     AssistantMessage,
     ResultMessage,
@@ -31,8 +32,10 @@ from .agent.hooks import (
 )
 from .agent.loop import SuspendQuery, ToolBatchOutcome
 from .agent.model import AssistantModelMessage, ModelClient, ModelRequest, TokenUsage
-from .agent.options import AgentOptions, QueryOptions
+from .agent.oneshot import query
+from .agent.options import AgentOptions, AutoCompactOptions, QueryOptions
 from .agent.output import SUBMIT_OUTPUT_TOOL_NAME
+from .agent.result_limits import DEFAULT_MAX_TOOL_RESULT_CHARS
 from .agent.scripted import ScriptedModelClient, ScriptExhaustedError, error_turn, text_turn, tool_turn
 from .agent.tool_batch import PermissionRequest, ToolBatchPolicyContext
 from .errors import (
@@ -51,6 +54,8 @@ from .tools.tool import ToolContext, ToolDefinition, ToolResult, tool
 
 __all__ = [
     # agent loop
+    "DEFAULT_COMPACTION_PROMPT",
+    "DEFAULT_MAX_TOOL_RESULT_CHARS",
     "SUBMIT_OUTPUT_TOOL_NAME",
     "AbortController",
     "AbortSignal",
@@ -61,6 +66,7 @@ __all__ = [
     "AnthropicModelClient",
     "AssistantMessage",
     "AssistantModelMessage",
+    "AutoCompactOptions",
     "ModelClient",
     "ModelRequest",
     "ModelRequestHookContext",
@@ -84,6 +90,7 @@ __all__ = [
     "define_agent",
     "error_turn",
     "is_agent_spec",
+    "query",
     "text_turn",
     "tool_turn",
     # tools

@@ -106,16 +106,15 @@ def lead_model(request: Any) -> AssistantModelMessage:
     for message in messages[1:]:
         if message.get("role") != "user" or not isinstance(message.get("content"), list):
             continue
-        entries = parse_report_message(message)
-        if entries:
-            answers += [f"{e['status']}:{e['content']}" for e in entries]
-            continue
+        # one user turn: the tool results first, then (merged into it by the request
+        # normalisation) the handoff reports that arrived after the batch
         for block in message["content"]:
             if block.get("type") == "tool_result":
                 content = block.get("content")
                 text = content if isinstance(content, str) else json.dumps(content)
                 if not text.startswith("{"):  # handoff receipts are JSON; ask answers are text
                     answers.append(("error:" if block.get("is_error") else "ask:") + text)
+        answers += [f"{e['status']}:{e['content']}" for e in parse_report_message(message)]
     return _text("final: " + " | ".join(answers))
 
 
