@@ -140,6 +140,7 @@ __all__ += [
 
 # --- teams in one process (lattice_worker.team)
 from .team import (  # noqa: E402
+    DEFAULT_MAX_DELEGATE_DEPTH,
     AgentMessageEvent,
     DrainResult,
     RunnerOptions,
@@ -152,10 +153,12 @@ from .team import (  # noqa: E402
     agent_tool,
     create_team,
     create_team_runner,
+    delegate_tool,
     team_member,
 )
 
 __all__ += [
+    "DEFAULT_MAX_DELEGATE_DEPTH",
     "AgentMessageEvent",
     "DrainResult",
     "RunnerOptions",
@@ -168,6 +171,7 @@ __all__ += [
     "agent_tool",
     "create_team",
     "create_team_runner",
+    "delegate_tool",
     "team_member",
 ]
 
