@@ -31,12 +31,15 @@ lead's tool batch on its first execution).
 Teams: ``team`` ("e2e": lead + ``worker`` + ``other``, max 4 concurrent work
 items), ``session_team`` ("e2e_session": member ``clerk`` is a live Agent,
 serial), ``nested_team`` ("e2e_company" whose member ``eng`` is the team
-"e2e_eng" with member ``backend``).
+"e2e_eng" with member ``backend``), ``compact_team`` ("e2e_compact": the
+``team`` members under a lead with ``auto_compact`` whose every response
+reports :data:`COMPACT_REPORTED_TOKENS` input tokens, past its threshold).
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 import re
@@ -237,9 +240,61 @@ def build_nested_team() -> Any:
     )
 
 
+COMPACT_THRESHOLD = 1_000
+COMPACT_REPORTED_TOKENS = 5_000
+SUMMARY_USAGE = {"input_tokens": 321, "output_tokens": 12}
+PLAN_MARK = "PLAN: "
+
+
+def compacting_lead_model(request: Any) -> AssistantModelMessage:
+    """The "e2e_compact" lead: :func:`lead_model` with usage past the threshold.
+
+    A summary request (no tools) is answered ``"PLAN: <the run's plan>"`` -- the
+    plan read from the transcript -- so the compacted history still holds the
+    plan; a request whose first message is that summary is played as if the
+    plan were the prompt."""
+    messages = request.messages
+    if not request.tools:
+        transcript = _first_text(messages[-1])
+        if PLAN_MARK in transcript:
+            plan_text = transcript.split(PLAN_MARK, 1)[1].split("\n", 1)[0]
+        else:
+            plan_text = transcript.split("[user]\n", 1)[1].split("\n", 1)[0]
+        reply = _text(PLAN_MARK + plan_text)
+        reply.usage = dict(SUMMARY_USAGE)
+        return reply
+    first = _first_text(messages[0])
+    if PLAN_MARK in first:
+        request = copy.copy(request)
+        request.messages = [{"role": "user", "content": first.split(PLAN_MARK, 1)[1]}, *messages[1:]]
+    reply = lead_model(request)
+    reply.usage = {"input_tokens": COMPACT_REPORTED_TOKENS, "output_tokens": 10}
+    return reply
+
+
+def build_compact_team() -> Any:
+    """The "e2e_compact" team: ``worker`` and ``other`` under a compacting lead
+    (threshold :data:`COMPACT_THRESHOLD`, the last 2 messages kept)."""
+    lead = define_agent(
+        name="compact-lead",
+        model_client=ScriptedModelClient(compacting_lead_model),
+        max_turns=8,
+        auto_compact={"threshold_tokens": COMPACT_THRESHOLD, "keep_recent_messages": 2},
+    )
+    return create_team(
+        name="e2e_compact",
+        lead=lead,
+        members=[
+            team_member(name="worker", agent=_member_spec("worker"), role="executor"),
+            team_member(name="other", agent=_member_spec("other"), role="executor"),
+        ],
+    )
+
+
 team = build_team()
 session_team = build_session_team()
 nested_team = build_nested_team()
+compact_team = build_compact_team()
 
 
 def plan(*calls: tuple[str, str, str]) -> str:
