@@ -435,7 +435,8 @@ class QueryRun:
             raise
 
     async def finalize_results(self, outcomes: list[CallOutcome]) -> list[dict[str, Any]]:
-        """Run ``on_tool_result`` hooks, then trace each result; returns the blocks."""
+        """Run ``on_tool_result`` hooks, bound each result (``max_tool_result_chars``),
+        then trace it; returns the blocks."""
         blocks: list[dict[str, Any]] = []
         hooks = self.hooks
         limit = self.agent.options.max_tool_result_chars
