@@ -221,9 +221,6 @@ async def run_query(agent: Agent, prompt: Any, q: QueryOptions) -> AsyncIterator
         # The last response of an earlier query may have been past the threshold: compact
         # before this query's first request. Later turns compact after their tool batch.
         compacted = await run.compact("threshold")
-        if isinstance(compacted, Finish):
-            yield await run.finish(compacted)
-            return
         if compacted is not None:
             yield compacted
         retry = False  # the next request retries the same turn (after an overflow recovery)
@@ -285,13 +282,14 @@ async def run_query(agent: Agent, prompt: Any, q: QueryOptions) -> AsyncIterator
                     run.stop_reason = message.stop_reason
                 already = run.recovered
                 compacted = await run.compact("overflow")
-                if isinstance(compacted, Finish):
-                    yield await run.finish(compacted)
-                    return
                 if compacted is not None:
                     yield compacted
                     retry = True  # the same turn again, from the compacted history
                     continue
+                stop = run.stop_check(retry=True)  # aborted or interrupted while summarising
+                if stop is not None:
+                    yield await run.finish(stop)
+                    return
                 if window:
                     yield await run.finish(Finish("error", error=_window_error(run, already)))
                     return
@@ -373,9 +371,6 @@ async def run_query(agent: Agent, prompt: Any, q: QueryOptions) -> AsyncIterator
                 # Between turns: compact now, before the runtime may suspend the query (the
                 # distributed lead resumes in another segment, from the compacted history).
                 compacted = await run.compact("threshold")
-                if isinstance(compacted, Finish):
-                    yield await run.finish(compacted)
-                    return
                 if compacted is not None:
                     yield compacted
 

@@ -250,22 +250,21 @@ class QueryRun:
 
     # -------------------------------------------------------------------- compaction
 
-    async def compact(self, trigger: str) -> SystemMessage | Finish | None:
+    async def compact(self, trigger: str) -> SystemMessage | None:
         """Compact the history if ``auto_compact`` is on and -- for ``trigger``
         ``"threshold"`` -- the last response reported more input tokens than the
         threshold; ``"overflow"``: the recovery after an overflow (once per query).
 
-        Returns the ``compaction`` event, ``None`` when nothing was compacted
-        (off, under the threshold, no safe cut, the summary request failed), or
-        a :class:`Finish` when the query was aborted or interrupted meanwhile.
+        Returns the ``compaction`` event, or ``None`` when nothing was compacted
+        (off, under the threshold, no safe cut, the summary request failed, or
+        the query was aborted or interrupted -- the loop's next stop check ends it).
         """
         settings = self.compaction
         agent = self.agent
         if settings is None:
             return None
-        stop = self.stop_check(retry=True)  # aborted or interrupted already: no summary request
-        if stop is not None:
-            return stop
+        if self.stop_check(retry=True) is not None:  # aborted or interrupted: no summary request
+            return None
         if trigger == "threshold":
             tokens = agent._context_tokens
             if tokens is None or tokens <= settings.threshold_tokens:
@@ -296,10 +295,8 @@ class QueryRun:
                 kind, _ = await inbox.get()
         finally:
             self.end_call(task, handles)
-        if kind == "abort":
-            return abort_finish(self.signal)
-        if kind == "interrupt":
-            return Finish("interrupted")
+        if kind in ("abort", "interrupt"):
+            return None  # the interrupt flag / the signal is set: the loop's next stop check ends the query
         try:
             if kind == "timeout":
                 raise CompactionError(f"the summary request exceeded request_timeout_ms={self.timeout_ms} ms")

@@ -196,16 +196,20 @@ def _member_spec(name: str) -> Any:
     return define_agent(name=name, model_client=ScriptedModelClient(member_model), tools=[work], max_turns=8)
 
 
+def _executors() -> list[Any]:
+    return [
+        team_member(name="worker", agent=_member_spec("worker"), role="executor"),
+        team_member(name="other", agent=_member_spec("other"), role="executor"),
+    ]
+
+
 def build_team() -> Any:
     """The "e2e" team: lead (with its own tool ``chore``) + template members ``worker`` and ``other``."""
     lead = define_agent(name="lead", model_client=ScriptedModelClient(lead_model), tools=[chore], max_turns=8)
     return create_team(
         name="e2e",
         lead=lead,
-        members=[
-            team_member(name="worker", agent=_member_spec("worker"), role="executor"),
-            team_member(name="other", agent=_member_spec("other"), role="executor"),
-        ],
+        members=_executors(),
         runner={"max_concurrent_work_items": 4},
     )
 
@@ -284,10 +288,7 @@ def build_compact_team() -> Any:
     return create_team(
         name="e2e_compact",
         lead=lead,
-        members=[
-            team_member(name="worker", agent=_member_spec("worker"), role="executor"),
-            team_member(name="other", agent=_member_spec("other"), role="executor"),
-        ],
+        members=_executors(),
     )
 
 

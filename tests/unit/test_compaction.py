@@ -518,3 +518,36 @@ async def test_a_second_window_exceeded_or_compaction_off_ends_with_a_clear_erro
     result = (await events_of(plain))[-1]
     assert result.subtype == "error" and "Set auto_compact=True" in result.error
     assert await plain.get_history() == [{"role": "user", "content": "go"}]
+
+
+@pytest.mark.parametrize("how", ["interrupt", "abort"])
+async def test_an_interrupt_or_abort_during_the_summary_request_ends_the_query_and_keeps_the_history(how):
+    import asyncio
+
+    from lattice_worker import AbortController
+
+    controller = AbortController()
+    started = asyncio.Event()
+
+    async def slow_summary(request: Any) -> Any:
+        started.set()
+        await asyncio.sleep(30)
+
+    client = ScriptedModelClient(
+        [tool_turn(("step", {"n": 1}), usage=SMALL), tool_turn(("step", {"n": 2}), usage=BIG), slow_summary]
+    )
+    agent = create_bare_agent(
+        model_client=client,
+        tools=[step_tool()],
+        auto_compact={"threshold_tokens": 1000, "keep_recent_messages": 2},
+    )
+    task = asyncio.create_task(agent.prompt("go", stream=False, signal=controller.signal))
+    await asyncio.wait_for(started.wait(), 5)
+    if how == "interrupt":
+        assert agent.interrupt() is True
+    else:
+        controller.abort("stop")
+    result = await asyncio.wait_for(task, 5)
+    assert result.subtype == ("interrupted" if how == "interrupt" else "error_abort")
+    assert len(client.requests) == 3  # no request after the abandoned summary
+    assert len(await agent.get_history()) == 5  # nothing was replaced
