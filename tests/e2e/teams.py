@@ -256,7 +256,9 @@ def compacting_lead_model(request: Any) -> AssistantModelMessage:
     A summary request (no tools) is answered ``"PLAN: <the run's plan>"`` -- the
     plan read from the transcript -- so the compacted history still holds the
     plan; a request whose first message is that summary is played as if the
-    plan were the prompt."""
+    plan were the prompt. Each turn request is recorded in Redis (RPUSH
+    ``<prefix>:test:lead_requests``, JSON ``{"pid", "messages", "first"}``: the
+    process, the message count and the first message's first 60 characters)."""
     messages = request.messages
     if not request.tools:
         transcript = _first_text(messages[-1])
@@ -268,6 +270,12 @@ def compacting_lead_model(request: Any) -> AssistantModelMessage:
         reply.usage = dict(SUMMARY_USAGE)
         return reply
     first = _first_text(messages[0])
+    client = _redis()
+    try:
+        record = {"pid": os.getpid(), "messages": len(messages), "first": first[:60]}
+        client.rpush(f"{_prefix()}:test:lead_requests", json.dumps(record))
+    finally:
+        client.close()
     if PLAN_MARK in first:
         request = copy.copy(request)
         request.messages = [{"role": "user", "content": first.split(PLAN_MARK, 1)[1]}, *messages[1:]]
