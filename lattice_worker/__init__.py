@@ -45,11 +45,14 @@ from .errors import (
     ConfigError,
     LatticeError,
     MaxTurnsError,
+    MissingExtraError,
     MissingOutputError,
     ModelTimeoutError,
     ToolBatchRejectedError,
     ToolExecutionError,
 )
+from .tools.builtin import create_agent_workspace_tools, create_builtin_tools
+from .tools.skills import SkillDefinition, load_skill, skill
 from .tools.tool import ToolContext, ToolDefinition, ToolResult, tool
 
 __all__ = [
@@ -94,9 +97,14 @@ __all__ = [
     "text_turn",
     "tool_turn",
     # tools
+    "SkillDefinition",
     "ToolContext",
     "ToolDefinition",
     "ToolResult",
+    "create_agent_workspace_tools",
+    "create_builtin_tools",
+    "load_skill",
+    "skill",
     "tool",
     # errors
     "APIError",
@@ -105,6 +113,7 @@ __all__ = [
     "ConfigError",
     "LatticeError",
     "MaxTurnsError",
+    "MissingExtraError",
     "MissingOutputError",
     "ModelTimeoutError",
     "ToolBatchRejectedError",
@@ -123,6 +132,9 @@ from .tracing import (  # noqa: E402
     TraceContext,
     create_composite_context_tracer,
     create_jsonl_context_tracer,
+    create_langfuse_context_tracer,
+    create_langsmith_context_tracer,
+    create_otel_context_tracer,
     define_context_tracer,
 )
 
@@ -134,6 +146,9 @@ __all__ += [
     "create_composite_context_tracer",
     "create_jsonl_context_tracer",
     "create_jsonl_history_store",
+    "create_langfuse_context_tracer",
+    "create_langsmith_context_tracer",
+    "create_otel_context_tracer",
     "define_context_tracer",
     "define_history_store",
 ]

@@ -46,14 +46,13 @@ from .model import AssistantModelMessage, TokenUsage
 from .normalize import coerce_tool_input
 from .options import QueryOptions
 from .output import SUBMIT_OUTPUT_TOOL_NAME, payload_text
-from .query_run import Finish, QueryRun, RunControl, abort_finish, text_of
+from .query_run import Finish, LoopAgent, QueryRun, RunControl, abort_finish, text_of
 from .query_run import copy_json as _copy
 from .tool_batch import CallOutcome
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from .agent import Agent
 
 logger = logging.getLogger("lattice_worker.agent")
 
@@ -159,7 +158,7 @@ def _first_error(outcomes: list[CallOutcome], blocks: list[dict[str, Any]]) -> s
     return None
 
 
-async def run_query(agent: Agent, prompt: Any, q: QueryOptions) -> AsyncIterator[SDKMessage]:
+async def run_query(agent: LoopAgent, prompt: Any, q: QueryOptions) -> AsyncIterator[SDKMessage]:
     """The query generator behind ``Agent.query`` (validated prompt and options).
 
     Raises :class:`ConcurrentQueryError` (on first iteration) while another query
@@ -196,6 +195,7 @@ async def run_query(agent: Agent, prompt: Any, q: QueryOptions) -> AsyncIterator
                     "query(None) continues from the stored history, which must end with a user message"
                 )
         run = QueryRun(agent, q, control)
+        run.skills = agent._skills_section(prompt)  # matched once per query, never stored
         tool_map = agent._tool_map()
         yield SystemMessage(
             session_id=run.session_id,

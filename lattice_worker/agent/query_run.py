@@ -16,7 +16,7 @@ import inspect
 import logging
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import AbortError, MaxTurnsError
 from ..tracing.base import TraceContext, TraceEmitter
@@ -30,7 +30,40 @@ from .options import DEFAULT_MAX_TOKENS, QueryOptions, thinking_budget
 from .result_limits import bound_tool_result
 from .tool_batch import CallOutcome, ToolBatchRunner
 
+if TYPE_CHECKING:
+    from ..tools.tool import ToolDefinition
+    from .options import AgentOptions
+
 logger = logging.getLogger("lattice_worker.agent")
+
+
+class LoopAgent(Protocol):
+    """What the loop uses of the agent whose query it runs
+    (:class:`lattice_worker.agent.agent.Agent`, which imports this module)."""
+
+    options: AgentOptions
+    session_id: str
+    _history: list[dict[str, Any]]
+    _control: RunControl | None
+    _query_lock: threading.Lock
+    _context_tokens: int | None
+
+    @property
+    def name(self) -> str | None: ...
+
+    def _tool_map(self) -> dict[str, ToolDefinition]: ...
+
+    def _system_prompt(self, skills: str | None = None) -> str | None: ...
+
+    def _model_client(self) -> Any: ...
+
+    async def _ensure_history_loaded(self) -> None: ...
+
+    async def _append(self, message: dict[str, Any]) -> None: ...
+
+    async def _rewrite_history(self, messages: list[dict[str, Any]]) -> None: ...
+
+    def _skills_section(self, prompt: Any) -> str | None: ...
 
 
 class RunControl:
@@ -110,10 +143,11 @@ class Finish:
 class QueryRun:
     """State of one query; helpers used by :func:`run_query`."""
 
-    def __init__(self, agent: Any, q: QueryOptions, control: RunControl) -> None:
+    def __init__(self, agent: LoopAgent, q: QueryOptions, control: RunControl) -> None:
         self.agent = agent
         self.q = q
         self.control = control
+        self.skills: str | None = None  # the matched skills' prompt section (set by run_query)
         opts = agent.options
         self.started = time.monotonic()
         self.session_id = agent.session_id
@@ -170,7 +204,7 @@ class QueryRun:
         agent = self.agent
         tools = agent._tool_map()
         messages = list(agent._history)
-        system = agent._system_prompt()
+        system = agent._system_prompt(self.skills)
         hooks = self.hooks
         if hooks is not None and hooks.on_model_request is not None:
             # the hook gets its own deep copy (hooks.py); the history itself is never handed out
@@ -474,4 +508,4 @@ def abort_finish(signal: AbortSignal) -> Finish:
     return Finish("error_abort", error=AbortError(text))
 
 
-__all__ = ["Finish", "QueryRun", "RunControl", "abort_finish", "copy_json", "text_of"]
+__all__ = ["Finish", "LoopAgent", "QueryRun", "RunControl", "abort_finish", "copy_json", "text_of"]

@@ -25,6 +25,9 @@ WORKER_NAMES = [
     "create_jsonl_context_tracer",
     "create_composite_context_tracer",
     "define_context_tracer",
+    "create_langsmith_context_tracer",
+    "create_langfuse_context_tracer",
+    "create_otel_context_tracer",
     "ScriptedModelClient",
     "AnthropicModelClient",
     "agent_tool",
@@ -34,6 +37,12 @@ WORKER_NAMES = [
     "ModelClient",
     "ModelRequest",
     "AssistantModelMessage",
+    # round 2 (DESIGN §9b): built-in workspace tools and skills
+    "create_builtin_tools",
+    "create_agent_workspace_tools",
+    "skill",
+    "load_skill",
+    "SkillDefinition",
 ]
 
 
