@@ -1,9 +1,22 @@
-"""An agent (ScriptedModelClient) calling MCP tools of a real stdio server end to end."""
+"""Agents (ScriptedModelClient) calling MCP tools of a real stdio server end to end: over a
+connection the test owns, and over the pooled connections of the ``mcp_servers=`` option."""
 
 from __future__ import annotations
 
-from lattice_worker import ScriptedModelClient, connect_mcp_stdio_server, create_agent, text_turn, tool_turn
-from tests.support.mcp_servers import stdio_config
+import pytest
+
+from lattice_worker import (
+    ConfigError,
+    ScriptedModelClient,
+    connect_mcp_stdio_server,
+    create_agent,
+    define_agent,
+    text_turn,
+    tool,
+    tool_turn,
+)
+from lattice_worker.tools.mcp.pool import close_pooled_connections
+from tests.support.mcp_servers import kill_and_wait, process_alive, stdio_config
 
 
 def tool_results(request) -> list[dict]:
@@ -65,3 +78,104 @@ async def test_the_run_goes_on_after_the_server_dies_mid_call():
     assert result.subtype == "success" and result.result == "done"
     assert outcomes[0][0] is True and "closed during the call" in outcomes[0][1]
     assert outcomes[1] == (False, "found: still there?")
+
+
+# --------------------------------------------------------------------------- mcp_servers= (pooled)
+
+
+def pid_script(request):
+    """Call docs_pid, then answer with what it returned ("pid <n>", or "error: ...")."""
+    last = request.messages[-1]
+    results = (
+        [b for b in last["content"] if b.get("type") == "tool_result"]
+        if isinstance(last["content"], list)
+        else []
+    )
+    if not results:
+        return tool_turn(("docs_pid", {}))
+    [block] = results
+    return text_turn(("error: " if block.get("is_error") else "pid ") + result_text(block))
+
+
+def pid_of(result) -> int:
+    assert result.subtype == "success" and result.result.startswith("pid "), result.result
+    return int(result.result.split()[1])
+
+
+async def test_mcp_servers_connect_lazily_are_reused_across_runs_and_restart_after_the_server_died(tmp_path):
+    counter = tmp_path / "calls"
+    spec = define_agent(
+        model="scripted",
+        model_client=ScriptedModelClient(pid_script),
+        mcp_servers={"docs": stdio_config(counter=str(counter))},
+    )
+    first = pid_of(await spec.spawn().prompt("which pid?"))
+    second = pid_of(await spec.spawn().prompt("which pid?"))
+    assert second == first  # one connection per loop, reused by the next run
+
+    kill_and_wait(first)  # the server dies between two runs (the loop does not run meanwhile)
+    third = pid_of(await spec.spawn().prompt("which pid?"))
+    assert third != first
+    assert counter.read_text().splitlines() == ["pid", "pid", "pid"]
+    await close_pooled_connections()
+    assert not process_alive(third)
+
+
+def test_each_event_loop_gets_its_own_connection_stopped_with_its_loop():
+    spec = define_agent(
+        model="scripted", model_client=ScriptedModelClient(pid_script), mcp_servers={"docs": stdio_config()}
+    )
+    first = pid_of(spec.spawn().prompt_sync("which pid?"))  # asyncio.run: a loop of its own
+    assert not process_alive(
+        first
+    )  # the loop's end cancelled the connection's task, which stopped the server
+    second = pid_of(spec.spawn().prompt_sync("which pid?"))
+    assert second != first and not process_alive(second)
+
+
+async def test_an_unreachable_server_is_left_out_of_the_query_with_a_warning(caplog):
+    seen = {}
+
+    def answer(request):
+        seen["tools"] = [t["name"] for t in request.tools]
+        return text_turn("ok")
+
+    spec = define_agent(
+        model="scripted",
+        model_client=ScriptedModelClient(answer),
+        mcp_servers={
+            "docs": stdio_config(),
+            "broken": {"command": "/nonexistent/mcp-server", "connect_timeout": 5},
+        },
+    )
+    result = await spec.spawn().prompt("hello")
+    assert result.subtype == "success"
+    assert "docs_pid" in seen["tools"] and not any(n.startswith("broken_") for n in seen["tools"])
+    assert any('MCP server "broken" left out' in r.getMessage() for r in caplog.records)
+    await close_pooled_connections()
+
+
+async def test_mcp_servers_options_are_checked_at_definition_and_names_at_query():
+    with pytest.raises(ConfigError, match=r"mcp_servers.*unknown server key"):
+        define_agent(mcp_servers={"docs": {"command": "x", "argv": []}})
+    with pytest.raises(ConfigError, match="must be 1-32 letters"):
+        define_agent(mcp_servers={"my docs": {"command": "x"}})
+    with pytest.raises(ConfigError, match="url must be an http"):
+        define_agent(mcp_servers={"remote": {"type": "http", "url": "mcp.example.com"}})
+    with pytest.raises(ConfigError, match="call_timeout"):
+        define_agent(mcp_servers={"docs": {"command": "x", "call_timeout": -1}})
+
+    @tool
+    def docs_pid() -> str:
+        """A static tool whose name an MCP tool also takes."""
+        return "static"
+
+    agent = create_agent(
+        model="scripted",
+        tools=[docs_pid],
+        mcp_servers={"docs": stdio_config()},
+        model_client=ScriptedModelClient([]),
+    )
+    with pytest.raises(ConfigError, match='duplicate tool name "docs_pid"'):
+        await agent.prompt("hello")
+    await close_pooled_connections()

@@ -4,10 +4,7 @@ and what happens when the server misbehaves."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import os
-import signal
 import sys
 from pathlib import Path
 
@@ -22,7 +19,7 @@ from lattice_worker import (
     create_mcp_tools,
 )
 from lattice_worker.tools.tool import TOOL_NAME_PATTERN, ToolContext, ToolInputError
-from tests.support.mcp_servers import STDIO_SERVER, stdio_config
+from tests.support.mcp_servers import STDIO_SERVER, kill_and_wait, process_alive, stdio_config
 
 CTX = ToolContext(tool_use_id="toolu_test", tool_name="test")
 
@@ -43,14 +40,6 @@ def text_of(result) -> str:
 
 def calls_in(counter: Path) -> list[str]:
     return counter.read_text().splitlines() if counter.exists() else []
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 async def test_names_schemas_and_annotations(tmp_path):
@@ -143,7 +132,7 @@ async def test_a_server_that_dies_mid_call_gives_an_error_result_and_the_next_ca
         second_pid = int(text_of(await call(tools["pid"], {})))
         assert second_pid != first_pid
         assert conn.reconnects == 1
-        assert not alive(first_pid)
+        assert not process_alive(first_pid)
         # the call in flight when the server died was not sent again
         assert calls_in(counter) == ["pid", "die", "pid"]
 
@@ -153,12 +142,8 @@ async def test_a_server_killed_between_calls_is_restarted_before_the_next_call(t
     async with connect_mcp_stdio_server(stdio_config(counter=str(counter))) as conn:
         tools = by_server_name(conn.tools)
         pid = int(text_of(await call(tools["pid"], {})))
-        os.kill(pid, signal.SIGKILL)
-        for _ in range(500):  # the connection notices the end of the server's stdout
-            if not conn.connected:
-                break
-            await asyncio.sleep(0.01)
-        assert not conn.connected
+        kill_and_wait(pid)  # dead before the next call, the loop not running meanwhile
+        assert conn.connected  # not noticed yet: nothing ran on the loop
 
         again = await call(tools["pid"], {})
         assert again.is_error is False and int(text_of(again)) != pid
@@ -216,7 +201,7 @@ async def test_close_stops_the_server_and_the_tools_then_answer_errors():
     pid = int(text_of(await call(tools["pid"], {})))
     await conn.close()
     await conn.close()  # idempotent
-    assert not alive(pid)
+    assert not process_alive(pid)
     after = await call(tools["pid"], {})
     assert after.is_error is True and "is closed" in text_of(after)
 

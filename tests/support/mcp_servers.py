@@ -45,6 +45,26 @@ def _accepts(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` is running (a zombie, dead but not yet reaped, is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def kill_and_wait(pid: int, timeout: float = 10.0) -> None:
+    """SIGKILL ``pid`` and wait (blocking, at most ``timeout`` s) until it is dead."""
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while process_alive(pid):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"process {pid} still alive {timeout} s after SIGKILL")
+        time.sleep(0.01)
+
+
 class HTTPServer:
     """``mcp_http_server.py`` in a subprocess (see the module doc)."""
 
@@ -107,4 +127,12 @@ def http_server(*flags: str, log_path: Path) -> Iterator[HTTPServer]:
         server.stop()
 
 
-__all__ = ["HTTPServer", "STDIO_SERVER", "free_port", "http_server", "stdio_config"]
+__all__ = [
+    "HTTPServer",
+    "STDIO_SERVER",
+    "free_port",
+    "http_server",
+    "kill_and_wait",
+    "process_alive",
+    "stdio_config",
+]

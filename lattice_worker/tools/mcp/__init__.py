@@ -8,22 +8,18 @@
 
 Modules: :mod:`.naming` (provider-safe names), :mod:`.schema` (input schemas),
 :mod:`.results` (call results), :mod:`.adapter` (tools from a client),
-:mod:`.connection` (connections, stdio), :mod:`.http` (Streamable HTTP).
+:mod:`.connection` (what connections share), :mod:`.stdio` and :mod:`.http`
+(the transports), :mod:`.pool` (the pooled connections of ``mcp_servers=``).
 Importing this package imports the ``mcp`` SDK (about a second);
 ``lattice_worker`` exports these names lazily.
 """
 
-from .adapter import DEFAULT_CALL_TIMEOUT_SECONDS, MCPClient, create_mcp_tools
-from .connection import (
-    DEFAULT_CONNECT_TIMEOUT_SECONDS,
-    MCPConnection,
-    MCPConnectionError,
-    MCPConnectTimeoutError,
-    MCPStdioConnection,
-    connect_mcp_stdio_server,
-)
+from ..mcp_servers import DEFAULT_CALL_TIMEOUT_SECONDS, DEFAULT_CONNECT_TIMEOUT_SECONDS
+from .adapter import MCPClient, create_mcp_tools
+from .connection import MCPConnection, MCPConnectionError, MCPConnectTimeoutError
 from .http import MCPStreamableHTTPConnection, connect_mcp_streamable_http_server
 from .schema import MCPSchemaError
+from .stdio import MCPStdioConnection, connect_mcp_stdio_server
 
 __all__ = [
     "DEFAULT_CALL_TIMEOUT_SECONDS",

@@ -34,15 +34,13 @@ from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
 from ...errors import ConfigError
+from ..mcp_servers import DEFAULT_CALL_TIMEOUT_SECONDS
 from ..tool import ToolContext, ToolDefinition, ToolInputError, ToolResult
 from .naming import assign_tool_names
 from .results import error_result, to_tool_result
 from .schema import MCPSchemaError, convert_input_schema
 
 logger = logging.getLogger("lattice_worker.mcp")
-
-DEFAULT_CALL_TIMEOUT_SECONDS = 60.0
-"""Seconds one MCP tool call may take before it ends as an ``is_error`` result."""
 
 MAX_LIST_PAGES = 100
 """``tools/list`` pages read at most (a server whose cursor never ends cannot hang a listing)."""

@@ -1,4 +1,4 @@
-"""Connections to MCP servers on the official ``mcp`` SDK: the common part and stdio.
+"""Connections to MCP servers on the official ``mcp`` SDK: what stdio and HTTP share.
 
 A connection runs one ``mcp.Client`` (the SDK's high-level client: it
 negotiates the protocol version -- ``server/discover``, falling back to the
@@ -6,19 +6,15 @@ negotiates the protocol version -- ``server/discover``, falling back to the
 used and closed from any task of the event loop that opened it. An MCP
 session is bound to that loop: never share a connection between loops.
 
-Bounds (seconds, per connection): ``connect_timeout`` for the handshake
-(:data:`DEFAULT_CONNECT_TIMEOUT_SECONDS`), ``call_timeout`` for one tool call
-(:data:`~.adapter.DEFAULT_CALL_TIMEOUT_SECONDS`).
+Bounds (seconds, per connection): ``connect_timeout`` for the handshake and
+the first tool listing (:data:`~lattice_worker.tools.mcp_servers.DEFAULT_CONNECT_TIMEOUT_SECONDS`),
+``call_timeout`` for one tool call
+(:data:`~lattice_worker.tools.mcp_servers.DEFAULT_CALL_TIMEOUT_SECONDS`).
 
 When the server goes away (its process exits, the connection drops) the calls
 in flight end at once as ``is_error`` results, and the next call first opens
 the connection again (starts the server again) -- once per call; a call that
-was in flight is never sent twice.
-
-stdio specifics: the server's stderr goes to ``errlog`` (this process's
-stderr by default). A line on its stdout that is not MCP JSON-RPC (a banner,
-a stray ``print``) is skipped by the SDK; the connection logs a warning
-quoting it and keeps it in :attr:`MCPStdioConnection.stdout_noise`.
+was in flight is never sent twice. The transports: :mod:`.stdio`, :mod:`.http`.
 """
 
 from __future__ import annotations
@@ -26,35 +22,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import shlex
-import sys
-from collections.abc import AsyncIterator, Generator
+from collections.abc import Generator
 from contextlib import AbstractAsyncContextManager
 from importlib import metadata
-from typing import Any, Generic, TextIO, TypeVar
+from typing import Any, Generic, TypeVar
 
-import anyio
 import mcp
 import mcp.types as mcp_types
-from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
 from ...errors import ConfigError, LatticeError
+from ..mcp_servers import (
+    DEFAULT_CONNECT_TIMEOUT_SECONDS,
+    positive_seconds,
+)
 from ..tool import ToolDefinition
-from .adapter import DEFAULT_CALL_TIMEOUT_SECONDS, ManagedMCPClient, build_tools, list_all_tools
+from .adapter import ManagedMCPClient, build_tools, list_all_tools
 
 logger = logging.getLogger("lattice_worker.mcp")
 
-DEFAULT_CONNECT_TIMEOUT_SECONDS = 30.0
-"""Seconds a connect (start the server, MCP handshake, first ``tools/list``) may take."""
-
 STOP_TIMEOUT_SECONDS = 10.0
 """Seconds ``close()`` waits for the SDK to stop a server (it closes stdin, then kills after ~4 s)."""
-
-MAX_NOISE_LINES = 20
-"""Non-protocol stdout lines kept in ``stdout_noise`` (the most recent ones)."""
 
 _GUARD_SECONDS = 1.0
 
@@ -81,9 +70,10 @@ def _client_info() -> mcp_types.Implementation:
 
 
 def _positive(where: str, key: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ConfigError(f"{where}: {key} must be a positive number of seconds, got {value!r}")
-    return float(value)
+    try:
+        return positive_seconds(where, key, value)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _leaf(exc: BaseException) -> BaseException:
@@ -377,9 +367,13 @@ class MCPConnection:
     def _needs_reopen(self, gen: _Generation | None) -> bool:
         return gen is None or gen.dead or gen.client is None
 
+    async def _settle(self, gen: _Generation | None) -> None:
+        """Let I/O already pending on the loop reach the connection (see MCPStdioConnection)."""
+
     async def _live(self) -> tuple[_Generation, mcp.Client]:
         """The live generation, opened again first if the server went away."""
         self._check_usable()
+        await self._settle(self._gen)
         gen = self._gen
         if self._needs_reopen(gen):
             async with self._lock:
@@ -488,191 +482,11 @@ class _Connecting(Generic[_C]):
         await self._connection.close()
 
 
-# --------------------------------------------------------------------------- stdio
-
-
-_STDIO_KEYS = {"command", "args", "env", "cwd"}
-
-
-def stdio_parameters(where: str, server: Any) -> StdioServerParameters:
-    """``server`` (a dict ``{"command", "args"?, "env"?, "cwd"?}`` or an
-    ``mcp.StdioServerParameters``) as ``StdioServerParameters``; raises
-    :class:`ConfigError` naming what is wrong."""
-    if isinstance(server, StdioServerParameters):
-        return server
-    if not isinstance(server, dict):
-        raise ConfigError(
-            f'{where}: server must be a dict {{"command": str, "args": [...], "env": {{...}}, "cwd": str}} '
-            f"or an mcp.StdioServerParameters, got {type(server).__name__}"
-        )
-    unknown = sorted(set(server) - _STDIO_KEYS)
-    if unknown:
-        raise ConfigError(f"{where}: unknown server key(s) {unknown}; allowed: command, args, env, cwd")
-    command = server.get("command")
-    if not isinstance(command, str) or not command.strip():
-        raise ConfigError(f'{where}: server["command"] must be a non-empty string, got {command!r}')
-    args = server.get("args", [])
-    if not isinstance(args, list | tuple) or not all(isinstance(a, str) for a in args):
-        raise ConfigError(f'{where}: server["args"] must be a list of strings, got {args!r}')
-    env = server.get("env")
-    if env is not None and (
-        not isinstance(env, dict)
-        or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
-    ):
-        raise ConfigError(f'{where}: server["env"] must be a dict of strings to strings, got {env!r}')
-    cwd = server.get("cwd")
-    if cwd is not None and not isinstance(cwd, str | os.PathLike):
-        raise ConfigError(f'{where}: server["cwd"] must be a path string, got {cwd!r}')
-    return StdioServerParameters(command=command, args=list(args), env=env, cwd=cwd)
-
-
-@contextlib.asynccontextmanager
-async def _watch_eof(transport: AbstractAsyncContextManager[Any], gen: _Generation) -> AsyncIterator[Any]:
-    """``transport``'s streams, with ``gen.dead`` set as soon as the server's side
-    ends (its process exited): the next call then starts the server again first
-    instead of being refused by a closed session."""
-    async with transport as (read_stream, write_stream):
-        relay_send, relay_receive = anyio.create_memory_object_stream[Any](0)
-
-        async def relay() -> None:
-            async with relay_send:
-                try:
-                    async for item in read_stream:
-                        await relay_send.send(item)
-                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                    pass
-                gen.dead = True  # before the session sees the end of its stream
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(relay)
-            try:
-                yield relay_receive, write_stream
-            finally:
-                tg.cancel_scope.cancel()
-
-
-def _errlog(errlog: TextIO | None) -> TextIO:
-    """A stream with a real file descriptor for the server's stderr (Celery replaces
-    ``sys.stderr`` with a logging proxy that has none)."""
-    for candidate in (errlog, sys.stderr, sys.__stderr__):
-        if candidate is None:
-            continue
-        try:
-            candidate.fileno()
-        except (AttributeError, OSError, ValueError):
-            continue
-        return candidate
-    return open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
-
-
-class MCPStdioConnection(MCPConnection):
-    """A stdio MCP server run as a subprocess (see the module doc).
-
-    Attributes (beyond :class:`MCPConnection`): ``parameters`` (the
-    ``mcp.StdioServerParameters``), ``stdout_noise`` (the last
-    :data:`MAX_NOISE_LINES` lines the server wrote to stdout that were not MCP
-    JSON-RPC; they were skipped).
-    """
-
-    _kind = "MCP stdio"
-
-    def __init__(
-        self,
-        parameters: StdioServerParameters,
-        *,
-        name_prefix: str | None,
-        connect_timeout: float,
-        call_timeout: float,
-        errlog: TextIO | None,
-    ) -> None:
-        label = shlex.join([os.path.basename(parameters.command), *parameters.args])
-        super().__init__(
-            label=label[:120],
-            name_prefix=name_prefix,
-            connect_timeout=connect_timeout,
-            call_timeout=call_timeout,
-        )
-        self.parameters = parameters
-        self.stdout_noise: list[str] = []
-        self._errlog = errlog
-
-    def _transport(self, gen: _Generation) -> AbstractAsyncContextManager[Any]:
-        return _watch_eof(stdio_client(self.parameters, errlog=_errlog(self._errlog)), gen)
-
-    async def _on_message(self, message: Any) -> None:
-        if isinstance(message, ValidationError):
-            errors = message.errors()
-            line = errors[0].get("input") if errors else None
-            text = line if isinstance(line, str) else str(message)
-            self.stdout_noise = [*self.stdout_noise[-(MAX_NOISE_LINES - 1) :], text]
-            logger.warning(
-                'MCP stdio server "%s" wrote a line to stdout that is not MCP JSON-RPC; skipped: %.200r',
-                self.server_name,
-                text,
-            )
-            return
-        await super()._on_message(message)
-
-    def _timeout_hint(self) -> str:
-        if self.stdout_noise:
-            return f" (it wrote non-protocol text to stdout: {self.stdout_noise[-1]!r:.200})"
-        return ""
-
-    def _describe_failure(self, exc: BaseException) -> str:
-        if isinstance(exc, OSError):
-            return f"the command could not be started: {exc}"
-        if isinstance(exc, MCPError) and exc.code == mcp_types.CONNECTION_CLOSED:
-            return (
-                "the server closed the connection during the handshake (did the process exit? see its stderr)"
-            )
-        return super()._describe_failure(exc)
-
-
-def connect_mcp_stdio_server(
-    server: Any,
-    *,
-    name_prefix: str | None = None,
-    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_SECONDS,
-    call_timeout: float = DEFAULT_CALL_TIMEOUT_SECONDS,
-    errlog: TextIO | None = None,
-) -> _Connecting[MCPStdioConnection]:
-    """Start a stdio MCP server and map its tools (``await`` it, or ``async with`` it).
-
-    ``server``: ``{"command": str, "args": [str, ...], "env": {str: str}, "cwd": str}``
-    (``args``, ``env``, ``cwd`` optional) or an ``mcp.StdioServerParameters``.
-    ``env`` is merged over the SDK's small default environment (``HOME``,
-    ``PATH``, ``SHELL``, ``TERM``, ``USER``, ``LOGNAME``); nothing else of this
-    process's environment is passed. ``name_prefix``: joined to every tool name
-    (``"docs"`` -> ``docs_search``). ``connect_timeout`` / ``call_timeout``:
-    seconds. ``errlog``: where the server's stderr goes.
-
-    Returns an :class:`MCPStdioConnection`. Raises :class:`ConfigError` for bad
-    arguments (at once), :class:`MCPConnectTimeoutError` when the server does not
-    complete the handshake in time, :class:`MCPConnectionError` when it cannot
-    be started, closes during the handshake, or its tool listing fails.
-    """
-    where = "connect_mcp_stdio_server"
-    parameters = stdio_parameters(where, server)
-    if name_prefix is not None and not isinstance(name_prefix, str):
-        raise ConfigError(f"{where}: name_prefix must be a string, got {type(name_prefix).__name__}")
-    connection = MCPStdioConnection(
-        parameters,
-        name_prefix=name_prefix,
-        connect_timeout=_positive(where, "connect_timeout", connect_timeout),
-        call_timeout=_positive(where, "call_timeout", call_timeout),
-        errlog=errlog,
-    )
-    return _Connecting(connection)
-
-
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT_SECONDS",
     "MCPConnection",
     "MCPConnectionClient",
     "MCPConnectionError",
     "MCPConnectTimeoutError",
-    "MCPStdioConnection",
     "connect_failure",
-    "connect_mcp_stdio_server",
-    "stdio_parameters",
 ]

@@ -39,9 +39,13 @@ from mcp.shared.auth import AuthorizationCodeResult
 from mcp.shared.exceptions import MCPError
 
 from ...errors import ConfigError
-from .adapter import DEFAULT_CALL_TIMEOUT_SECONDS
-from .connection import (
+from ..mcp_servers import (
+    DEFAULT_CALL_TIMEOUT_SECONDS,
     DEFAULT_CONNECT_TIMEOUT_SECONDS,
+    check_headers,
+    check_url,
+)
+from .connection import (
     MCPConnection,
     MCPConnectionError,
     _Connecting,
@@ -330,13 +334,11 @@ def connect_mcp_streamable_http_server(
     says it needs credentials) or its tool listing fails.
     """
     where = "connect_mcp_streamable_http_server"
-    if not isinstance(url, str) or urlparse(url).scheme not in ("http", "https") or not urlparse(url).netloc:
-        raise ConfigError(f"{where}: url must be an http:// or https:// URL, got {url!r}")
-    if headers is not None and (
-        not isinstance(headers, dict)
-        or not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())
-    ):
-        raise ConfigError(f"{where}: headers must be a dict of strings to strings, got {headers!r}")
+    try:
+        check_url(where, url)
+        check_headers(where, headers)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if auth_provider is not None and not isinstance(auth_provider, httpx2.Auth):
         raise ConfigError(
             f"{where}: auth_provider must be an mcp.client.auth.OAuthClientProvider (an httpx2.Auth), "
