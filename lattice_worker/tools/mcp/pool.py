@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 from collections.abc import Mapping
 
 from ..mcp_servers import MCPServerConfig
@@ -37,15 +38,18 @@ class _Entry:
 
 _pid = os.getpid()
 _pools: dict[asyncio.AbstractEventLoop, dict[tuple[object, ...], _Entry]] = {}
+_pools_lock = threading.Lock()  # worker threads each run a loop of their own
 
 
 def _pool() -> dict[tuple[object, ...], _Entry]:
     global _pid, _pools
-    if os.getpid() != _pid:  # forked: the parent's connections are not ours
-        _pid, _pools = os.getpid(), {}
-    for loop in [loop for loop in _pools if loop.is_closed()]:
-        del _pools[loop]
-    return _pools.setdefault(asyncio.get_running_loop(), {})
+    loop = asyncio.get_running_loop()
+    with _pools_lock:
+        if os.getpid() != _pid:  # forked: the parent's connections are not ours
+            _pid, _pools = os.getpid(), {}
+        for closed in [other for other in _pools if other.is_closed()]:
+            del _pools[closed]
+        return _pools.setdefault(loop, {})
 
 
 async def _connect(config: MCPServerConfig) -> MCPConnection:
