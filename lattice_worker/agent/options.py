@@ -171,6 +171,9 @@ class AgentOptions(BaseModel):
     See the module doc for strictness; ``auto_compact``, ``skills`` and
     ``workspace`` are stored but not active yet. ``create_bare_agent`` does not
     accept ``workspace``. Units: ``request_timeout_ms`` is milliseconds.
+    ``mcp_servers`` (not in the spec): MCP servers whose tools each query offers
+    beside ``tools``, connected lazily per process and event loop
+    (:mod:`lattice_worker.tools.mcp_servers`).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)

@@ -46,13 +46,19 @@ def _accepts(port: int) -> bool:
 
 
 def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` is running (a zombie, dead but not yet reaped, is not)."""
+    """Whether process ``pid`` is running. A zombie (dead, not yet reaped) is not --
+    once it holds no open files: the leader of a multi-threaded process shows "Z"
+    while its other threads still exit, and its pipes close only after the last."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             state = f.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
+        if state not in ("Z", "X"):
+            return True
+        return bool(os.listdir(f"/proc/{pid}/fd"))
+    except (FileNotFoundError, ProcessLookupError, IndexError):
         return False
-    return state not in ("Z", "X")
+    except PermissionError:  # a zombie's fd table can be unreadable: nothing left open
+        return False
 
 
 def kill_and_wait(pid: int, timeout: float = 10.0) -> None:

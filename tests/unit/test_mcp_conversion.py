@@ -249,3 +249,21 @@ def test_is_error_and_structured_only_and_empty_results():
 def test_importing_lattice_worker_does_not_import_the_mcp_sdk():
     code = "import sys, lattice_worker; assert 'mcp' not in sys.modules; lattice_worker.create_mcp_tools; assert 'mcp' in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_pinned_mcp_names_are_exported_from_lattice_worker():
+    import lattice_worker
+    from lattice_worker.tools import mcp as package
+
+    for name in (
+        "connect_mcp_stdio_server",
+        "connect_mcp_streamable_http_server",
+        "create_mcp_tools",
+        "MCPClient",
+        "MCPStdioConnection",
+        "MCPStreamableHTTPConnection",
+        "MCPConnectionError",
+        "MCPConnectTimeoutError",
+    ):
+        assert name in lattice_worker.__all__
+        assert getattr(lattice_worker, name) is getattr(package, name)
