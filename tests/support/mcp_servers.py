@@ -47,17 +47,16 @@ def _accepts(port: int) -> bool:
 
 def process_alive(pid: int) -> bool:
     """Whether process ``pid`` is running. A zombie (dead, not yet reaped) is not --
-    once it holds no open files: the leader of a multi-threaded process shows "Z"
-    while its other threads still exit, and its pipes close only after the last."""
+    once its last thread is gone: the leader of a multi-threaded process shows "Z"
+    while its other threads still exit, and the pipes they share close only after
+    the last of them."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             state = f.read().rsplit(")", 1)[1].split()[0]
         if state not in ("Z", "X"):
             return True
-        return bool(os.listdir(f"/proc/{pid}/fd"))
+        return any(task != str(pid) for task in os.listdir(f"/proc/{pid}/task"))
     except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    except PermissionError:  # a zombie's fd table can be unreadable: nothing left open
         return False
 
 
