@@ -43,6 +43,7 @@ from .errors import (
     ConfigError,
     LatticeError,
     MaxTurnsError,
+    MissingExtraError,
     MissingOutputError,
     ModelTimeoutError,
     ToolBatchRejectedError,
@@ -106,6 +107,7 @@ __all__ = [
     "ConfigError",
     "LatticeError",
     "MaxTurnsError",
+    "MissingExtraError",
     "MissingOutputError",
     "ModelTimeoutError",
     "ToolBatchRejectedError",
@@ -124,6 +126,9 @@ from .tracing import (  # noqa: E402
     TraceContext,
     create_composite_context_tracer,
     create_jsonl_context_tracer,
+    create_langfuse_context_tracer,
+    create_langsmith_context_tracer,
+    create_otel_context_tracer,
     define_context_tracer,
 )
 
@@ -135,6 +140,9 @@ __all__ += [
     "create_composite_context_tracer",
     "create_jsonl_context_tracer",
     "create_jsonl_history_store",
+    "create_langfuse_context_tracer",
+    "create_langsmith_context_tracer",
+    "create_otel_context_tracer",
     "define_context_tracer",
     "define_history_store",
 ]

@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import (
     AbortError,
@@ -49,9 +49,33 @@ from .tool_batch import CallOutcome, ToolBatchRunner
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from .agent import Agent
+    from ..tools.tool import ToolDefinition
+    from .options import AgentOptions
 
 logger = logging.getLogger("lattice_worker.agent")
+
+
+class LoopAgent(Protocol):
+    """What the loop uses of the agent whose query it runs
+    (:class:`lattice_worker.agent.agent.Agent`, which imports this module)."""
+
+    options: AgentOptions
+    session_id: str
+    _history: list[dict[str, Any]]
+    _control: RunControl | None
+
+    @property
+    def name(self) -> str | None: ...
+
+    def _tool_map(self) -> dict[str, ToolDefinition]: ...
+
+    def _system_prompt(self) -> str | None: ...
+
+    def _model_client(self) -> Any: ...
+
+    async def _ensure_history_loaded(self) -> None: ...
+
+    async def _append(self, message: dict[str, Any]) -> None: ...
 
 
 class SuspendQuery(Exception):  # noqa: N818 - the name is the contract (docs/contracts.md)
@@ -192,7 +216,7 @@ class _Finish:
 class _QueryRun:
     """State of one query; helpers used by :func:`run_query`."""
 
-    def __init__(self, agent: Agent, q: QueryOptions, control: RunControl) -> None:
+    def __init__(self, agent: LoopAgent, q: QueryOptions, control: RunControl) -> None:
         self.agent = agent
         self.q = q
         self.control = control
@@ -484,7 +508,7 @@ def _first_error(outcomes: list[CallOutcome], blocks: list[dict[str, Any]]) -> s
     return None
 
 
-async def run_query(agent: Agent, prompt: Any, q: QueryOptions) -> AsyncIterator[SDKMessage]:
+async def run_query(agent: LoopAgent, prompt: Any, q: QueryOptions) -> AsyncIterator[SDKMessage]:
     """The query generator behind ``Agent.query`` (validated prompt and options).
 
     Raises :class:`ConcurrentQueryError` (on first iteration) while another query

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from ..errors import ConfigError, ToolExecutionError
 from ..tools.tool import TOOL_NAME_PATTERN, ToolContext, ToolDefinition, ToolResult
 from .events import failure_from_result
+from .member import agent_kind
 
 _UNKNOWN_OPTION_HINT = (
     "Check for a typo, or upgrade agent-lattice if this option was added in a newer version."
@@ -125,17 +126,9 @@ def _target_schema(target: Any, kind: str) -> Any:
 
 
 def _target_kind(where: str, target: Any) -> str:
-    from ..agent.agent import Agent, is_agent_spec
-    from .team import Team
-
-    if is_agent_spec(target):
-        return "spec"
-    if isinstance(target, Team):
-        return "team"
-    if isinstance(target, Agent):
-        return "agent"
-    if callable(getattr(target, "prompt", None)) or callable(getattr(target, "query", None)):
-        return "host"
+    kind = agent_kind(target)
+    if kind is not None:
+        return kind
     raise ConfigError(
         f"{where}: target must be an Agent, an AgentSpec, a Team or an object with prompt()/query(); "
         f"got {type(target).__name__}"

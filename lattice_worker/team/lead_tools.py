@@ -13,7 +13,7 @@ hands the sent message to a :class:`Dispatcher`: the in-process
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -25,9 +25,7 @@ from .agent_tool import format_task
 from .ids import lead_mailbox_id, mailbox_id, new_work_item_id
 from .member import TeamMember
 from .member_tools import TeamToolError
-
-if TYPE_CHECKING:
-    from .team import Team
+from .shape import TeamShape
 
 
 @runtime_checkable
@@ -107,7 +105,9 @@ def _description(team_name: str, member: TeamMember) -> str:
     return text
 
 
-async def _send_task(team: Team, member_name: str, data: MemberCallInput, ctx: ToolContext) -> TeamMessage:
+async def _send_task(
+    team: TeamShape, member_name: str, data: MemberCallInput, ctx: ToolContext
+) -> TeamMessage:
     """Put one task in ``member_name``'s mailbox (from the lead, a new work item id)."""
     return await team.mailbox.send(
         lead_mailbox_id(team.name),
@@ -126,7 +126,9 @@ async def _send_task(team: Team, member_name: str, data: MemberCallInput, ctx: T
     )
 
 
-def make_member_tool(team: Team, member: TeamMember, dispatcher: Dispatcher | None = None) -> ToolDefinition:
+def make_member_tool(
+    team: TeamShape, member: TeamMember, dispatcher: Dispatcher | None = None
+) -> ToolDefinition:
     """The lead tool for one member (see :func:`make_lead_member_tools`)."""
     team_name = team.name
 
@@ -169,7 +171,7 @@ def make_member_tool(team: Team, member: TeamMember, dispatcher: Dispatcher | No
     )
 
 
-def make_lead_member_tools(team: Team, dispatcher: Dispatcher | None = None) -> list[ToolDefinition]:
+def make_lead_member_tools(team: TeamShape, dispatcher: Dispatcher | None = None) -> list[ToolDefinition]:
     """One tool per member of ``team``, named exactly as the member (kind ``"agent_tool"``).
 
     Input ``{mode: "ask" | "handoff" | "observe", task, expected_output?,

@@ -34,12 +34,12 @@ from .ids import mailbox_id
 from .member import TeamMember
 from .member_tools import EmitFn, MailboxToolState, TeamToolError, emit_event
 from .reports import format_report_message
+from .shape import TeamShape
 from .work import WorkItemOutcome, outcome_tool_text, run_work_item
 
 if TYPE_CHECKING:
     from ..agent.abort import AbortSignal
     from ..tracing.base import ContextTracer
-    from .team import Team
 
 logger = logging.getLogger("lattice_worker.team")
 
@@ -108,7 +108,7 @@ class TeamRunner:
 
     def __init__(
         self,
-        team: Team,
+        team: TeamShape,
         options: RunnerOptions | dict[str, Any] | None = None,
         *,
         signal: AbortSignal | None = None,
@@ -497,7 +497,7 @@ def _result_summary(result: Any) -> dict[str, Any]:
 
 
 def create_team_runner(
-    team: Team,
+    team: TeamShape,
     options: RunnerOptions | dict[str, Any] | None = None,
     *,
     max_concurrent_work_items: int | None = None,
