@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 # --- agent loop (lattice_worker.agent) and tools (lattice_worker.tools)
 from .agent.abort import AbortController, AbortSignal
 from .agent.agent import Agent, AgentSpec, create_agent, create_bare_agent, define_agent, is_agent_spec
+from .agent.compaction import DEFAULT_COMPACTION_PROMPT
 from .agent.events import (
     AssistantMessage,
     ResultMessage,
@@ -32,8 +33,10 @@ from .agent.hooks import (
 )
 from .agent.loop import SuspendQuery, ToolBatchOutcome
 from .agent.model import AssistantModelMessage, ModelClient, ModelRequest, TokenUsage
-from .agent.options import AgentOptions, QueryOptions
+from .agent.oneshot import query
+from .agent.options import AgentOptions, AutoCompactOptions, QueryOptions
 from .agent.output import SUBMIT_OUTPUT_TOOL_NAME
+from .agent.result_limits import DEFAULT_MAX_TOOL_RESULT_CHARS
 from .agent.scripted import ScriptedModelClient, ScriptExhaustedError, error_turn, text_turn, tool_turn
 from .agent.tool_batch import PermissionRequest, ToolBatchPolicyContext
 from .errors import (
@@ -55,6 +58,8 @@ from .tools.tool import ToolContext, ToolDefinition, ToolResult, tool
 
 __all__ = [
     # agent loop
+    "DEFAULT_COMPACTION_PROMPT",
+    "DEFAULT_MAX_TOOL_RESULT_CHARS",
     "SUBMIT_OUTPUT_TOOL_NAME",
     "AbortController",
     "AbortSignal",
@@ -65,6 +70,7 @@ __all__ = [
     "AnthropicModelClient",
     "AssistantMessage",
     "AssistantModelMessage",
+    "AutoCompactOptions",
     "ModelClient",
     "ModelRequest",
     "ModelRequestHookContext",
@@ -88,6 +94,7 @@ __all__ = [
     "define_agent",
     "error_turn",
     "is_agent_spec",
+    "query",
     "text_turn",
     "tool_turn",
     # tools
@@ -149,6 +156,7 @@ __all__ += [
 
 # --- teams in one process (lattice_worker.team)
 from .team import (  # noqa: E402
+    DEFAULT_MAX_DELEGATE_DEPTH,
     AgentMessageEvent,
     DrainResult,
     RunnerOptions,
@@ -161,10 +169,12 @@ from .team import (  # noqa: E402
     agent_tool,
     create_team,
     create_team_runner,
+    delegate_tool,
     team_member,
 )
 
 __all__ += [
+    "DEFAULT_MAX_DELEGATE_DEPTH",
     "AgentMessageEvent",
     "DrainResult",
     "RunnerOptions",
@@ -177,6 +187,7 @@ __all__ += [
     "agent_tool",
     "create_team",
     "create_team_runner",
+    "delegate_tool",
     "team_member",
 ]
 
