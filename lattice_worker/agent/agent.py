@@ -132,6 +132,7 @@ class Agent:
         self.session_id = session_id or str(uuid.uuid4())
         self._bare = bare
         self._tools: dict[str, ToolDefinition] = {t.name: t for t in options.tools}
+        self._mcp_tools: dict[str, ToolDefinition] = {}
         self._workspace: Workspace | None = None
         if not bare:
             self._workspace, builtin = agent_workspace_tools(
@@ -212,17 +213,36 @@ class Agent:
             self.deferred_tools.update(self._tools.values())
 
     def _tool_map(self) -> dict[str, ToolDefinition]:
-        """Every tool a call may name: the registered ones, ``tool_search``
-        while anything is deferred, ``submit_output`` with an output schema."""
+        """Every tool a call may name: the registered ones, this query's MCP tools,
+        ``tool_search`` while anything is deferred, ``submit_output`` with an output schema."""
         search = self.deferred_tools.search_tool
-        if self._submit_tool is None and search is None:
+        if self._submit_tool is None and not self._mcp_tools and search is None:
             return self._tools
-        extra = [t for t in (search, self._submit_tool) if t is not None]
-        return {**self._tools, **{t.name: t for t in extra}}
+        extra = {t.name: t for t in (search, self._submit_tool) if t is not None}
+        return {**self._tools, **self._mcp_tools, **extra}
 
     def _request_tools(self) -> list[ToolDefinition]:
         """The tools the next model request offers: deferred tools only once loaded."""
         return self.deferred_tools.visible(self._tool_map().values())
+
+    async def _prepare_mcp_tools(self) -> None:
+        """Resolve the ``mcp_servers`` option into this query's MCP tools (pooled
+        connections of this process and event loop; see
+        :mod:`lattice_worker.tools.mcp_servers`). Raises :class:`ConfigError` when
+        an MCP tool's name collides with another tool."""
+        servers = self.options.mcp_servers
+        if not servers:
+            return
+        # imported here: the mcp SDK costs about a second to import, paid only by agents using it
+        from ..tools.mcp.pool import mcp_server_tools
+
+        tools = await mcp_server_tools(servers)
+        check_tool_set(
+            list(self._tools.values()) + tools, output_schema=self.output_schema, where="mcp_servers"
+        )
+        self._mcp_tools = {t.name: t for t in tools}
+        if any(t.defer for t in tools):
+            self.deferred_tools.update([*self._tools.values(), *tools])
 
     def _skills_section(self, prompt: Any) -> str | None:
         """The system-prompt section of the skills a query's prompt matches (or ``None``).
