@@ -229,7 +229,8 @@ class DecisionsMixin:
                 raise DecisionError(f"unknown id {wait_id!r}: no such message or run")
         wait = await self.runs.get_wait(run_id, wait_id)
         other = "approval" if kind == "parked" else "parked"
-        if wait is None or wait.get("resolution") is not None and message is None:
+        # a member's decided wait stays until its next claim; a lead's closes when decided
+        if wait is None or (wait.get("resolution") is not None and message is None):
             status = f" (status {message.status.value})" if message is not None else ""
             what = "a parked call" if kind == "parked" else "a call waiting for an approval"
             raise DecisionError(f"{wait_id} is not {what}{status}: nothing waits on it now")
