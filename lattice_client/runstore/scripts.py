@@ -23,6 +23,7 @@ SCRIPT_NAMES = (
     "recover_lead",
     "journal_call",
     "write_history",
+    "set_trace_carrier",
 )
 
 
