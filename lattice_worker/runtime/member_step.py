@@ -57,6 +57,7 @@ from .context import WorkerContext
 from .events import public_message
 from .leases import LeaseKeeper
 from .registry import member_mode
+from .run_trace import member_trace
 
 logger = logging.getLogger("lattice_worker.runtime")
 
@@ -146,6 +147,7 @@ async def process_claimed(ctx: WorkerContext, team: Team, member: TeamMember, me
     )
     # a claim with a lease is renewed while the member works
     renewing = keeper if token and message.lease_until is not None else contextlib.nullcontext()
+    tracer, trace_context = member_trace(team, run_id, message)  # (None, None): an untraced run
     async with renewing:
         outcome = await run_work_item(
             team,
@@ -155,6 +157,8 @@ async def process_claimed(ctx: WorkerContext, team: Team, member: TeamMember, me
             token=token,
             signal=controller.signal,
             emit=emit,
+            tracer=tracer,
+            trace_context=trace_context,
             agent=agent,
             stream_events=False,  # the event emitter does not store token-level events
         )
