@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.teams import plan
-from tests.e2e.traced_teams import SPANS_ENV
+from tests.e2e.traced_teams import BATCH_ENV, SPANS_ENV
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(150)]
 
@@ -135,3 +135,20 @@ def test_a_resume_on_another_lead_worker_stays_in_the_trace(deployment, tmp_path
     root = check_run_tree(handle.run_id, first_spans + second_spans, spans_of(member_file))
     [resumed] = named(second_spans, "invoke_agent lead")
     assert resumed["parent_span_id"] == root["span_id"]
+
+
+def test_a_worker_flushes_its_tracers_when_it_shuts_down(deployment, tmp_path):
+    # spans an exporter still buffers when the worker stops are not lost: the pool
+    # process flushes the tracers of its teams on its way out
+    d = deployment
+    spans = tmp_path / "batched-spans.jsonl"
+    worker = d.worker(TEAM, "--concurrency", "1", env={SPANS_ENV: str(spans), BATCH_ENV: "1"})
+    handle = d.client.submit(TEAM, plan(("worker", "handoff", "a")))
+    assert handle.wait(timeout=60).status == "completed"
+    assert spans_of(spans) == []  # all of the run's spans are still in the batch queue
+    worker.stop()
+    exported = spans_of(spans)
+    assert len({s["trace_id"] for s in exported}) == 1
+    assert {"invoke_workflow e2e_traced", "invoke_agent lead", "invoke_agent worker"} <= {
+        s["name"] for s in exported
+    }

@@ -5,7 +5,10 @@ The tracer's provider is this module's own (not the global one). When the
 environment variable :data:`SPANS_ENV` names a file, every span is appended to
 it as one JSON line when it ends (the SDK's ``SimpleSpanProcessor`` with its
 ``ConsoleSpanExporter`` writing to that file), so a test can read what each
-worker process exported. Without the variable the spans go nowhere.
+worker process exported. With :data:`BATCH_ENV` set to ``1`` a
+``BatchSpanProcessor`` that exports only when flushed (or full) stands in
+between: the spans reach the file when the process flushes its tracers.
+Without the variable the spans go nowhere.
 
 Line fields: ``name``, ``trace_id`` / ``span_id`` / ``parent_span_id`` (hex,
 ``None`` for a root), ``kind``, ``status``, ``attributes``, ``start`` / ``end``
@@ -19,7 +22,7 @@ import os
 from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor
 from opentelemetry.trace import format_span_id, format_trace_id
 
 from lattice_worker import ScriptedModelClient, define_agent
@@ -29,6 +32,9 @@ from tests.e2e.teams import _executors, lead_model
 
 SPANS_ENV = "TEST_SPANS_FILE"
 """The file each worker process appends its spans to (JSON lines)."""
+
+BATCH_ENV = "TEST_SPANS_BATCH"
+"""``1``: buffer the spans until a flush (a batch processor with a 10-minute delay)."""
 
 
 def span_line(span: ReadableSpan) -> str:
@@ -59,7 +65,11 @@ def _provider() -> TracerProvider:
     path = os.environ.get(SPANS_ENV)
     if path:
         out = open(path, "a", encoding="utf-8")  # noqa: SIM115 - the process's span file, open until exit
-        provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=out, formatter=span_line)))
+        exporter = ConsoleSpanExporter(out=out, formatter=span_line)
+        if os.environ.get(BATCH_ENV) == "1":
+            provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=600_000))
+        else:
+            provider.add_span_processor(SimpleSpanProcessor(exporter))
     return provider
 
 
