@@ -99,6 +99,9 @@ class RunRecord(BaseModel):
     ``created_at``/``updated_at`` are milliseconds since the epoch.
     ``max_active`` is the latest per-run bound on dispatched work items
     (``max_concurrent_work_items``), ``None`` before any item was registered.
+    ``trace_carrier`` is the propagation headers of the run's trace root
+    (``dict[str, str]``, ``{}`` when its tracers propagate none), written by
+    the first lead segment that traced the run; ``None`` for an untraced run.
     """
 
     run_id: str
@@ -112,6 +115,7 @@ class RunRecord(BaseModel):
     parent: RunParent | None = None
     result: RunResult | None = None
     max_active: int | None = None
+    trace_carrier: dict[str, str] | None = None
 
 
 __all__ = ["FINISHED_STATUSES", "RunParent", "RunRecord", "RunResult", "RunStatus"]

@@ -211,6 +211,8 @@ def parse_record(raw: dict[str, str]) -> RunRecord:
         data["result"] = json.loads(raw["result"])
     if raw.get("max_active"):
         data["max_active"] = int(raw["max_active"])
+    if raw.get("trace_carrier"):
+        data["trace_carrier"] = json.loads(raw["trace_carrier"])
     return RunRecord.model_validate(data)
 
 

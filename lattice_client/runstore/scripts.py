@@ -29,6 +29,7 @@ SCRIPT_NAMES = (
     "journal_tool",
     "park_lead",
     "resolve_wait",
+    "set_trace_carrier",
 )
 
 

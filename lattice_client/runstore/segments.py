@@ -143,6 +143,30 @@ class RunSegments(RunRecords):
             usage=usage,
         )
 
+    async def set_trace_carrier(self, run_id: str, token: str, carrier: dict[str, str]) -> bool:
+        """Keep ``carrier`` (the propagation headers of the run's trace root, a
+        ``dict[str, str]``; ``{}`` when the tracers propagate none) in the run
+        record as ``trace_carrier``, while ``token`` holds the run. The first
+        one stays: returns False (nothing written) when the record already has
+        one. Raises :class:`RunLeaseLostError` when ``token`` does not hold the
+        run, ``ValueError`` when ``carrier`` is not a dict of strings."""
+        (_, _, _, *keys_args), _ = self.set_trace_carrier_call(run_id, token, carrier)
+        return bool(await self._run("set_trace_carrier", run_id, keys_args[:1], keys_args[1:]))
+
+    def set_trace_carrier_call(
+        self, run_id: str, token: str, carrier: dict[str, str]
+    ) -> tuple[tuple[Any, ...], str]:
+        """:meth:`set_trace_carrier` as ``(command, source)`` for the caller's own
+        pipeline (see :meth:`journal_call_call`); its reply is 1 (written) or 0.
+        Raises ``ValueError`` like :meth:`set_trace_carrier`."""
+        if not isinstance(carrier, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in carrier.items()
+        ):
+            raise ValueError(f"a trace carrier must be a dict of strings, got {carrier!r:.200}")
+        return self._call(
+            "set_trace_carrier", [self.keys(run_id).record], [token, dumps(carrier, "trace carrier")]
+        )
+
     async def extend_lead_lease(self, run_id: str, token: str, lease_s: float) -> bool:
         """Renew a running segment's lease to ``lease_s`` **seconds** from now.
         False when ``token`` no longer holds the run (taken over, cancelled,

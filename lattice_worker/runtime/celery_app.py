@@ -14,6 +14,9 @@ Signals used:
 * ``worker_ready`` (the main worker process): start the reaper thread
   (:class:`~lattice_worker.runtime.reaper.Reaper`), unless ``LATTICE_REAPER=0``.
 * ``worker_shutdown``: stop it.
+* ``worker_process_shutdown`` (each pool process) and ``worker_shutdown``:
+  flush the tracers of the served teams (:func:`~lattice_worker.runtime.run_trace.flush_tracers`),
+  so spans an exporter still buffers are sent before the process exits.
 
 Run it with ``lattice worker TEAM_REF`` (which also loads the team and
 chooses the queues), or ``celery -A lattice_worker.runtime.celery_app worker -Q ...``
@@ -32,6 +35,7 @@ from lattice_client.celery_config import make_celery_app
 
 from . import loops, process, tasks
 from .reaper import Reaper
+from .run_trace import flush_tracers
 
 logger = logging.getLogger("lattice_worker.celery")
 
@@ -75,6 +79,15 @@ def _stop_reaper(**_: Any) -> None:
     if _reaper is not None:
         _reaper.stop()
         _reaper = None
+
+
+@signals.worker_process_shutdown.connect
+@signals.worker_shutdown.connect
+def _flush_tracers(**_: Any) -> None:
+    try:
+        loops.run(flush_tracers(process.registry().teams()))
+    except Exception:  # shutting down: never in the way
+        logger.warning("could not flush the tracers", exc_info=True)
 
 
 __all__ = ["app"]

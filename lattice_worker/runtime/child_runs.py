@@ -28,6 +28,7 @@ from .completion import complete_work_item, send_failure_report
 from .context import WorkerContext
 from .events import public_message
 from .keys import RUN_KEY_TTL_SECONDS
+from .run_trace import TRACE_CARRIER_KEY
 
 logger = logging.getLogger("lattice_worker.runtime")
 
@@ -52,20 +53,22 @@ async def start_child_run(
     nested: Team = member.agent
     child_id = child_run_id(message)
     existing = False
+    upstream: dict[str, Any] = {
+        "team": team.name,
+        "member": member.name,
+        "work_item_id": message.work_item_id,
+        "claim_token": message.claim_token,
+        "parent_team_run": run_id,
+    }
+    carrier = message.metadata.get(TRACE_CARRIER_KEY)
+    if isinstance(carrier, dict):  # a traced parent run: the child run continues its trace
+        upstream[TRACE_CARRIER_KEY] = carrier
     try:
         await ctx.runs.create(
             child_id,
             nested.name,
             message.content,
-            metadata={
-                "lattice_parent": {
-                    "team": team.name,
-                    "member": member.name,
-                    "work_item_id": message.work_item_id,
-                    "claim_token": message.claim_token,
-                    "parent_team_run": run_id,
-                }
-            },
+            metadata={"lattice_parent": upstream},
             parent={"run_id": run_id or "", "message_id": message.id, "mailbox_id": message.to},
         )
     except ValueError:

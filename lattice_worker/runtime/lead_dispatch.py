@@ -23,6 +23,7 @@ from .completion import apply_completion
 from .context import WorkerContext
 from .events import public_message
 from .lead_lease import LeadLease
+from .run_trace import TRACE_CARRIER_KEY
 from .work_items import WorkItemLinks
 from .writer import RunWriter
 
@@ -42,12 +43,17 @@ current_run: ContextVar[str | None] = ContextVar("lattice_current_run", default=
 current_lease: ContextVar[LeadLease | None] = ContextVar("lattice_current_lease", default=None)
 """The lead lease of the segment running in this task (set by :func:`drive`)."""
 
+current_carrier: ContextVar[dict[str, str] | None] = ContextVar("lattice_current_carrier", default=None)
+"""The carrier of the run's trace root when the run is traced (set by :func:`drive`)."""
+
 
 class RunLinkingMailbox:
     """The mailbox the lead's member tools send through: before a work item's
     message is sent (and so becomes claimable by any worker), the work item is
     linked to the current run (``<prefix>:workitem:<id>``) and the run id is
-    added to the message metadata. Everything else is the wrapped store.
+    added to the message metadata, with the carrier of the run's trace root
+    when the run is traced (``metadata["trace_carrier"]``, see
+    :mod:`~lattice_worker.runtime.run_trace`). Everything else is the wrapped store.
 
     Under a lead lease the call is first journaled by its ``tool_use_id``
     (``RunStore.journal_call``, refused once the lease is lost: a stale worker
@@ -116,6 +122,9 @@ class RunLinkingMailbox:
             else:
                 await self.links.link(run_id, self.team_name, [work_item_id])
             metadata = {**(metadata or {}), "run_id": run_id}
+            carrier = current_carrier.get()
+            if carrier is not None:
+                metadata[TRACE_CARRIER_KEY] = dict(carrier)
         return await self.inner.send(
             from_,
             to,
@@ -362,6 +371,7 @@ __all__ = [
     "ASK_PLACEHOLDER",
     "DistributedLeadRuntime",
     "RunLinkingMailbox",
+    "current_carrier",
     "current_lease",
     "current_run",
     "dispatch_items",

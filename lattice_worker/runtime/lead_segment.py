@@ -38,12 +38,13 @@ from lattice_client.runstore import SegmentStart
 from ..agent.agent import Agent
 from ..team.team import Team
 from .context import WorkerContext
-from .lead_dispatch import DistributedLeadRuntime, current_lease, current_run
+from .lead_dispatch import DistributedLeadRuntime, current_carrier, current_lease, current_run
 from .lead_lease import LeadLease
 from .lead_recovery import recover_segment
 from .lead_resume import prepare_resume
 from .lead_session import spawn_lead, team_for_run
 from .run_end import cancel_run, finish_run
+from .run_trace import RunTrace
 from .tool_journal import LeadJournal
 
 logger = logging.getLogger("lattice_worker.runtime")
@@ -136,7 +137,14 @@ async def _guarded(
                     items = start.items if start is not None else None
                     await prepare_resume(ctx, team, record.run_id, agent, lease=lease, items=items)
             usage = start.usage if start is not None else None
-            return await drive(ctx, team, record, agent, prompt, lease=lease, usage=usage)
+            trace = await RunTrace.begin(ctx, team, record, lease.token)  # None: untraced
+            if trace is None:
+                return await drive(ctx, team, record, agent, prompt, lease=lease, usage=usage)
+            async with trace:  # ends the root (when this segment opened it) with the outcome
+                trace.outcome = await drive(
+                    ctx, team, record, agent, prompt, lease=lease, usage=usage, trace=trace
+                )
+            return trace.outcome
     except RunLeaseLostError:
         return await _lost(ctx, record.run_id)
     except Exception as exc:
@@ -172,6 +180,7 @@ async def drive(
     *,
     lease: LeadLease | None = None,
     usage: dict[str, int] | None = None,
+    trace: RunTrace | None = None,
 ) -> str:
     """Run the lead's query until it suspends with work pending or ends.
 
@@ -181,7 +190,10 @@ async def drive(
     query stops when the lease is lost (outcome ``"lost"``: nothing written).
     ``usage``: the run's token usage totals read when the segment started
     (kept up to date here; the segment's usage is then queued with its
-    writes, see :meth:`~lattice_worker.runtime.usage.UsageCounter.add`)."""
+    writes, see :meth:`~lattice_worker.runtime.usage.UsageCounter.add`).
+    ``trace``: the run's trace in this segment (:mod:`~lattice_worker.runtime.run_trace`):
+    each lead query is then traced under the run's root, and the member
+    calls carry the root's carrier."""
     run_id = record.run_id
     ctx.events.note_parent(run_id, record.parent)
     fence = lease.token if lease is not None else None
@@ -199,6 +211,9 @@ async def drive(
         options: dict[str, Any] = {"runtime": runtime}
         if lease is not None:
             options["signal"] = lease.controller.signal
+        if trace is not None:
+            options.update(trace.lead_options(team, agent))
+        carrier_token = current_carrier.set(trace.carrier if trace is not None else None)
         try:
             async for event in agent.query(prompt, **options):
                 if getattr(event, "type", None) == "result":
@@ -208,8 +223,11 @@ async def drive(
                     continue
                 await ctx.events.emit(run_id, event)
         finally:
+            current_carrier.reset(carrier_token)
             current_lease.reset(lease_token)
             current_run.reset(token)
+        if trace is not None:
+            trace.final = final
         if journal is not None and journal.waiting is not None:  # suspended on a call that waits for a person
             return await _parked(ctx, run_id, journal.waiting, final, usage)
         if runtime.stopped is not None:  # the run ended while the batch was registered

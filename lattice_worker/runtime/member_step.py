@@ -59,6 +59,7 @@ from .events import public_message
 from .leases import LeaseKeeper
 from .member_journal import journaled_member
 from .registry import member_mode
+from .run_trace import member_trace
 
 logger = logging.getLogger("lattice_worker.runtime")
 
@@ -160,6 +161,7 @@ async def process_claimed(ctx: WorkerContext, team: Team, member: TeamMember, me
     )
     # a claim with a lease is renewed while the member works
     renewing = keeper if token and message.lease_until is not None else contextlib.nullcontext()
+    tracer, trace_context = member_trace(team, run_id, message)  # (None, None): an untraced run
     async with renewing:
         outcome = await run_work_item(
             team,
@@ -169,6 +171,8 @@ async def process_claimed(ctx: WorkerContext, team: Team, member: TeamMember, me
             token=token,
             signal=controller.signal,
             emit=emit,
+            tracer=tracer,
+            trace_context=trace_context,
             agent=agent,
             stream_events=False,  # the event emitter does not store token-level events
             journal=journal,

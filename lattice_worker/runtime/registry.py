@@ -8,10 +8,11 @@ one -- or by a name registered with :func:`register_team`.
 The same definition runs embedded or distributed: a :class:`TeamRegistry`
 keeps, for every loaded team, a *rebound copy* whose ``mailbox`` is the
 worker's mailbox store (the Redis mailbox from the settings), built with
-``create_team`` from the original's lead spec, members and runner options.
-The original is never modified. Nested teams (a member whose agent is a
+``create_team`` from the original's lead spec, members, runner options and
+tracer. The original is never modified. Nested teams (a member whose agent is a
 ``Team``) are rebound and registered under their own names too: in the
-distributed runtime a nested team runs as its own lead run.
+distributed runtime a nested team runs as its own lead run (traced by its
+parent's tracer when it has none of its own).
 
 Rules checked when a team is loaded -- a clear :class:`ConfigError` at worker
 start rather than a failure in the middle of a run:
@@ -199,7 +200,9 @@ class TeamRegistry:
         with self._lock:
             return self._rebind(team, set())
 
-    def _rebind(self, team: Team, visiting: set[int]) -> Team:
+    def _rebind(self, team: Team, visiting: set[int], inherited_tracer: Any = None) -> Team:
+        # a nested team without a tracer of its own gets its parent's, as
+        # team.query(tracer=...) passes it down in-process
         if not isinstance(team, Team):
             raise ConfigError(f"expected a Team, got {type(team).__name__}")
         known = self._originals.get(team.name)
@@ -219,11 +222,12 @@ class TeamRegistry:
                 f"({team.lead!r}) cannot be copied there"
             )
         visiting = visiting | {id(team)}
+        tracer = team.tracer if team.tracer is not None else inherited_tracer
         members: list[TeamMember] = []
         for member in team.members:
             agent = member.agent
             if member.kind == "team":
-                agent = self._rebind(agent, visiting)
+                agent = self._rebind(agent, visiting, tracer)
                 self._parents[agent.name] = (team.name, member.name)
             members.append(TeamMember(name=member.name, agent=agent, role=member.role, focus=member.focus))
         rebound = create_team(
@@ -233,6 +237,7 @@ class TeamRegistry:
             mailbox=self.mailbox,
             runner=team.runner_options,
             expose_lead_mailbox_tools=team.expose_lead_mailbox_tools,
+            tracer=tracer,
         )
         self._originals[team.name] = team
         self._teams[team.name] = rebound

@@ -66,7 +66,7 @@ async def drain_team(
     messages (both positive ints), when a round finds nothing to claim, or when
     ``signal`` is aborted. ``members`` limits the drain to those names.
     ``emit`` receives team events; ``on_outcome(outcome)`` (sync or async) each
-    :class:`WorkItemOutcome`.
+    :class:`WorkItemOutcome`. ``tracer`` defaults to the team's ``tracer``.
 
     Raises :class:`ConfigError` on a bad limit, a ``members`` value that is not
     a name or a list of names, or an unknown member name (before anything is
@@ -87,6 +87,8 @@ async def drain_team(
             if not isinstance(name, str):
                 raise ConfigError(f"{where}: members must be member names (str), got {name!r}")
         selected = [team.member(name) for name in names]
+    if tracer is None:
+        tracer = getattr(team, "tracer", None)
     mailbox = team.mailbox
     processed = failed = rounds = 0
     while rounds < max_rounds and processed < max_messages:

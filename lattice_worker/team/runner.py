@@ -405,7 +405,7 @@ class TeamRunner:
 
         ``query_options`` go to the lead's query; ``signal``, ``tracer``,
         ``trace_context`` and ``stream`` also govern member runs. A ``tracer``
-        makes one root run (source ``{"kind": "team"}``) whose trace session the
+        (default: the team's ``tracer``) makes one root run (source ``{"kind": "team"}``) whose trace session the
         lead and every member share.
         """
         team = self.team
@@ -414,6 +414,8 @@ class TeamRunner:
             raise ConfigError('team.query: "runtime" is set by the team runner and cannot be passed')
         signal = query_options.get("signal")
         tracer = query_options.pop("tracer", None)
+        if tracer is None:
+            tracer = getattr(team, "tracer", None)
         parent_ctx = query_options.pop("trace_context", None)
         if signal is not None:
             self.signal = signal

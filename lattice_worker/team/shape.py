@@ -22,6 +22,7 @@ class TeamShape(Protocol):
     mailbox: Any
     runner_options: Any
     expose_lead_mailbox_tools: bool
+    tracer: Any
 
     def member(self, name: str) -> TeamMember: ...
 

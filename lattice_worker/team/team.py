@@ -41,7 +41,7 @@ class Team:
     ``Agent``), ``lead_spec`` (the ``AgentSpec`` it was spawned from, or
     ``None``), ``members`` (list of :class:`TeamMember`), ``mailbox`` (the
     ``TeamMailbox``), ``runner_options`` (:class:`RunnerOptions`),
-    ``expose_lead_mailbox_tools``.
+    ``expose_lead_mailbox_tools``, ``tracer`` (the team's ``ContextTracer`` or ``None``).
     """
 
     def __init__(
@@ -54,6 +54,7 @@ class Team:
         mailbox: TeamMailbox,
         runner_options: RunnerOptions,
         expose_lead_mailbox_tools: bool,
+        tracer: Any = None,
     ) -> None:
         self.name = name
         self.lead = lead
@@ -62,6 +63,7 @@ class Team:
         self.mailbox = mailbox
         self.runner_options = runner_options
         self.expose_lead_mailbox_tools = expose_lead_mailbox_tools
+        self.tracer = tracer
         self._locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Lock]] = (
             weakref.WeakKeyDictionary()
         )
@@ -124,7 +126,8 @@ class Team:
 
         ``query_options``: the lead's query options (``signal``, ``stream``,
         ``tracer``...). ``signal`` and ``stream`` also apply to member runs; a
-        ``tracer`` traces the whole team under one root run (spec "Team tracing").
+        ``tracer`` (default: the team's own, see :func:`create_team`) traces
+        the whole team under one root run (spec "Team tracing").
         Raises :class:`ConfigError` for bad options (on first iteration).
         """
         return TeamRunner(self, self.runner_options).query(prompt, **query_options)
@@ -213,6 +216,7 @@ def create_team(
     mailbox: TeamMailbox | None = None,
     runner: RunnerOptions | dict[str, Any] | None = None,
     expose_lead_mailbox_tools: bool = False,
+    tracer: Any = None,
     **unknown: Any,
 ) -> Team:
     """Create a mailbox team (spec "Create a team"; DESIGN.md section 4).
@@ -227,9 +231,15 @@ def create_team(
         mailbox: any ``TeamMailbox`` store; default a new ``MemoryMailbox``.
         runner: :class:`RunnerOptions` or a dict (``max_concurrent_work_items``).
         expose_lead_mailbox_tools: give the lead the raw mailbox tools.
+        tracer: the team's ``ContextTracer``: it traces every query of the team
+            that passes no ``tracer`` of its own (one root run, the lead's and
+            every member's runs under it, as ``team.query(tracer=...)``), every
+            drain, and every distributed run of the team (one trace across
+            workers and segments; see the README, "Tracing").
 
     Raises :class:`ConfigError` on an unknown keyword, an invalid name, a lead
-    that is not an Agent/AgentSpec, duplicate member names, a member that is the
+    that is not an Agent/AgentSpec, a tracer without a callable ``on_event``,
+    duplicate member names, a member that is the
     lead itself, a mailbox missing protocol methods, bad runner options, or a
     tool name clash on the lead. Live ``Agent`` members get the mailbox tools now
     (clashes surface here).
@@ -239,7 +249,7 @@ def create_team(
     for key in unknown:
         raise ConfigError(
             f'create_team: unknown option "{key}"; expected name, lead, members, mailbox, runner, '
-            "expose_lead_mailbox_tools"
+            "expose_lead_mailbox_tools, tracer"
         )
     if not isinstance(name, str) or not _TEAM_NAME.match(name):
         raise ConfigError(
@@ -278,6 +288,10 @@ def create_team(
                     )
     if not isinstance(expose_lead_mailbox_tools, bool):
         raise ConfigError(f"{where}: expose_lead_mailbox_tools must be a bool")
+    if tracer is not None and not callable(getattr(tracer, "on_event", None)):
+        raise ConfigError(
+            f"{where}: tracer must be a ContextTracer (an object with on_event(event)), got {type(tracer).__name__}"
+        )
     options = runner_options(runner)
     if mailbox is None:
         from lattice_mailbox.memory import MemoryMailbox
@@ -293,6 +307,7 @@ def create_team(
         mailbox=mailbox,
         runner_options=options,
         expose_lead_mailbox_tools=expose_lead_mailbox_tools,
+        tracer=tracer,
     )
     lead_tools = make_lead_member_tools(team)
     if expose_lead_mailbox_tools:

@@ -154,7 +154,8 @@ def member_trace_context(
     """The trace context of a member run under ``parent`` (the team's root
     run): same trace ``session_id``, the member's own session kept as
     ``agent_session_id``, ``source = {"kind": "team_member", "name", "member",
-    "mailbox"}``, ``parent_run_id`` = the root run. ``None`` without a parent."""
+    "mailbox"}``, ``parent_run_id`` = the root run, and the root's
+    ``remote_parent`` (a root traced in another process). ``None`` without a parent."""
     if parent is None:
         return None
     return TraceContext(
@@ -162,6 +163,7 @@ def member_trace_context(
         source={"kind": "team_member", "name": member, "member": member, "mailbox": mailbox_id(team, member)},
         agent_session_id=agent_session_id,
         parent_run_id=parent.run_id,
+        remote_parent=parent.remote_parent,
     )
 
 

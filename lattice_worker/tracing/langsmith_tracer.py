@@ -35,6 +35,8 @@ started with them in ``TraceContext.remote_parent`` is that run's child.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,11 +60,32 @@ class _Run:
 class LangSmithBackend:
     """Runs on langsmith ``RunTree`` objects (or an injected class with the same API)."""
 
-    def __init__(self, *, run_tree: Any, client: Any, project_name: str | None, tags: list[str]) -> None:
+    def __init__(
+        self,
+        *,
+        run_tree: Any,
+        client: Any,
+        project_name: str | None,
+        tags: list[str],
+        make_client: Callable[[], Any] | None = None,
+    ) -> None:
         self.run_tree = run_tree
-        self.client = client
+        self._client = client
+        self._make_client = make_client
+        self._pid = os.getpid()
         self.project_name = project_name
         self.tags = tags
+
+    @property
+    def client(self) -> Any:
+        """The client runs go through. One the tracer built itself
+        (``make_client``) is built again in a forked child process (a Celery
+        prefork pool process): langsmith's background sender is a thread of
+        the process that created the client, and a fork does not copy it."""
+        if self._make_client is not None and os.getpid() != self._pid:
+            self._client = self._make_client()
+            self._pid = os.getpid()
+        return self._client
 
     def _post(self, run: _Run) -> None:
         if run.posted:
@@ -189,9 +212,11 @@ def _usage_metadata(usage: dict[str, int]) -> dict[str, Any]:
 
 class LangSmithContextTracer(ProjectedContextTracer):
     """The LangSmith tracer built by :func:`create_langsmith_context_tracer`.
-    ``client`` is the langsmith client its runs go through."""
+    ``client`` is the langsmith client its runs go through (in this process)."""
 
-    client: Any
+    @property
+    def client(self) -> Any:
+        return self.backend.client
 
 
 def create_langsmith_context_tracer(
@@ -220,7 +245,10 @@ def create_langsmith_context_tracer(
     tests or custom transports. ``flush()`` waits until the client sent
     everything queued; ``close()`` first ends the runs still open (as errors).
     ``fail_on_error`` as for every tracer: by default a failing LangSmith call is
-    logged once and never fails a run.
+    logged once and never fails a run. A client this function builds is built
+    again in each forked child process (a tracer created when a worker imports
+    its team module serves every prefork pool process); a ``client`` passed in
+    is used as it is.
 
     Raises :class:`~lattice_worker.errors.MissingExtraError` (a ``ConfigError``
     and an ``ImportError``) when ``langsmith`` is not installed
@@ -235,18 +263,26 @@ def create_langsmith_context_tracer(
         )
     if run_tree is not None and not callable(run_tree):
         raise ConfigError("create_langsmith_context_tracer: run_tree must be the RunTree class or a callable")
+    make_client: Callable[[], Any] | None = None
     if run_tree is None or client is None:
         langsmith = import_extra("langsmith", feature=_FEATURE, extra=_EXTRA)
         if run_tree is None:
             run_tree = langsmith.RunTree
         if client is None:
-            client = langsmith.Client(**{k: v for k, v in explicit.items() if v is not None})
+            settings = {k: v for k, v in explicit.items() if v is not None}
+
+            def make_client() -> Any:
+                return langsmith.Client(**settings)
+
+            client = make_client()
     backend = LangSmithBackend(
-        run_tree=run_tree, client=client, project_name=project_name, tags=list(tags or [])
+        run_tree=run_tree,
+        client=client,
+        project_name=project_name,
+        tags=list(tags or []),
+        make_client=make_client,
     )
-    tracer = LangSmithContextTracer(backend, name="LangSmith", fail_on_error=fail_on_error)
-    tracer.client = client
-    return tracer
+    return LangSmithContextTracer(backend, name="LangSmith", fail_on_error=fail_on_error)
 
 
 __all__ = ["LangSmithContextTracer", "create_langsmith_context_tracer"]

@@ -98,7 +98,8 @@ def _replying_member() -> ScriptedModelClient:
     return ScriptedModelClient(play)
 
 
-def team() -> Any:
+def team(tracer: Any = None) -> Any:
+    """Team ``crew`` (see :func:`run_team`); ``tracer``: the team's own tracer."""
     lead = create_agent(
         name="boss",
         model="m1",
@@ -107,7 +108,9 @@ def team() -> Any:
         ),
     )
     worker = create_agent(name="worker", model="m1", model_client=_replying_member())
-    return create_team(name="crew", lead=lead, members=[team_member(name="worker", agent=worker)])
+    return create_team(
+        name="crew", lead=lead, members=[team_member(name="worker", agent=worker)], tracer=tracer
+    )
 
 
 async def run_team(tracer: Any) -> list[Any]:

@@ -9,8 +9,10 @@ distributed parents and the missing-package error.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import multiprocessing
 import re
 import sys
 import threading
@@ -331,6 +333,29 @@ async def test_a_real_client_delivers_every_run_by_the_end_of_flush(langsmith_ap
     assert all(r.get("end_time") for r in runs)
     posts = [headers for method, path, headers, _ in langsmith_api.requests if method == "POST"]
     assert posts and all(h.get("x-api-key") == "lsv2-test" for h in posts)
+
+
+def _traced_in_this_process(tracer: Any) -> None:
+    asyncio.run(run_tool_agent(tracer))
+    asyncio.run(tracer.flush())
+
+
+def test_a_tracer_created_before_a_fork_delivers_the_childs_runs(langsmith_api):
+    # a worker imports its team module (and so builds the tracer) before the
+    # Celery prefork pool forks; the pool process must still get its runs out
+    tracer = create_langsmith_context_tracer(api_url=langsmith_api.url, api_key="lsv2-test", project_name="p")
+    parent_client = tracer.client
+    child = multiprocessing.get_context("fork").Process(target=_traced_in_this_process, args=(tracer,))
+    child.start()
+    child.join(30)
+    if child.is_alive():
+        child.kill()
+        child.join(5)
+        pytest.fail("the forked child's flush never returned: its runs were never sent")
+    assert child.exitcode == 0
+    names = sorted(r["name"] for r in langsmith_api.runs().values())
+    assert names == ["add", "boom", "calc", "m1", "m1"]
+    assert tracer.client is parent_client  # this process keeps its own client
 
 
 def test_bad_configuration_is_a_config_error():
