@@ -1,0 +1,111 @@
+"""Output helpers of the ``lattice`` command: the consoles, the one-line
+``error:`` exit, the guard that turns expected failures into it, and the
+printing of a run's result.
+
+Bad input or an unreachable Redis prints one ``error: ...`` line on stderr and
+exits with a non-zero code (:data:`EXIT_ERROR`, :data:`EXIT_TIMEOUT`); never a
+traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from typing import Any, NoReturn
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+
+EXIT_ERROR = 1
+"""Exit code of a failed command (bad input, unknown run, Redis unreachable, failed run)."""
+
+EXIT_TIMEOUT = 3
+"""Exit code when ``--timeout`` passed before the run finished."""
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def fail(message: str, code: int = EXIT_ERROR) -> NoReturn:
+    """Print ``error: <message>`` (whitespace collapsed to one line) on stderr and exit with ``code``."""
+    err.print(f"[red]error:[/red] {' '.join(message.split())}", markup=True, highlight=False)
+    raise typer.Exit(code)
+
+
+def describe(exc: BaseException) -> str:
+    """A one-line description of ``exc`` (pydantic validation errors: ``field: message; ...``)."""
+    if isinstance(exc, ValidationError):
+        parts = []
+        for error in exc.errors():
+            loc = ".".join(str(x) for x in error.get("loc", ()))
+            msg = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
+            parts.append(f"{loc}: {msg}" if loc else msg)
+        return "invalid settings: " + "; ".join(parts)
+    text = str(exc) or type(exc).__name__
+    return text
+
+
+@contextlib.contextmanager
+def guard() -> Iterator[None]:
+    """Turn expected failures into one ``error:`` line and an exit code."""
+    from kombu.exceptions import OperationalError
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import RedisError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    try:
+        yield
+    except typer.Exit:
+        raise
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        raise typer.Exit(130) from None
+    except (RedisConnectionError, RedisTimeoutError, OperationalError) as exc:
+        fail(f"cannot reach Redis: {describe(exc)}")
+    except RedisError as exc:
+        fail(f"Redis error: {describe(exc)}")
+    except TimeoutError as exc:
+        fail(describe(exc), EXIT_TIMEOUT)
+    except (ValueError, LookupError, ImportError, OSError, TypeError) as exc:
+        fail(describe(exc))
+    except Exception as exc:  # never a traceback for a user
+        fail(f"{type(exc).__name__}: {describe(exc)}")
+
+
+def print_result(result: Any, as_json: bool) -> int:
+    """Print a :class:`~lattice_client.models.RunResult`; returns the exit code it means."""
+    if as_json:
+        out.print_json(result.model_dump_json())
+    else:
+        colour = {"completed": "green", "failed": "red", "cancelled": "yellow"}.get(result.status, "white")
+        out.print(f"run [bold]{result.run_id}[/bold]: [{colour}]{result.status}[/{colour}]", markup=True)
+        if result.result:
+            out.print(result.result, markup=False)
+        if result.structured_result is not None:
+            out.print_json(json.dumps(result.structured_result, default=str))
+        if result.error:
+            out.print(f"error: {result.error}", markup=False)
+        if result.usage:
+            out.print(f"usage: {json.dumps(result.usage, default=str)}", markup=False, style="dim")
+    return 0 if result.status == "completed" else EXIT_ERROR
+
+
+def check_timeout(timeout: float | None) -> None:
+    """Refuse a negative ``--timeout``."""
+    if timeout is not None and timeout < 0:
+        fail(f"--timeout must be >= 0 seconds, got {timeout}")
+
+
+__all__ = [
+    "EXIT_ERROR",
+    "EXIT_TIMEOUT",
+    "check_timeout",
+    "describe",
+    "err",
+    "fail",
+    "guard",
+    "out",
+    "print_result",
+]
