@@ -23,7 +23,7 @@ def status(
     team: Annotated[
         str | None,
         typer.Argument(
-            help="Only this team's mailboxes and runs: its name (e.g. demo) or its reference (examples.team:team)."
+            help="Only this team's mailboxes and runs: its name (e.g. demo) or its reference (lattice_worker.examples.team:team)."
         ),
     ] = None,
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="How many recent runs to list.")] = 10,
@@ -67,7 +67,7 @@ def inbox(
 ) -> None:
     """List the messages of one mailbox, oldest first.
 
-    Example (the example team, examples.team:team, is named demo): lattice inbox demo::searcher --status all
+    Example (the example team, lattice_worker.examples.team:team, is named demo): lattice inbox demo::searcher --status all
 
     In a narrow terminal the from, created (and, for one status, status) columns
     are hidden first; --json shows everything.

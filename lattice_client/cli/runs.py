@@ -20,7 +20,7 @@ def submit(
     team: Annotated[
         str,
         typer.Argument(
-            help="The team: its registered name (e.g. demo) or a 'package.module:attribute' reference (e.g. examples.team:team)."
+            help="The team: its registered name (e.g. demo) or a 'package.module:attribute' reference (e.g. lattice_worker.examples.team:team)."
         ),
     ],
     prompt: Annotated[str, typer.Argument(help="What to ask the team's lead.")],
@@ -58,7 +58,7 @@ def submit(
     (lattice worker TEAM_REF) for the run to make progress; the task waits in
     Redis until one is.
 
-    Example: lattice submit examples.team:team "Look through ./docs for the word lease" --wait --timeout 120
+    Example: lattice submit lattice_worker.examples.team:team "Look through ./docs for the word lease" --wait --timeout 120
     """
     check_timeout(timeout)
     meta: dict[str, Any] | None = None

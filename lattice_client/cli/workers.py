@@ -35,7 +35,10 @@ _PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 def worker(
     ctx: typer.Context,
     team_ref: Annotated[
-        str, typer.Argument(help="The team definition, 'package.module:attribute' (e.g. examples.team:team).")
+        str,
+        typer.Argument(
+            help="The team definition, 'package.module:attribute' (e.g. lattice_worker.examples.team:team)."
+        ),
     ],
     member: Annotated[
         list[str] | None,
@@ -53,7 +56,7 @@ def worker(
     """Start a Celery worker for a team's queues.
 
     Other Celery worker options go after TEAM_REF and pass through, e.g.:
-    lattice worker examples.team:team --member searcher --concurrency 4 --loglevel INFO
+    lattice worker lattice_worker.examples.team:team --member searcher --concurrency 4 --loglevel INFO
     """
     options = options_of(ctx)
     with guard():
@@ -68,7 +71,10 @@ def worker(
 def drain(
     ctx: typer.Context,
     team_ref: Annotated[
-        str, typer.Argument(help="The team definition, 'package.module:attribute' (e.g. examples.team:team).")
+        str,
+        typer.Argument(
+            help="The team definition, 'package.module:attribute' (e.g. lattice_worker.examples.team:team)."
+        ),
     ],
     member: Annotated[
         list[str] | None,

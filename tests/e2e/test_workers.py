@@ -1,7 +1,7 @@
 """End-to-end: real ``lattice worker`` processes, the real Redis, the client in this process.
 
 Issue 6 "Must show" (a)-(f); DESIGN.md sections 5 and 7. Teams come from
-``examples/team.py`` and ``tests/e2e/teams.py``; every model is scripted and
+``lattice_worker/examples/team.py`` and ``tests/e2e/teams.py``; every model is scripted and
 stateless, every tool is real.
 """
 
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from examples.team import count_directory_lines, demo_prompt, search_directory
 from lattice_client.celery_config import make_celery_app, queue_name
 from lattice_client.runs import RunStore
 from lattice_client.settings import get_settings
+from lattice_worker.examples.team import count_directory_lines, demo_prompt, search_directory
 from tests.e2e.conftest import Deployment, wait_for
 from tests.e2e.teams import plan
 
@@ -46,11 +46,11 @@ def corpus(tmp_path: Path) -> Path:
 
 def test_a_example_team_completes_on_one_worker_process_consuming_every_queue(deployment, corpus):
     d = deployment
-    worker = d.worker("examples.team:team", "--concurrency", "1")
+    worker = d.worker("lattice_worker.examples.team:team", "--concurrency", "1")
     log = worker.log()
     for member in ("lead", "searcher", "counter"):
         assert f"{d.prefix}.demo.{member}" in log  # one process consumes every queue of the team
-    handle = d.client.submit("examples.team:team", demo_prompt(str(corpus), "lease"))
+    handle = d.client.submit("lattice_worker.examples.team:team", demo_prompt(str(corpus), "lease"))
     result = handle.wait(timeout=60)
     assert result.status == "completed", result
     searched = search_directory(str(corpus), "lease")

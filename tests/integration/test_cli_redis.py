@@ -106,8 +106,8 @@ def test_submit_prints_the_run_id_and_enqueues_the_lead_task(prefix):
     ("team", "expected"),
     [
         ("nosuchteam", "unknown team 'nosuchteam'"),
-        ("examples.team", "needs ':attribute', e.g. 'examples.team:team'"),
-        ("examples.team:TEAM_NAME", "is a str, not a Team"),
+        ("lattice_worker.examples.team", "needs ':attribute', e.g. 'lattice_worker.examples.team:team'"),
+        ("lattice_worker.examples.team:TEAM_NAME", "is a str, not a Team"),
     ],
 )
 def test_submit_refuses_a_team_no_worker_registered_and_queues_nothing(prefix, team, expected):

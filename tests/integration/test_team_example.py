@@ -1,4 +1,4 @@
-"""The example team (examples/team.py) end to end on MemoryMailbox and RedisMailbox.
+"""The example team (lattice_worker/examples/team.py) end to end on MemoryMailbox and RedisMailbox.
 
 Spec: AgentLattice "Mailbox team"; the issue's example item (a lead and two
 members with real tools over a directory the caller names). Offline: the
@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from examples import team as example
 from lattice_mailbox import MemoryMailbox, MessageStatus
 from lattice_worker import ScriptedModelClient
+from lattice_worker.examples import team as example
 
 
 @pytest.fixture

@@ -54,7 +54,7 @@ def error_lines(result) -> list[str]:
         ),
         (["--broker-url", DOWN, "submit", "example", "  "], "prompt must be a non-empty string"),
         (["demo", "/definitely/not/a/dir"], "not a directory"),
-        (["--key-prefix", "bad prefix", "worker", "examples.team:team"], "key_prefix"),
+        (["--key-prefix", "bad prefix", "worker", "lattice_worker.examples.team:team"], "key_prefix"),
         (["flower", "--app", "no_such_module_for_flower:app"], "cannot find the Celery app module"),
     ],
 )
@@ -101,7 +101,7 @@ def test_worker_passes_team_members_concurrency_and_celery_args_through(monkeypa
         "--key-prefix",
         "dep7",
         "worker",
-        "examples.team:team",
+        "lattice_worker.examples.team:team",
         "--member",
         "searcher",
         "-m",
@@ -114,7 +114,7 @@ def test_worker_passes_team_members_concurrency_and_celery_args_through(monkeypa
         "fair",
     )
     assert result.exit_code == 0, result.output
-    assert calls == [("examples.team:team", ["searcher", "lead"], 4, ["--loglevel", "INFO", "-O", "fair"])]
+    assert calls == [("lattice_worker.examples.team:team", ["searcher", "lead"], 4, ["--loglevel", "INFO", "-O", "fair"])]
     assert os.environ["LATTICE_KEY_PREFIX"] == "dep7"  # the worker side reads the same settings
 
 
@@ -125,8 +125,8 @@ def test_exported_settings_do_not_leak_between_tests():
 def test_worker_defaults_to_every_queue(monkeypatch):
     calls: list = []
     fake_worker_module(monkeypatch, "lattice_worker.worker_main", "run_worker", calls)
-    assert run("worker", "examples.team:team").exit_code == 0
-    assert calls == [("examples.team:team", [], None, [])]
+    assert run("worker", "lattice_worker.examples.team:team").exit_code == 0
+    assert calls == [("lattice_worker.examples.team:team", [], None, [])]
 
 
 def test_drain_and_demo_hand_over_their_arguments(monkeypatch, tmp_path):
@@ -136,11 +136,11 @@ def test_drain_and_demo_hand_over_their_arguments(monkeypatch, tmp_path):
     fake_worker_module(monkeypatch, "lattice_worker.demo", "run_demo", demos)
     assert (
         run(
-            "drain", "examples.team:team", "-m", "searcher", "--max-rounds", "3", "--max-messages", "7"
+            "drain", "lattice_worker.examples.team:team", "-m", "searcher", "--max-rounds", "3", "--max-messages", "7"
         ).exit_code
         == 0
     )
-    assert [c[:4] for c in drains] == [("examples.team:team", ["searcher"], 3, 7)]
+    assert [c[:4] for c in drains] == [("lattice_worker.examples.team:team", ["searcher"], 3, 7)]
     assert hasattr(drains[0][4], "print")  # a rich console for the progress display
     assert run("demo", str(tmp_path), "--word", "lease").exit_code == 0
     assert [c[:2] for c in demos] == [(str(tmp_path), "lease")]
@@ -148,7 +148,7 @@ def test_drain_and_demo_hand_over_their_arguments(monkeypatch, tmp_path):
 
 def test_missing_worker_side_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "lattice_worker.worker_main", None)  # import fails
-    result = run("worker", "examples.team:team")
+    result = run("worker", "lattice_worker.examples.team:team")
     assert result.exit_code == EXIT_ERROR
     assert "the worker side is not available" in error_lines(result)[0]
 
