@@ -10,7 +10,6 @@ key prefix, and its keys are deleted afterwards (never FLUSHDB: the server is sh
 from __future__ import annotations
 
 import contextlib
-import os
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -18,8 +17,8 @@ from typing import Any
 import pytest
 
 from lattice_mailbox import MemoryMailbox
+from tests.support.services import REDIS_URL
 
-REDIS_URL = os.environ.get("LATTICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 STORES = [pytest.param("memory", id="memory"), pytest.param("redis", id="redis", marks=pytest.mark.redis)]
 
 

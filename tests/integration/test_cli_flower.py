@@ -22,10 +22,10 @@ from celery.contrib.testing.worker import start_worker
 
 from lattice_client.celery_config import make_celery_app, queue_name
 from lattice_client.settings import get_settings
+from tests.support.services import REDIS_URL
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
 HERE = Path(__file__).resolve().parent
 
 

@@ -23,10 +23,10 @@ from lattice_client.cli import EXIT_ERROR, EXIT_TIMEOUT, app
 from lattice_client.models import RunResult
 from lattice_client.runs import RunStore
 from lattice_mailbox import RedisMailbox
+from tests.support.services import REDIS_URL
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
 runner = CliRunner()
 
 

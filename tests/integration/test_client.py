@@ -30,10 +30,9 @@ from lattice_client import (
     get_settings,
 )
 from lattice_mailbox import RedisMailbox
+from tests.support.services import REDIS_URL
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
-
-REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 def _cleanup(*prefixes: str) -> None:
@@ -188,8 +187,14 @@ def test_an_unregistered_ref_to_a_team_is_imported_lazily(client, raw, prefix, t
     ("team", "match"),
     [
         ("nosuchteam", r"unknown team 'nosuchteam': no worker has registered .*registered: example, other"),
-        ("lattice_worker.examples.team", r"unknown team 'lattice_worker.examples.team'.*needs ':attribute', e.g. 'lattice_worker.examples.team:team'"),
-        ("lattice_worker.examples.team:TEAM_NAME", r"'lattice_worker.examples.team:TEAM_NAME' is a str, not a Team"),
+        (
+            "lattice_worker.examples.team",
+            r"unknown team 'lattice_worker.examples.team'.*needs ':attribute', e.g. 'lattice_worker.examples.team:team'",
+        ),
+        (
+            "lattice_worker.examples.team:TEAM_NAME",
+            r"'lattice_worker.examples.team:TEAM_NAME' is a str, not a Team",
+        ),
         ("lattice_worker.examples.team:no_such_attribute", "cannot be imported"),
     ],
 )
@@ -459,7 +464,10 @@ def test_status_counts_team_mailboxes_and_lists_recent_runs(client, prefix):
     raw = redis.Redis.from_url(REDIS_URL)
     raw.hset(f"{prefix}:teams", "lattice_worker.examples.team:team", "example")
     raw.close()
-    assert set(client.status("lattice_worker.examples.team:team").mailboxes) == {"example::searcher", "example::counter"}
+    assert set(client.status("lattice_worker.examples.team:team").mailboxes) == {
+        "example::searcher",
+        "example::counter",
+    }
     everything = client.status()
     assert set(everything.mailboxes) == {"example::searcher", "example::counter", "other::worker"}
     assert len(everything.runs) == 3

@@ -114,7 +114,9 @@ def test_worker_passes_team_members_concurrency_and_celery_args_through(monkeypa
         "fair",
     )
     assert result.exit_code == 0, result.output
-    assert calls == [("lattice_worker.examples.team:team", ["searcher", "lead"], 4, ["--loglevel", "INFO", "-O", "fair"])]
+    assert calls == [
+        ("lattice_worker.examples.team:team", ["searcher", "lead"], 4, ["--loglevel", "INFO", "-O", "fair"])
+    ]
     assert os.environ["LATTICE_KEY_PREFIX"] == "dep7"  # the worker side reads the same settings
 
 
@@ -136,7 +138,14 @@ def test_drain_and_demo_hand_over_their_arguments(monkeypatch, tmp_path):
     fake_worker_module(monkeypatch, "lattice_worker.demo", "run_demo", demos)
     assert (
         run(
-            "drain", "lattice_worker.examples.team:team", "-m", "searcher", "--max-rounds", "3", "--max-messages", "7"
+            "drain",
+            "lattice_worker.examples.team:team",
+            "-m",
+            "searcher",
+            "--max-rounds",
+            "3",
+            "--max-messages",
+            "7",
         ).exit_code
         == 0
     )

@@ -53,7 +53,13 @@ def test_redis_and_flower_have_healthchecks(compose):
 def test_one_worker_service_per_queue_of_the_example_team_and_scalable(compose):
     for name, member in WORKER_SERVICES.items():
         service = compose["services"][name]
-        assert command_argv(service) == ["lattice", "worker", "lattice_worker.examples.team:team", "--member", member]
+        assert command_argv(service) == [
+            "lattice",
+            "worker",
+            "lattice_worker.examples.team:team",
+            "--member",
+            member,
+        ]
         # no published ports and no fixed container name, so `--scale searcher=3` works
         assert "ports" not in service and "container_name" not in service, name
     assert command_argv(compose["services"]["flower"]) == [
