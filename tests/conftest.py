@@ -7,7 +7,9 @@ Every ``LATTICE_*`` variable except the documented test variables
 do, are removed from this process's environment before any test module is
 imported (module-level code of the runtime reads settings at import), and put
 back when the session ends. Tests that need a setting pass it (keyword
-arguments, ``monkeypatch.setenv``, a subprocess's own ``env``).
+arguments, ``monkeypatch.setenv``, a subprocess's own ``env``); one that a test
+sets in ``os.environ`` directly (``lattice worker`` exports its global options
+for the worker side) is removed again after that test.
 """
 
 from __future__ import annotations
@@ -43,3 +45,11 @@ def _no_caller_variables() -> None:
     """Fails the session early if a caller variable is still in the environment."""
     leftover = caller_variables(os.environ)
     assert not leftover, f"tests/conftest.py left caller variables in the environment: {sorted(leftover)}"
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_variables():
+    """Remove the caller variables a test left in ``os.environ`` (after monkeypatch restored its own)."""
+    yield
+    for name in caller_variables(os.environ):
+        del os.environ[name]

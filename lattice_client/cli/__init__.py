@@ -6,8 +6,11 @@ One module per role:
   ``--mailbox-url``, ``--key-prefix``, given before the command);
 * :mod:`.runs` - ``submit``, ``wait``, ``events``, ``cancel``;
 * :mod:`.mailboxes` - ``status``, ``inbox``;
-* :mod:`.workers` - ``worker``, ``drain``, ``demo``, ``flower`` (they import
-  ``lattice_worker`` lazily, when they run);
+* :mod:`.workers` - ``worker``, ``drain``, ``demo`` (they import
+  ``lattice_worker`` lazily, when they run; without the ``worker`` extra they
+  say which extra to install);
+* :mod:`.flower` - ``flower``, behind credentials;
+* :mod:`.help` - help texts that show options and arguments as typed;
 * :mod:`.output` - consoles, the one-line ``error:`` exit, result printing.
 
 Client commands use :class:`~lattice_client.client.LatticeClient` only.
@@ -17,10 +20,10 @@ exits with a non-zero code (1 = error, 3 = timeout); never a traceback.
 
 from __future__ import annotations
 
-from . import mailboxes, runs, workers  # noqa: F401  (they register their commands on app)
+from . import flower, mailboxes, runs, workers  # noqa: F401  (they register their commands on app)
 from .app import app
+from .flower import FLOWER_APP, flower_argv
 from .output import EXIT_ERROR, EXIT_TIMEOUT
-from .workers import FLOWER_APP, flower_argv
 
 
 def main() -> None:  # pragma: no cover - console entry point alternative

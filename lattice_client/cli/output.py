@@ -3,20 +3,25 @@
 printing of a run's result.
 
 Bad input or an unreachable Redis prints one ``error: ...`` line on stderr and
-exits with a non-zero code (:data:`EXIT_ERROR`, :data:`EXIT_TIMEOUT`); never a
-traceback.
+exits with a non-zero code (:data:`EXIT_ERROR`, :data:`EXIT_TIMEOUT`); the
+traceback only with ``--debug`` (``LATTICE_DEBUG=1``). No message shows a
+URL's password (:func:`redact`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import traceback
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+
+from lattice_mailbox.urls import redact_urls
 
 EXIT_ERROR = 1
 """Exit code of a failed command (bad input, unknown run, Redis unreachable, failed run)."""
@@ -24,13 +29,42 @@ EXIT_ERROR = 1
 EXIT_TIMEOUT = 3
 """Exit code when ``--timeout`` passed before the run finished."""
 
+EXIT_USAGE = 2
+"""Exit code of a command line that cannot be parsed (as typer's own usage errors)."""
+
+EXIT_INTERRUPTED = 130
+"""Exit code after Ctrl-C."""
+
+
+@dataclass
+class State:
+    """What the global options say about output: ``debug`` prints tracebacks."""
+
+    debug: bool = False
+
+
+state = State()
+"""Set by the ``lattice`` callback for the command being run."""
+
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
-def fail(message: str, code: int = EXIT_ERROR) -> NoReturn:
-    """Print ``error: <message>`` (whitespace collapsed to one line) on stderr and exit with ``code``."""
-    err.print(f"[red]error:[/red] {' '.join(message.split())}", markup=True, highlight=False)
+def redact(text: str) -> str:
+    """``text`` with the password of every URL in it masked."""
+    return redact_urls(text)
+
+
+def fail(message: str, code: int = EXIT_ERROR, *, exc: BaseException | None = None) -> NoReturn:
+    """Print ``error: <message>`` (one line, URL passwords masked) on stderr and exit
+    with ``code``; with ``--debug``, ``exc``'s traceback (its causes too) first."""
+    if exc is not None and state.debug:
+        text = "".join(traceback.format_exception(exc))
+        err.print(redact(text.rstrip()), markup=False, highlight=False)
+    elif exc is not None and exc.__cause__ is not None:  # e.g. an exception in a team module
+        message += " (--debug shows the traceback)"
+    line = redact(" ".join(message.split()))
+    err.print(f"[red]error:[/red] {line}", markup=True, highlight=False)
     raise typer.Exit(code)
 
 
@@ -61,17 +95,17 @@ def guard() -> Iterator[None]:
         raise
     except KeyboardInterrupt:
         err.print("interrupted")
-        raise typer.Exit(130) from None
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     except (RedisConnectionError, RedisTimeoutError, OperationalError) as exc:
-        fail(f"cannot reach Redis: {describe(exc)}")
+        fail(f"cannot reach Redis: {describe(exc)}", exc=exc)
     except RedisError as exc:
-        fail(f"Redis error: {describe(exc)}")
+        fail(f"Redis error: {describe(exc)}", exc=exc)
     except TimeoutError as exc:
-        fail(describe(exc), EXIT_TIMEOUT)
+        fail(describe(exc), EXIT_TIMEOUT, exc=exc)
     except (ValueError, LookupError, ImportError, OSError, TypeError) as exc:
-        fail(describe(exc))
-    except Exception as exc:  # never a traceback for a user
-        fail(f"{type(exc).__name__}: {describe(exc)}")
+        fail(describe(exc), exc=exc)
+    except Exception as exc:  # never a traceback for a user (unless --debug)
+        fail(f"{type(exc).__name__}: {describe(exc)}", exc=exc)
 
 
 def print_result(result: Any, as_json: bool) -> int:
@@ -101,6 +135,7 @@ def check_timeout(timeout: float | None) -> None:
 __all__ = [
     "EXIT_ERROR",
     "EXIT_TIMEOUT",
+    "EXIT_USAGE",
     "check_timeout",
     "describe",
     "err",

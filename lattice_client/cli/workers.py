@@ -1,43 +1,84 @@
-"""Worker-side commands of ``lattice``: ``worker``, ``drain``, ``demo``, ``flower``.
+"""Worker-side commands of ``lattice``: ``worker``, ``drain``, ``demo``.
 
-``worker``, ``drain`` and ``demo`` import ``lattice_worker`` lazily, when they
-run; ``flower`` replaces this process with ``celery -A lattice_worker.celery_app:app flower``.
+They import ``lattice_worker`` lazily, when they run. In an install without
+the ``worker`` extra (the thin client: ``pip install agent-lattice``) they
+stop with one line saying which extra to install.
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
+import importlib.metadata
 import os
-import sys
+import re
 from typing import Annotated, Any
 
 import typer
 
-from .app import app, options_of
+from .app import command, options_of
 from .output import fail, guard, out
 
-FLOWER_APP = "lattice_worker.celery_app:app"
-"""The Celery app Flower monitors (the worker side's app, same settings)."""
+DISTRIBUTION = "agent-lattice"
+WORKER_EXTRA = "worker"
+"""The extra that adds what workers need: ``pip install 'agent-lattice[worker]'``."""
+
+_EXTRA_MARKER = re.compile(r"""extra\s*==\s*["']([^"']+)["']""")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
-def _worker_function(module: str, name: str) -> Any:
+def missing_worker_packages(extra: str = WORKER_EXTRA) -> list[str]:
+    """The distributions ``agent-lattice[extra]`` requires that are not installed
+    (``[]`` also when agent-lattice itself is not installed, e.g. run from a checkout)."""
+    try:
+        requirements = importlib.metadata.requires(DISTRIBUTION) or []
+    except importlib.metadata.PackageNotFoundError:
+        return []
+    missing = []
+    for requirement in requirements:
+        marker = _EXTRA_MARKER.search(requirement)
+        name = _NAME.match(requirement)
+        if marker is None or marker.group(1) != extra or name is None:
+            continue
+        try:
+            importlib.metadata.distribution(name.group(0))
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(name.group(0))
+    return missing
+
+
+def require_extra(command_name: str, extra: str = WORKER_EXTRA) -> None:
+    """Stop with one line when ``agent-lattice[extra]`` is not installed."""
+    missing = missing_worker_packages(extra)
+    if missing:
+        fail(
+            f"lattice {command_name} needs the {extra} extra: pip install '{DISTRIBUTION}[{extra}]' "
+            f"(missing: {', '.join(missing)})"
+        )
+
+
+def worker_function(command_name: str, module: str, name: str) -> Any:
+    """``module.name`` of the worker side, imported now; one line when it cannot be."""
+    require_extra(command_name)
     try:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as exc:
-        fail(f"the worker side is not available ({module}.{name}): {exc}")
+        fail(
+            f"the worker side is not available ({module}.{name}): {exc}; "
+            f"install it with pip install '{DISTRIBUTION}[{WORKER_EXTRA}]'"
+        )
 
 
-_PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
+PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
-@app.command(context_settings=_PASS_THROUGH)
+@command(context_settings=PASS_THROUGH)
 def worker(
     ctx: typer.Context,
     team_ref: Annotated[
         str,
         typer.Argument(
-            help="The team definition, 'package.module:attribute' (e.g. lattice_worker.examples.team:team)."
+            metavar="TEAM_REF",
+            help="The team definition, 'package.module:attribute' (e.g. lattice_worker.examples.team:team).",
         ),
     ],
     member: Annotated[
@@ -45,12 +86,15 @@ def worker(
         typer.Option(
             "--member",
             "-m",
+            metavar="NAME",
             help="Consume only this member's queue (repeatable; 'lead' = the lead's queue). Default: every queue of the team.",
         ),
     ] = None,
     concurrency: Annotated[
         int | None,
-        typer.Option("--concurrency", "-c", min=1, help="Worker processes (Celery --concurrency)."),
+        typer.Option(
+            "--concurrency", "-c", min=1, metavar="N", help="Worker processes (Celery --concurrency)."
+        ),
     ] = None,
 ) -> None:
     """Start a Celery worker for a team's queues.
@@ -62,31 +106,39 @@ def worker(
     with guard():
         options.settings()  # validate before handing over
     options.export_env()
-    run_worker = _worker_function("lattice_worker.worker_main", "run_worker")
+    run_worker = worker_function("worker", "lattice_worker.worker_main", "run_worker")
     with guard():
         run_worker(team_ref, list(member or []), concurrency, list(ctx.args))
 
 
-@app.command()
+@command()
 def drain(
     ctx: typer.Context,
     team_ref: Annotated[
         str,
         typer.Argument(
-            help="The team definition, 'package.module:attribute' (e.g. lattice_worker.examples.team:team)."
+            metavar="TEAM_REF",
+            help="The team definition, 'package.module:attribute' (e.g. lattice_worker.examples.team:team).",
         ),
     ],
     member: Annotated[
         list[str] | None,
         typer.Option(
-            "--member", "-m", help="Drain only this member's mailbox (repeatable). Default: every member."
+            "--member",
+            "-m",
+            metavar="NAME",
+            help="Drain only this member's mailbox (repeatable). Default: every member.",
         ),
     ] = None,
     max_rounds: Annotated[
-        int, typer.Option("--max-rounds", min=1, help="Stop after this many passes over the members.")
+        int,
+        typer.Option(
+            "--max-rounds", min=1, metavar="N", help="Stop after this many passes over the members."
+        ),
     ] = 10,
     max_messages: Annotated[
-        int, typer.Option("--max-messages", min=1, help="Stop after processing this many messages.")
+        int,
+        typer.Option("--max-messages", min=1, metavar="N", help="Stop after processing this many messages."),
     ] = 100,
 ) -> None:
     """Process member mailboxes by hand, in this process, against the live Redis mailbox.
@@ -98,17 +150,22 @@ def drain(
     with guard():
         options.settings()
     options.export_env()
-    run_drain = _worker_function("lattice_worker.drain_cli", "run_drain")
+    run_drain = worker_function("drain", "lattice_worker.drain_cli", "run_drain")
     with guard():
         run_drain(team_ref, list(member or []), max_rounds, max_messages, out)
 
 
-@app.command()
+@command()
 def demo(
     ctx: typer.Context,
-    directory: Annotated[str, typer.Argument(help="The directory the example team looks through.")] = ".",
+    directory: Annotated[
+        str, typer.Argument(metavar="DIRECTORY", help="The directory the example team looks through.")
+    ] = ".",
     word: Annotated[
-        str | None, typer.Option("--word", help="The word the searcher looks for (default: the demo's own).")
+        str | None,
+        typer.Option(
+            "--word", metavar="WORD", help="The word the searcher looks for (default: the demo's own)."
+        ),
     ] = None,
 ) -> None:
     """Run the example team end to end in this process (no Redis, no workers).
@@ -119,58 +176,9 @@ def demo(
     if not os.path.isdir(directory):
         fail(f"not a directory: {directory}")
     options_of(ctx).export_env()
-    run_demo = _worker_function("lattice_worker.demo", "run_demo")
+    run_demo = worker_function("demo", "lattice_worker.demo", "run_demo")
     with guard():
         run_demo(directory, word, out)
 
 
-def flower_argv(address: str, port: int, extra: list[str], *, celery_app: str = FLOWER_APP) -> list[str]:
-    """The command ``lattice flower`` execs: ``python -m celery -A <app> flower --address=.. --port=.. <extra>``."""
-    return [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        celery_app,
-        "flower",
-        f"--address={address}",
-        f"--port={port}",
-        *extra,
-    ]
-
-
-@app.command(context_settings=_PASS_THROUGH)
-def flower(
-    ctx: typer.Context,
-    address: Annotated[str, typer.Option("--address", help="Interface Flower listens on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="HTTP port of Flower.")] = 5555,
-    celery_app: Annotated[
-        str, typer.Option("--app", help="The Celery app to monitor, 'module:attribute'.")
-    ] = FLOWER_APP,
-) -> None:
-    """Run Flower (the Celery web monitor) on the workers' app.
-
-    Flower's own options pass through (e.g. --basic-auth=user:pass, --url-prefix=flower),
-    and so do FLOWER_* environment variables such as FLOWER_BASIC_AUTH.
-    Open http://ADDRESS:PORT in a browser; its HTTP API answers /api/workers and /api/tasks.
-    """
-    options = options_of(ctx)
-    with guard():
-        options.settings()
-    if importlib.util.find_spec("flower") is None:
-        fail("Flower is not installed (pip install flower)")
-    module = celery_app.partition(":")[0]
-    try:
-        found = importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        found = False
-    if not found:
-        fail(f"cannot find the Celery app module {module!r} (for {celery_app})")
-    options.export_env()
-    argv = flower_argv(address, port, list(ctx.args), celery_app=celery_app)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execv(argv[0], argv)
-
-
-__all__ = ["FLOWER_APP", "flower_argv"]
+__all__ = ["WORKER_EXTRA", "missing_worker_packages", "worker_function"]

@@ -55,7 +55,10 @@ def error_lines(result) -> list[str]:
         (["--broker-url", DOWN, "submit", "example", "  "], "prompt must be a non-empty string"),
         (["demo", "/definitely/not/a/dir"], "not a directory"),
         (["--key-prefix", "bad prefix", "worker", "lattice_worker.examples.team:team"], "key_prefix"),
-        (["flower", "--app", "no_such_module_for_flower:app"], "cannot find the Celery app module"),
+        (
+            ["flower", "--unauthenticated", "--app", "no_such_module_for_flower:app"],
+            "cannot find the Celery app module",
+        ),
     ],
 )
 def test_bad_input_prints_one_error_line_and_exits_non_zero(args, message):
