@@ -153,7 +153,7 @@ def flower(
         options.settings()
     extra = list(ctx.args)
     passed = [a for a in extra if a.partition("=")[0] in _CREDENTIAL_OPTIONS]
-    if basic_auth is not None:
+    if basic_auth:  # an empty FLOWER_BASIC_AUTH (compose's default) counts as none
         check_basic_auth(basic_auth)
     has_credentials = bool(basic_auth or auth or passed)
     if unauthenticated and has_credentials:
@@ -194,6 +194,8 @@ def flower(
     ):
         if value:
             os.environ[name] = value
+        else:  # an empty one would reach Flower as an option value
+            os.environ.pop(name, None)
     if unauthenticated:
         os.environ["FLOWER_UNAUTHENTICATED_API"] = "true"
     else:
