@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 
 from lattice_mailbox.urls import redact_urls
 
@@ -63,7 +64,7 @@ def fail(message: str, code: int = EXIT_ERROR, *, exc: BaseException | None = No
         err.print(redact(text.rstrip()), markup=False, highlight=False)
     elif exc is not None and exc.__cause__ is not None:  # e.g. an exception in a team module
         message += " (--debug shows the traceback)"
-    line = redact(" ".join(message.split()))
+    line = escape(redact(" ".join(message.split())))  # [brackets] in a message are text, not markup
     err.print(f"[red]error:[/red] {line}", markup=True, highlight=False)
     raise typer.Exit(code)
 
