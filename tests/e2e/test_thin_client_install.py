@@ -2,7 +2,7 @@
 own dependencies from the package index) into a fresh virtualenv, has none of the worker's
 heavy packages, and its ``lattice`` CLI and ``LatticeClient`` submit and wait on runs that a
 worker of the full install (this checkout's ``lattice worker``) serves; a worker-side
-command there says which extra to install.
+command there, or a SQL mailbox URL, says which extra to install.
 
 Bounded in time: one wheel build, one virtualenv without pip (this interpreter's pip
 installs into it), one worker. Takes about 30-60 s.
@@ -91,6 +91,13 @@ def test_the_thin_client_has_no_worker_packages_and_serves_runs_of_a_full_worker
     assert len(lines) == 1 and "needs the worker extra: pip install 'agent-lattice[worker]'" in lines[0], (
         extra
     )
+
+    for url, extra_name in (("postgresql://app@127.0.0.1:1/db", "postgres"), ("sqlite:///x.db", "sql")):
+        sql = run([lattice, "--mailbox-url", url, "inbox", "demo::searcher"], cwd=tmp_path, env=env)
+        assert sql.returncode == 1
+        assert f"mailbox needs SQLAlchemy (pip install 'agent-lattice[{extra_name}]')" in sql.stderr, (
+            sql.stderr
+        )
 
     d = Deployment(tmp_path)
     try:
