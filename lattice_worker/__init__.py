@@ -140,11 +140,14 @@ from .team import (  # noqa: E402
     TeamAgentEvent,
     TeamMember,
     TeamMessageEvent,
+    TeamResultMessage,
     TeamRunner,
     WorkItemOutcome,
     agent_tool,
     create_team,
     create_team_runner,
+    failed_work_items,
+    parse_report_message,
     team_member,
 )
 
@@ -156,11 +159,14 @@ __all__ += [
     "TeamAgentEvent",
     "TeamMember",
     "TeamMessageEvent",
+    "TeamResultMessage",
     "TeamRunner",
     "WorkItemOutcome",
     "agent_tool",
     "create_team",
     "create_team_runner",
+    "failed_work_items",
+    "parse_report_message",
     "team_member",
 ]
 

@@ -46,7 +46,7 @@ from .lead_lease import FencedHistoryStore, LeadLease, ReplayModelClient
 from .team.lead_tools import make_lead_member_tools
 from .team.member import TeamMember
 from .team.member_tools import MailboxToolState, make_mailbox_tools
-from .team.reports import format_report_message, parse_report_message
+from .team.reports import failed_work_items, format_report_message, parse_report_message
 from .team.team import Team
 from .team.work import WorkItemOutcome, outcome_tool_text
 from .tools.tool import ToolContext
@@ -757,6 +757,7 @@ async def drive(
             structured_result=final.structured_result,
             error=final.error if final.is_error else None,
             usage=totals,
+            failed_work_items=failed_work_items(await agent.get_history()),
         )
         if not await finish_run(ctx, record, result, lease=lease) and lease is not None and lease.lost:
             return await _lost(ctx, run_id)

@@ -124,7 +124,17 @@ def print_result(result: Any, as_json: bool) -> int:
             out.print(f"error: {result.error}", markup=False)
         if result.usage:
             out.print(f"usage: {json.dumps(result.usage, default=str)}", markup=False, style="dim")
+        for entry in getattr(result, "failed_work_items", None) or []:
+            out.print(f"warning: {describe_failed_item(entry)}", markup=False, style="yellow")
     return 0 if result.status == "completed" else EXIT_ERROR
+
+
+def describe_failed_item(entry: dict[str, Any]) -> str:
+    """``work item <id> of member "<name>" failed (<code>): <message>``."""
+    error = entry.get("error") or {}
+    code = f" ({error['code']})" if error.get("code") else ""
+    detail = " ".join(str(error.get("message") or entry.get("content") or "").split())
+    return f'work item {entry.get("work_item_id")} of member "{entry.get("member")}" {entry.get("status")}{code}: {detail}'
 
 
 def check_timeout(timeout: float | None) -> None:
