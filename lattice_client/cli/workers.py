@@ -71,6 +71,17 @@ def worker_function(command_name: str, module: str, name: str) -> Any:
 PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
+def _pool(args: list[str]) -> str | None:
+    """The ``--pool`` / ``-P`` value among Celery options passed through, if any."""
+    for index, arg in enumerate(args):
+        for name in ("--pool", "-P"):
+            if arg == name and index + 1 < len(args):
+                return args[index + 1]
+            if arg.startswith(f"{name}="):
+                return arg.split("=", 1)[1]
+    return None
+
+
 @command(context_settings=PASS_THROUGH)
 def worker(
     ctx: typer.Context,
@@ -102,6 +113,8 @@ def worker(
     Other Celery worker options go after TEAM_REF and pass through, e.g.:
     lattice worker lattice_worker.examples.team:team --member searcher --concurrency 4 --loglevel INFO
     """
+    if concurrency is not None and _pool(list(ctx.args)) == "solo":
+        fail("--concurrency does nothing with --pool solo (one task at a time): leave one of them out")
     options = options_of(ctx)
     with guard():
         options.settings()  # validate before handing over

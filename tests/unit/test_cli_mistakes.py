@@ -115,6 +115,11 @@ def test_an_option_value_that_looks_like_a_global_option_after_double_dash_is_le
     ("args", "words"),
     [
         (["submit", "demo", "hi", "--timeout", "5"], "--timeout applies to --wait"),
+        (
+            ["worker", "x:y", "--concurrency", "4", "--pool", "solo"],
+            "--concurrency does nothing with --pool solo",
+        ),
+        (["worker", "x:y", "-c", "2", "-P=solo"], "--concurrency does nothing with --pool solo"),
         (["flower"], "Flower needs credentials: --basic-auth USER:PASSWORD"),
         (["flower", "--unauthenticated", "--address", "0.0.0.0"], "loopback address only, not '0.0.0.0'"),
         (["flower", "--unauthenticated", "--basic-auth", "ops:pw"], "exclude each other"),
