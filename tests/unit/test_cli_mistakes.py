@@ -186,12 +186,16 @@ def test_an_unknown_lattice_variable_is_warned_about_with_the_closest_name():
 
 
 def test_every_lattice_variable_the_product_reads_is_known_to_the_settings():
-    """A variable named in the product's code, compose file or README and missing from
-    the settings' list would be warned about as a typo."""
-    sources = [*ROOT.glob("lattice_*/**/*.py"), ROOT / "README.md", *ROOT.glob("compose/*")]
+    """A variable named in the product's code, the compose file or the README's tables and
+    missing from the settings' list would be warned about as a typo."""
+    texts = [
+        p.read_text(errors="replace") for p in [*ROOT.glob("lattice_*/**/*.py"), *ROOT.glob("compose/*")]
+    ]
+    readme = (ROOT / "README.md").read_text()
+    texts.append("\n".join(line for line in readme.splitlines() if line.startswith("|")))  # its tables
     named = set()
-    for path in sources:
-        named |= set(re.findall(r"\bLATTICE_[A-Z][A-Z_]*[A-Z]\b", path.read_text(errors="replace")))
+    for text in texts:
+        named |= set(re.findall(r"\bLATTICE_[A-Z][A-Z_]*[A-Z]\b", text))
     known = setting_variables()
     assert named - known == set(), sorted(named - known)
     assert {"LATTICE_BROKER_URL", "LATTICE_REDIS_PORT", "LATTICE_TEST_REDIS_URL", "LATTICE_DEBUG"} <= known
