@@ -47,6 +47,8 @@ from .errors import (
     ToolBatchRejectedError,
     ToolExecutionError,
 )
+from .tools.builtin import create_agent_workspace_tools, create_builtin_tools
+from .tools.skills import SkillDefinition, load_skill, skill
 from .tools.tool import ToolContext, ToolDefinition, ToolResult, tool
 
 __all__ = [
@@ -87,9 +89,14 @@ __all__ = [
     "text_turn",
     "tool_turn",
     # tools
+    "SkillDefinition",
     "ToolContext",
     "ToolDefinition",
     "ToolResult",
+    "create_agent_workspace_tools",
+    "create_builtin_tools",
+    "load_skill",
+    "skill",
     "tool",
     # errors
     "APIError",

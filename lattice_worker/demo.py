@@ -1,8 +1,9 @@
 """``lattice demo [DIRECTORY] [--word W]``: the example team end to end, in this process.
 
 DESIGN.md section 7. Runs ``lattice_worker.examples.team`` (a lead plus ``searcher`` and
-``counter`` with real file tools) on the embedded default ``MemoryMailbox``:
-no Redis, no workers. Without an API key every agent plays the example's
+``counter``, working with the built-in ``Grep`` and ``Bash`` tools in their
+workspaces under ``~/.agent/workspaces``) on the embedded default
+``MemoryMailbox``: no Redis, no workers. Without an API key every agent plays the example's
 stateless scripted model; with ``ANTHROPIC_API_KEY`` or ``DEEPSEEK_API_KEY``
 set, the real provider answers. The team's events are printed one line each
 as they happen, then the lead's final answer.

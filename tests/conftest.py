@@ -10,6 +10,10 @@ back when the session ends. Tests that need a setting pass it (keyword
 arguments, ``monkeypatch.setenv``, a subprocess's own ``env``); one that a test
 sets in ``os.environ`` directly (``lattice worker`` exports its global options
 for the worker side) is removed again after that test.
+
+Every test also runs with ``HOME`` pointing at a fresh temporary directory, so
+agents created with their default workspace (``~/.agent/workspaces/...``) never
+touch the real home directory -- worker processes started by a test inherit it too.
 """
 
 from __future__ import annotations
@@ -53,3 +57,8 @@ def _no_leaked_variables():
     yield
     for name in caller_variables(os.environ):
         del os.environ[name]
+
+
+@pytest.fixture(autouse=True)
+def _private_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path_factory.mktemp("home")))

@@ -4,14 +4,23 @@
 One :class:`Agent` holds one conversation. Create it with :func:`create_agent`,
 :func:`create_bare_agent` or :meth:`AgentSpec.spawn` (from :func:`define_agent`).
 
-``create_agent`` vs ``create_bare_agent``: the spec gives ``create_agent`` a
-private workspace with built-in file/shell tools and a workspace prompt section.
-Workspace tools do not exist in this package yet, so both currently offer the
-same tools. The one difference today is the default prompt section: a non-bare
-agent whose tools can run concurrently gets a short system-prompt note asking
-the model to batch independent calls (spec "Run independent tools
-concurrently"); a bare agent sends exactly the ``system_prompt`` you gave.
-``workspace=False`` makes ``create_agent`` / ``define_agent`` bare.
+``create_agent`` vs ``create_bare_agent``: ``create_agent`` gives the agent a
+private workspace -- the built-in tools ``Read``, ``Write``, ``Edit``, ``LS``,
+``Glob``, ``Grep`` and ``Bash`` (:mod:`lattice_worker.tools.builtin`) working in
+``~/.agent/workspaces/<name>`` (``agent-<session id>`` without a name, or the
+``workspace`` option), created on the first tool call -- and default
+system-prompt sections: where the workspace is and what it may write, and,
+when tools can run concurrently, a note asking the model to batch independent
+calls. A bare agent (``create_bare_agent``, or ``workspace=False`` on
+``create_agent`` / ``define_agent``) has only the tools you pass and sends
+exactly the ``system_prompt`` you gave (plus matched skills). Built-in tools
+passed in ``tools`` (``create_builtin_tools(...)``) replace the default set.
+Each ``AgentSpec.spawn()`` session gets its own workspace tools; sessions of a
+named spec share the directory ``~/.agent/workspaces/<name>``.
+
+Skills (``skills=[...]``, :mod:`lattice_worker.tools.skills`) are matched
+against each query's prompt; the matched ones' instructions are appended to
+the system prompt of that query's requests only.
 """
 
 from __future__ import annotations
@@ -24,10 +33,18 @@ from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from ..errors import ConcurrentQueryError, ConfigError
+from ..tools.builtin import Workspace, agent_workspace_tools, check_agent_workspace
+from ..tools.skills import match_skills, skills_prompt_section
 from ..tools.tool import ToolDefinition
 from .events import ResultMessage, SDKMessage
 from .loop import RunControl, _copy, run_query
-from .options import AgentOptions, check_tool_set, validate_agent_options, validate_query_options
+from .options import (
+    AgentOptions,
+    WorkspaceOptions,
+    check_tool_set,
+    validate_agent_options,
+    validate_query_options,
+)
 from .output import build_submit_output_tool
 
 logger = logging.getLogger("lattice_worker.agent")
@@ -65,6 +82,22 @@ def _check_prompt(where: str, prompt: Any) -> None:
     )
 
 
+def _workspace_option(options: AgentOptions) -> Any:
+    """The ``workspace`` option as the built-in tools take it: ``None``, a path or a dict."""
+    workspace = options.workspace
+    return workspace.model_dump() if isinstance(workspace, WorkspaceOptions) else workspace
+
+
+def _prompt_text(prompt: Any) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list):
+        return " ".join(
+            b["text"] for b in prompt if b.get("type") == "text" and isinstance(b.get("text"), str)
+        )
+    return ""
+
+
 def _message_problem(message: Any) -> str | None:
     """What is wrong with the shape of one history message, or ``None``."""
     if not isinstance(message, dict):
@@ -97,6 +130,16 @@ class Agent:
         self.session_id = session_id or str(uuid.uuid4())
         self._bare = bare
         self._tools: dict[str, ToolDefinition] = {t.name: t for t in options.tools}
+        self._workspace: Workspace | None = None
+        if not bare:
+            self._workspace, builtin = agent_workspace_tools(
+                "create_agent",
+                workspace=_workspace_option(options),
+                name=options.name,
+                session_id=self.session_id,
+                tools=options.tools,
+            )
+            self._tools.update((t.name, t) for t in builtin)
         self._submit_tool = (
             build_submit_output_tool(options.output_schema) if options.output_schema is not None else None
         )
@@ -125,6 +168,12 @@ class Agent:
     def bare(self) -> bool:
         """True for agents from ``create_bare_agent`` (or ``workspace=False``)."""
         return self._bare
+
+    @property
+    def workspace(self) -> Workspace | None:
+        """The workspace of the built-in tools (``cwd``, ``allowed_directories``,
+        ``bash_timeout_ms``), or ``None`` for a bare agent."""
+        return self._workspace
 
     @property
     def tools(self) -> list[ToolDefinition]:
@@ -158,11 +207,26 @@ class Agent:
             return self._tools
         return {**self._tools, self._submit_tool.name: self._submit_tool}
 
-    def _system_prompt(self) -> str | None:
+    def _skills_section(self, prompt: Any) -> str | None:
+        """The system-prompt section of the skills a query's prompt matches (or ``None``).
+        For ``query(None)`` the prompt is the text of the history's last user message."""
+        skills = self.options.skills
+        if not skills:
+            return None
+        if prompt is None:
+            prompt = next((m["content"] for m in reversed(self._history) if m.get("role") == "user"), "")
+        return skills_prompt_section(match_skills(skills, _prompt_text(prompt)))
+
+    def _system_prompt(self, skills: str | None = None) -> str | None:
         prompt = self.options.system_prompt
         if self._bare:
-            return prompt
+            if skills is None:
+                return prompt
+            return f"{prompt}\n\n{skills}" if prompt else skills
         sections = [prompt] if prompt else []
+        if self._workspace is not None:
+            builtin = [t.name for t in self._tools.values() if (t.metadata or {}).get("builtin") is True]
+            sections.append(self._workspace.describe(builtin))
         mode = self.options.tool_concurrency.mode
         if len(self._tools) > 1 and (
             mode == "all"
@@ -172,6 +236,8 @@ class Agent:
             )
         ):
             sections.append(CONCURRENCY_PROMPT)
+        if skills is not None:
+            sections.append(skills)
         return "\n\n".join(sections) if sections else None
 
     def _model_client(self) -> Any:
@@ -358,7 +424,9 @@ class AgentSpec:
         return self.options.output_schema
 
     def spawn(self) -> Agent:
-        """A fresh :class:`Agent` session (bare when ``workspace=False``)."""
+        """A fresh :class:`Agent` session: its own session id, history and workspace
+        tools (bare when ``workspace=False``). Raises :class:`ConfigError` when the
+        default workspace cannot be named (see :func:`define_agent`)."""
         return Agent(self.options, bare=self.options.workspace is False)
 
     def __repr__(self) -> str:
@@ -377,9 +445,9 @@ def create_agent(**options: Any) -> Agent:
 
 
 def create_bare_agent(**options: Any) -> Agent:
-    """Create a bare :class:`Agent`: no default prompt section (and, once they exist,
-    no workspace tools). Same options as :func:`create_agent` minus ``workspace``;
-    raises :class:`ConfigError` like it."""
+    """Create a bare :class:`Agent`: no built-in workspace tools, no workspace
+    directory, no default prompt section. Same options as :func:`create_agent`
+    minus ``workspace``; raises :class:`ConfigError` like it."""
     validated = validate_agent_options("create_bare_agent", options, allow_workspace=False)
     return Agent(validated, bare=True)
 
@@ -387,9 +455,18 @@ def create_bare_agent(**options: Any) -> Agent:
 def define_agent(**options: Any) -> AgentSpec:
     """Create an :class:`AgentSpec` template; ``spec.spawn()`` makes sessions.
 
-    Raises :class:`ConfigError` like :func:`create_agent`.
+    Raises :class:`ConfigError` like :func:`create_agent` (the workspace options
+    and tool names included); nothing is created on disk.
     """
-    return AgentSpec(validate_agent_options("define_agent", options))
+    validated = validate_agent_options("define_agent", options)
+    if validated.workspace is not False:
+        check_agent_workspace(
+            "define_agent",
+            workspace=_workspace_option(validated),
+            name=validated.name,
+            tools=validated.tools,
+        )
+    return AgentSpec(validated)
 
 
 def is_agent_spec(value: Any) -> bool:

@@ -205,6 +205,7 @@ class _QueryRun:
         self.stop_reason: str | None = None
         self.last_text = ""
         self.hooks = opts.hooks
+        self.skills: str | None = None
         self.last_outcomes: list[CallOutcome] = []
         self.structured = opts.output_schema is not None
         self.max_turns = opts.max_turns
@@ -255,7 +256,7 @@ class _QueryRun:
         agent = self.agent
         tools = agent._tool_map()
         messages = list(agent._history)
-        system = agent._system_prompt()
+        system = agent._system_prompt(self.skills)
         hooks = self.hooks
         if hooks is not None and hooks.on_model_request is not None:
             # the hook gets its own deep copy (hooks.py); the history itself is never handed out
@@ -514,6 +515,7 @@ async def run_query(agent: Agent, prompt: Any, q: QueryOptions) -> AsyncIterator
                     "query(None) continues from the stored history, which must end with a user message"
                 )
         run = _QueryRun(agent, q, control)
+        run.skills = agent._skills_section(prompt)  # matched once per query, never stored
         tool_map = agent._tool_map()
         yield SystemMessage(
             session_id=run.session_id,

@@ -6,9 +6,8 @@ a value of the wrong type raises :class:`ConfigError` naming the option and what
 it expects. Validation is pydantic's (strict scalars: ``"5"`` is not an int,
 ``True`` is not an int).
 
-Not active yet (accepted, validated and stored, but they change nothing):
-``auto_compact`` (context compaction), ``skills`` and ``workspace`` (built-in
-workspace tools and prompt). Building on them is later work.
+Not active yet (accepted, validated and stored, but it changes nothing):
+``auto_compact`` (context compaction). Building on it is later work.
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ from pydantic import (
 )
 
 from ..errors import ConfigError
+from ..tools.skills import check_skills
 from ..tools.tool import ToolDefinition
 from .abort import AbortSignal
 from .hooks import AgentHooks, coerce_hooks
@@ -76,7 +76,9 @@ class AutoCompactOptions(BaseModel):
 
 
 class WorkspaceOptions(BaseModel):
-    """``workspace`` as an object. **Not active yet**: accepted and stored only."""
+    """``workspace`` as an object: ``cwd`` (the workspace directory),
+    ``allowed_directories`` (write roots, default ``[cwd]``), ``bash_timeout_ms``
+    (milliseconds, default 120 000). See :mod:`lattice_worker.tools.builtin`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -143,7 +145,7 @@ _AGENT_EXPECTED: dict[str, str] = {
     "hooks": "AgentHooks(on_tool_result=..., on_model_request=...) or a dict of those",
     "auto_compact": "True/False or a dict with threshold_tokens, keep_recent_messages, prompt, model, max_tokens",
     "tool_concurrency": '{"mode": "safe" | "all" | "sequential", "max_concurrency": positive int}',
-    "skills": "a list of skills",
+    "skills": "a list of skills (skill(...) or load_skill(path)) with unique names",
     "workspace": "a directory path, False, or a dict with cwd, allowed_directories, bash_timeout_ms",
     "permission": "a callable(request) returning {'behavior': 'allow'} or {'behavior': 'deny', 'message': ...}",
     "model_client": (
@@ -170,9 +172,11 @@ _QUERY_EXPECTED: dict[str, str] = {
 class AgentOptions(BaseModel):
     """Options of ``create_agent`` / ``create_bare_agent`` / ``define_agent`` (DESIGN §9).
 
-    See the module doc for strictness; ``auto_compact``, ``skills`` and
-    ``workspace`` are stored but not active yet. ``create_bare_agent`` does not
-    accept ``workspace``. Units: ``request_timeout_ms`` is milliseconds.
+    See the module doc for strictness; ``auto_compact`` is stored but not active
+    yet. ``skills``: see :mod:`lattice_worker.tools.skills`; ``workspace`` (a
+    directory, ``False`` or :class:`WorkspaceOptions`): see
+    :mod:`lattice_worker.tools.builtin`; ``create_bare_agent`` does not accept
+    ``workspace``. Units: ``request_timeout_ms`` is milliseconds.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
@@ -213,6 +217,11 @@ class AgentOptions(BaseModel):
         if v is True:
             raise ValueError("True is not a workspace")
         return v
+
+    @field_validator("skills", mode="before")
+    @classmethod
+    def _skills(cls, v: Any) -> Any:
+        return check_skills(v)
 
     @field_validator("output_schema")
     @classmethod

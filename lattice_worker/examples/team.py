@@ -1,11 +1,18 @@
-"""A small runnable team: a lead and two members with real tools.
+"""A small runnable team: a lead and two members working with the built-in tools.
 
-* ``searcher`` searches the text files under a directory for a word
-  (``search_files``);
-* ``counter`` counts the lines of the text files under a directory
-  (``count_lines``);
+* ``searcher`` searches the text files under a directory for a word with the
+  built-in ``Grep`` tool;
+* ``counter`` counts the lines of the text files under a directory with the
+  built-in ``Bash`` tool (``grep -c`` over the tree);
 * the lead hands the caller's directory to both members in one batch, waits
-  for their reports and summarises them with the real numbers.
+  for their reports and summarises them with the real numbers. It has no
+  workspace of its own (``workspace=False``): it only delegates.
+
+The members are ordinary ``define_agent`` agents: each session gets the
+built-in workspace tools over its own workspace (``~/.agent/workspaces/searcher``
+and ``~/.agent/workspaces/counter``, created on the first tool call). They only
+read the caller's directory, which the tools allow anywhere; writes would be
+bounded to their workspaces.
 
 Every agent is a ``define_agent`` template, so the distributed runtime can run
 the same definition (``lattice worker lattice_worker.examples.team:team``). Offline (no API
@@ -24,10 +31,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import re
+import shlex
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -38,125 +46,68 @@ from lattice_worker import (
     ResultMessage,
     ScriptedModelClient,
     Team,
-    ToolExecutionError,
     create_team,
     define_agent,
     team_member,
     text_turn,
-    tool,
     tool_turn,
 )
 
 TEAM_NAME = "demo"
-MAX_FILES = 2000
-MAX_FILE_BYTES = 1_000_000
-SKIP_DIRS = {
-    ".git",
-    ".hg",
-    ".svn",
-    "__pycache__",
-    "node_modules",
-    ".venv",
-    "venv",
-    ".mypy_cache",
-    ".ruff_cache",
-}
 
 
-# --------------------------------------------------------------------------- the real tools
+def grep_input(directory: str, word: str) -> dict[str, str]:
+    """The ``Grep`` call of the searcher: case-insensitive whole-word matches of ``word``."""
+    return {"pattern": rf"(?i)\b{re.escape(word)}\b", "path": directory}
 
 
-def _text_files(directory: str) -> list[Path]:
-    root = Path(directory).expanduser()
-    if not root.is_dir():
-        raise ToolExecutionError(f"not a directory: {directory}")
-    files: list[Path] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("."))
-        for name in sorted(filenames):
-            path = Path(dirpath) / name
-            try:
-                if path.is_file() and path.stat().st_size <= MAX_FILE_BYTES:
-                    files.append(path)
-            except OSError:
-                continue
-            if len(files) >= MAX_FILES:
-                return files
-    return files
-
-
-def _read_text(path: Path) -> str | None:
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return None
-    if b"\0" in data[:4096]:
-        return None  # binary
-    return data.decode("utf-8", errors="replace")
-
-
-def search_directory(directory: str, word: str) -> dict[str, Any]:
-    """Case-insensitive whole-word matches of ``word`` in the text files under
-    ``directory``: ``{"files_searched", "total_matches", "matches": {relative path: count}}``."""
-    if not word.strip():
-        raise ToolExecutionError("the word to search for is empty")
-    pattern = re.compile(rf"\b{re.escape(word.strip())}\b", re.IGNORECASE)
-    root = Path(directory).expanduser()
-    matches: dict[str, int] = {}
-    searched = 0
-    for path in _text_files(directory):
-        text = _read_text(path)
-        if text is None:
-            continue
-        searched += 1
-        count = len(pattern.findall(text))
-        if count:
-            matches[str(path.relative_to(root))] = count
-    return {"files_searched": searched, "total_matches": sum(matches.values()), "matches": matches}
-
-
-def count_directory_lines(directory: str) -> dict[str, Any]:
-    """Line counts of the text files under ``directory``:
-    ``{"files_counted", "total_lines", "largest": [[relative path, lines], ...] (top 5)}``."""
-    root = Path(directory).expanduser()
-    counts: dict[str, int] = {}
-    for path in _text_files(directory):
-        text = _read_text(path)
-        if text is None:
-            continue
-        counts[str(path.relative_to(root))] = text.count("\n") + (
-            1 if text and not text.endswith("\n") else 0
-        )
-    largest = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
-    return {
-        "files_counted": len(counts),
-        "total_lines": sum(counts.values()),
-        "largest": [list(x) for x in largest],
-    }
-
-
-@tool(
-    name="search_files",
-    description="Search the text files under a directory for a whole word (case-insensitive).",
-)
-async def search_files(directory: str, word: str) -> str:
-    """Returns JSON: files_searched, total_matches, matches {file: count}."""
-    result = await asyncio.to_thread(search_directory, directory, word)
-    top = dict(sorted(result["matches"].items(), key=lambda kv: (-kv[1], kv[0]))[:10])
+def count_command(directory: str) -> str:
+    """The ``Bash`` command of the counter: the five largest text files under
+    ``directory`` (``largest: PATH:LINES``) and a ``total: T lines in N text files``
+    line. Text files are those with at least one line; hidden files and
+    directories and binary files are left out."""
+    d = shlex.quote(directory)
     return (
-        f'"{word}" occurs {result["total_matches"]} times in {len(result["matches"])} of '
-        f"{result['files_searched']} text files; top files: {json.dumps(top)}"
+        f"test -d {d} || {{ echo not a directory: {d} >&2; exit 2; }}; "
+        f"grep -rIc --exclude-dir='.*' --exclude='.*' -e '' -- {d} | LC_ALL=C sort -t: -k2,2nr -k1,1 | "
+        'awk -F: \'$NF > 0 {n++; t+=$NF; if (n <= 5) print "largest: " $0} '
+        'END {print "total: " t+0 " lines in " n+0 " text files"}\''
     )
 
 
-@tool(name="count_lines", description="Count the lines of the text files under a directory.")
-async def count_lines(directory: str) -> str:
-    """Returns the total line count, the number of files and the largest files."""
-    result = await asyncio.to_thread(count_directory_lines, directory)
-    largest = ", ".join(f"{name} ({lines})" for name, lines in result["largest"])
-    return (
-        f"{result['total_lines']} lines in {result['files_counted']} text files; largest: {largest or 'none'}"
+def _relative(path: str, directory: str) -> str:
+    prefix = directory.rstrip("/") + "/"
+    return path[len(prefix) :] if path.startswith(prefix) else path
+
+
+def summarise_grep(output: str, directory: str, word: str) -> str:
+    """The searcher's report from the ``Grep`` answer: lines, files, and the top files."""
+    summary = re.search(r"(\d+) matching lines in (\d+) files \((\d+) files searched", output)
+    if summary is None:
+        return f"Grep gave no summary: {output[:300]}"
+    lines, files, searched = (int(n) for n in summary.groups())
+    per_file: Counter[str] = Counter()
+    for line in output.splitlines():
+        hit = re.match(r"^(.*?):(\d+):", line)
+        if hit:
+            per_file[_relative(hit.group(1), directory)] += 1
+    top = ", ".join(
+        f"{name} ({n})" for name, n in sorted(per_file.items(), key=lambda kv: (-kv[1], kv[0]))[:10]
     )
+    return f'"{word}" is on {lines} lines in {files} of {searched} text files; top files: {top or "none"}'
+
+
+def summarise_counts(output: str, directory: str) -> str:
+    """The counter's report from the ``Bash`` answer of :func:`count_command`."""
+    total = re.search(r"^total: (\d+) lines in (\d+) text files$", output, re.MULTILINE)
+    if total is None:
+        return f"the line count gave no total: {output[:300]}"
+    largest = []
+    for line in output.splitlines():
+        if line.startswith("largest: ") and ":" in line[9:]:
+            path, lines = line[9:].rsplit(":", 1)
+            largest.append(f"{_relative(path, directory)} ({lines})")
+    return f"{total.group(1)} lines in {total.group(2)} text files; largest: {', '.join(largest) or 'none'}"
 
 
 # --------------------------------------------------------------------------- prompts
@@ -174,16 +125,18 @@ LEAD_PROMPT = (
     "You lead a two-member file-analysis team. Members: searcher (searches files for a word) and counter "
     "(counts lines). For a request about a directory, hand off to both members in ONE response using "
     'mode "handoff": give searcher the directory and the word, give counter the directory. Each task must be '
-    "self-contained (quote the full directory path). When their reports arrive, answer the user with a short "
+    "self-contained (quote the full, absolute directory path: members work in their own directories). When their reports arrive, answer the user with a short "
     "summary that keeps the exact numbers from the reports."
 )
 SEARCHER_PROMPT = (
-    "You search files. Call search_files with the directory and word from your task, then call team_reply "
-    "with the tool's output (keep the numbers exactly)."
+    "You search files. Use the Grep tool on the directory from your task with a case-insensitive whole-word "
+    "pattern for the word, then call team_reply with a short report that keeps Grep's numbers exactly: "
+    "matching lines, files with matches, files searched, and the files with most matches."
 )
 COUNTER_PROMPT = (
-    "You count lines. Call count_lines with the directory from your task, then call team_reply with the "
-    "tool's output (keep the numbers exactly)."
+    "You count lines. Use the Bash tool to count the lines of the text files under the directory from your "
+    "task (leave out hidden and binary files), then call team_reply with the total number of lines, the "
+    "number of files and the largest files (keep the numbers exactly)."
 )
 
 
@@ -281,6 +234,8 @@ def lead_script(request: ModelRequest) -> AssistantModelMessage:
         return text_turn(
             'Please name a directory and a word, e.g. Look at the directory "/path": find the word "x".'
         )
+    # members resolve relative paths against their own workspaces: hand them absolute ones
+    directory = os.path.abspath(os.path.expanduser(directory))
     return tool_turn(
         (
             "searcher",
@@ -290,43 +245,43 @@ def lead_script(request: ModelRequest) -> AssistantModelMessage:
     )
 
 
-def _member_script(tool_name: str, keys: tuple[str, ...]) -> Any:
-    def play(request: ModelRequest) -> AssistantModelMessage:
-        result = _last_tool_result(request)
-        if result is not None:
-            text = (
-                _text(result.get("content"))
-                if not isinstance(result.get("content"), str)
-                else result["content"]
-            )
-            if result.get("is_error"):
-                text = f"{tool_name} failed: {text}"
-            return tool_turn(("team_reply", {"content": text}))
-        prompt = _text(request.messages[0]["content"])
-        args = {key: _quoted(prompt, key) for key in keys}
-        if any(v is None for v in args.values()):
-            return tool_turn(("team_reply", {"content": f"I could not find {', '.join(keys)} in my task."}))
-        return tool_turn((tool_name, args))
-
-    return play
+def _task(request: ModelRequest) -> str:
+    return _text(request.messages[0]["content"]) if request.messages else ""
 
 
-searcher_script = _member_script("search_files", ("directory", "word"))
-searcher_script.__doc__ = "The scripted searcher: call search_files, then team_reply with its output."
-counter_script = _member_script("count_lines", ("directory",))
-counter_script.__doc__ = "The scripted counter: call count_lines, then team_reply with its output."
+def member_script(request: ModelRequest) -> AssistantModelMessage:
+    """The scripted members: the task says which one this is (searcher: a directory
+    and a word; counter: a directory). Call the built-in tool, then ``team_reply``
+    with a report made from its real output."""
+    task = _task(request)
+    directory, word = _quoted(task, "directory"), _quoted(task, "word")
+    tool_name = "Grep" if word is not None else "Bash"
+    result = _last_tool_result(request)
+    if result is not None:
+        content = result.get("content")
+        output = content if isinstance(content, str) else _text(content)
+        if result.get("is_error"):
+            report = f"{tool_name} failed: {output.strip()}"
+        elif word is not None:
+            report = summarise_grep(output, directory or "", word)
+        else:
+            report = summarise_counts(output, directory or "")
+        return tool_turn(("team_reply", {"content": report}))
+    if directory is None:
+        return tool_turn(("team_reply", {"content": "I could not find a quoted directory in my task."}))
+    if word is not None:
+        return tool_turn(("Grep", grep_input(directory, word)))
+    return tool_turn(("Bash", {"command": count_command(directory)}))
 
 
 def scripted_demo_model(request: ModelRequest) -> AssistantModelMessage:
-    """One stateless model for all three agents: it recognises the agent by the
-    tools in the request (DESIGN section 9: stateless, so it also works when a
-    run resumes in another process)."""
+    """One stateless model for all three agents: the lead is the agent with the
+    member tools, a member is told apart by its task (stateless, so it also works
+    when a run resumes in another process)."""
     names = {t["name"] for t in request.tools}
-    if "search_files" in names:
-        return searcher_script(request)
-    if "count_lines" in names:
-        return counter_script(request)
-    return lead_script(request)
+    if "searcher" in names:
+        return lead_script(request)
+    return member_script(request)
 
 
 def _provider_options() -> dict[str, Any]:
@@ -351,7 +306,8 @@ def uses_real_model() -> bool:
 
 
 def build_team(mailbox: TeamMailbox | None = None, model_client: Any = None) -> Team:
-    """The demo team ``"demo"`` (lead + ``searcher`` + ``counter``, all ``define_agent`` specs).
+    """The demo team ``"demo"`` (lead + ``searcher`` + ``counter``, all ``define_agent`` specs;
+    the members with the built-in workspace tools, the lead with ``workspace=False``).
 
     ``mailbox``: any ``TeamMailbox`` (default a new ``MemoryMailbox``).
     ``model_client``: used by every agent when given; otherwise the real provider
@@ -361,13 +317,11 @@ def build_team(mailbox: TeamMailbox | None = None, model_client: Any = None) -> 
         common: dict[str, Any] = {"model_client": model_client}
     else:
         common = _provider_options() or {"model_client": ScriptedModelClient(scripted_demo_model)}
-    searcher = define_agent(
-        name="searcher", system_prompt=SEARCHER_PROMPT, tools=[search_files], max_turns=6, **common
-    )
-    counter = define_agent(
-        name="counter", system_prompt=COUNTER_PROMPT, tools=[count_lines], max_turns=6, **common
-    )
-    lead = define_agent(name="lead", system_prompt=LEAD_PROMPT, max_turns=8, **common)
+    # members: the default workspace and its built-in tools; the lead only delegates
+    searcher = define_agent(name="searcher", system_prompt=SEARCHER_PROMPT, max_turns=6, **common)
+    counter = define_agent(name="counter", system_prompt=COUNTER_PROMPT, max_turns=6, **common)
+    lead_prompt = f"{LEAD_PROMPT} Relative directories in a request are relative to {os.getcwd()}."
+    lead = define_agent(name="lead", system_prompt=lead_prompt, workspace=False, max_turns=8, **common)
     return create_team(
         name=TEAM_NAME,
         lead=lead,

@@ -1,4 +1,5 @@
-"""Tools: ``tool()`` / ``@tool``, ``ToolDefinition``, ``ToolResult``, ``ToolContext``.
+"""Tools: ``tool()`` / ``@tool``, ``ToolDefinition``, ``ToolResult``, ``ToolContext``
+(:mod:`.tool`); the built-in workspace tools (:mod:`.builtin`); skills (:mod:`.skills`).
 
 Spec: AgentLattice "Tools". See :mod:`.tool`.
 """

@@ -16,12 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from lattice_worker.examples.team import (
-    count_directory_lines,
-    demo_prompt,
-    scripted_demo_model,
-    search_directory,
-)
+from lattice_worker.examples.team import demo_prompt, scripted_demo_model
 from tests.e2e.conftest import Deployment
 from tests.support.fake_anthropic import FakeAnthropicServer, MessageReply, RecordedRequest
 
@@ -53,10 +48,9 @@ def test_example_team_through_the_anthropic_sdk_in_a_worker(deployment: Deployme
         ).wait(timeout=60)
         requests = server.requests
     assert result.status == "completed", result
-    searched = search_directory(str(corpus), "beta")
-    counted = count_directory_lines(str(corpus))
-    assert f'"beta" occurs {searched["total_matches"]} times' in result.result
-    assert f"{counted['total_lines']} lines in 2 text files" in result.result
+    # one.txt: both lines hold "beta"; two.txt: none
+    assert '"beta" is on 2 lines in 1 of 2 text files' in result.result
+    assert "3 lines in 2 text files" in result.result
     # lead (x2: handoff turn, resumed turn) + searcher (x2) + counter (x2), all over HTTP, streamed
     assert len(requests) == 6 and server.unexpected == []
     assert all(r.path == "/v1/messages" and r.stream for r in requests)
@@ -65,11 +59,7 @@ def test_example_team_through_the_anthropic_sdk_in_a_worker(deployment: Deployme
         "Bearer sk-test",
     }
     # the resumed lead turn carried the handoff reports as the next user message
-    last_lead = [
-        r
-        for r in requests
-        if not {t["name"] for t in r.body.get("tools", [])} & {"search_files", "count_lines"}
-    ][-1]
+    last_lead = [r for r in requests if "searcher" in {t["name"] for t in r.body.get("tools", [])}][-1]
     assert "Team handoff reports (2)" in str(last_lead.messages[-1]["content"])
     # usage reported by the provider is summed over the run's lead turns
     assert result.usage["input_tokens"] == 14 and result.usage["output_tokens"] == 6

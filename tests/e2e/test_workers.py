@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import pytest
 from lattice_client.celery_config import make_celery_app, queue_name
 from lattice_client.runs import RunStore
 from lattice_client.settings import get_settings
-from lattice_worker.examples.team import count_directory_lines, demo_prompt, search_directory
+from lattice_worker.examples.team import demo_prompt
 from tests.e2e.conftest import Deployment, wait_for
 from tests.e2e.teams import plan
 
@@ -53,11 +54,12 @@ def test_a_example_team_completes_on_one_worker_process_consuming_every_queue(de
     handle = d.client.submit("lattice_worker.examples.team:team", demo_prompt(str(corpus), "lease"))
     result = handle.wait(timeout=60)
     assert result.status == "completed", result
-    searched = search_directory(str(corpus), "lease")
-    counted = count_directory_lines(str(corpus))
-    assert searched["total_matches"] == 4 and counted["total_lines"] == 7
-    assert f'"lease" occurs {searched["total_matches"]} times in 2 of 3 text files' in result.result
-    assert f"{counted['total_lines']} lines in {counted['files_counted']} text files" in result.result
+    # the members' built-in Grep / Bash read the corpus: a.txt 2 of 3 lines match, b.md 1 of 2, sub/c.py 0 of 2
+    assert '"lease" is on 3 lines in 2 of 3 text files' in result.result
+    assert "7 lines in 3 text files" in result.result
+    # ... working in their default workspaces under the (temporary) HOME the workers inherited
+    workspaces = Path(os.environ["HOME"]) / ".agent" / "workspaces"
+    assert sorted(p.name for p in workspaces.iterdir()) == ["counter", "searcher"]
     # every message of the team is done: tasks, replies (read by the lead)
     counts = statuses(d, "demo")
     assert counts == {"demo::counter": {"done": 1}, "demo::lead": {"done": 2}, "demo::searcher": {"done": 1}}

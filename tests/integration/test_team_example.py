@@ -1,20 +1,26 @@
 """The example team (lattice_worker/examples/team.py) end to end on MemoryMailbox and RedisMailbox.
 
-Spec: AgentLattice "Mailbox team"; the issue's example item (a lead and two
-members with real tools over a directory the caller names). Offline: the
-scripted model drives the flow, the tools really read the files.
+A lead and two members working with the built-in Grep and Bash tools over a
+directory the caller names. Offline: the scripted model drives the flow, the
+tools really read the files. HOME is a temporary directory (tests/conftest.py),
+so the members' default workspaces never touch the real ~/.agent.
 """
 
 from __future__ import annotations
 
+import io
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 from lattice_mailbox import MemoryMailbox, MessageStatus
-from lattice_worker import ScriptedModelClient
+from lattice_worker import ScriptedModelClient, create_builtin_tools
+from lattice_worker.demo import run_demo
 from lattice_worker.examples import team as example
+from tests.support.tools import call, text
 
 
 @pytest.fixture
@@ -29,15 +35,23 @@ def tree(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_tools_read_the_real_files(tree: Path) -> None:
-    assert example.search_directory(str(tree), "import") == {
-        "files_searched": 3,
-        "total_matches": 4,
-        "matches": {"notes.md": 2, str(Path("src") / "a.py"): 2},
-    }
-    counted = example.count_directory_lines(str(tree))
-    assert counted["total_lines"] == 8 and counted["files_counted"] == 3
-    assert counted["largest"][0] == ["notes.md", 4]
+async def test_the_members_tool_calls_read_the_real_files(tree: Path, tmp_path: Path) -> None:
+    # the exact calls the scripted members make, through the built-in tools
+    tools = create_builtin_tools(
+        cwd=tmp_path / "member-workspace", allowed_directories=[tmp_path / "member-workspace"]
+    )
+    (tmp_path / "member-workspace").mkdir()
+    grep = await call(tools, "Grep", example.grep_input(str(tree), "import"))
+    assert example.summarise_grep(text(grep), str(tree), "import") == (
+        '"import" is on 4 lines in 2 of 3 text files; top files: notes.md (2), src/a.py (2)'
+    )
+    count = await call(tools, "Bash", {"command": example.count_command(str(tree))})
+    assert not count.is_error
+    assert example.summarise_counts(text(count), str(tree)) == (
+        "8 lines in 3 text files; largest: notes.md (4), src/a.py (3), src/b.py (1)"
+    )
+    missing = await call(tools, "Bash", {"command": example.count_command(str(tree / "nope"))})
+    assert missing.is_error and f"not a directory: {tree / 'nope'}" in text(missing)
 
 
 async def test_demo_team_hands_off_to_both_members_and_reports_real_numbers(mailbox: Any, tree: Path) -> None:
@@ -49,7 +63,7 @@ async def test_demo_team_hands_off_to_both_members_and_reports_real_numbers(mail
     result = await example.run(str(tree), "import", team=demo, on_event=events.append)
 
     assert result.subtype == "success"
-    assert '"import" occurs 4 times in 2 of 3 text files' in result.result
+    assert '"import" is on 4 lines in 2 of 3 text files' in result.result
     assert "8 lines in 3 text files" in result.result
     assert result.result.index("searcher") < result.result.index("counter")  # handoff order
 
@@ -60,19 +74,25 @@ async def test_demo_team_hands_off_to_both_members_and_reports_real_numbers(mail
         for block in e.message["message"]["content"]
         if block["type"] == "tool_use"
     ]
-    assert sorted(tools_called) == ["count_lines", "search_files", "team_reply", "team_reply"]
+    assert sorted(tools_called) == ["Bash", "Grep", "team_reply", "team_reply"]
     for member in ("searcher", "counter"):
         (task,) = await mailbox.inbox(f"demo::{member}", "all")
         assert task.status == MessageStatus.DONE and str(tree) in task.content
     lead_requests = [r for r in client.requests if "searcher" in {t["name"] for t in r.tools}]
     assert len(lead_requests) == 2  # one handoff batch, then the summary once both reports are in
+    # the lead has no workspace tools; each member works in its own default workspace (HOME is a tmp dir)
+    assert [t["name"] for t in lead_requests[0].tools] == ["searcher", "counter"]
+    workspaces = Path(os.environ["HOME"]) / ".agent" / "workspaces"
+    assert sorted(p.name for p in workspaces.iterdir()) == ["counter", "searcher"]
+    assert not any((workspaces / "searcher").iterdir())  # read only: nothing written
 
 
 async def test_demo_team_reports_a_bad_directory_as_a_member_error(mailbox: Any, tmp_path: Path) -> None:
     demo = example.build_team(mailbox=mailbox, model_client=ScriptedModelClient(example.scripted_demo_model))
     result = await demo.prompt(example.demo_prompt(str(tmp_path / "missing"), "x"), stream=False)
     assert result.subtype == "success"
-    assert "search_files failed" in result.result and "not a directory" in result.result
+    assert "Grep failed" in result.result and f"{tmp_path / 'missing'} does not exist" in result.result
+    assert "Bash failed" in result.result and f"not a directory: {tmp_path / 'missing'}" in result.result
 
 
 @pytest.mark.parametrize(
@@ -92,7 +112,7 @@ def test_free_form_requests_are_understood_by_the_scripted_lead(text: str, expec
 async def test_free_form_prompt_runs_the_whole_flow(mailbox: Any, tree: Path) -> None:
     demo = example.build_team(mailbox=mailbox, model_client=ScriptedModelClient(example.scripted_demo_model))
     result = await demo.prompt(f"Look through {tree} for the word import", stream=False)
-    assert '"import" occurs 4 times' in result.result and "8 lines in 3 text files" in result.result
+    assert '"import" is on 4 lines' in result.result and "8 lines in 3 text files" in result.result
 
 
 def test_module_level_team_and_cli(
@@ -114,9 +134,20 @@ async def test_the_same_team_answers_each_new_prompt_afresh(mailbox: Any, tree: 
     demo = example.build_team(mailbox=mailbox, model_client=client)
     first = await demo.prompt(example.demo_prompt(str(tree), "import"), stream=False)
     second = await demo.prompt(example.demo_prompt(str(tree / "src"), "print"), stream=False)
-    assert '"import" occurs 4 times' in first.result
-    assert '"print" occurs 1 times in 1 of 2 text files' in second.result
+    assert '"import" is on 4 lines' in first.result
+    assert '"print" is on 1 lines in 1 of 2 text files' in second.result
     assert "4 lines in 2 text files" in second.result
     assert len(await mailbox.inbox("demo::searcher", "all")) == 2
     unclear = await demo.prompt("hello", stream=False)
     assert unclear.result.startswith("Please name a directory and a word")
+
+
+def test_lattice_demo_runs_offline_on_the_built_in_tools(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    monkeypatch.delenv("DEEPSEEK_API_KEY", raising=False)
+    out = io.StringIO()
+    run_demo(str(tree), "import", Console(file=out, width=300))
+    printed = out.getvalue()
+    assert "the scripted offline model" in printed
+    assert "searcher: Grep(" in printed and "counter: Bash(" in printed
+    assert '"import" is on 4 lines in 2 of 3 text files' in printed and "8 lines in 3 text files" in printed

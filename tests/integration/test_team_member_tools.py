@@ -20,6 +20,11 @@ from lattice_worker.team import create_team, parse_report_message, run_work_item
 TEAM_TOOLS = {"team_send", "team_inbox", "team_read", "team_reply", "team_followup", "team_status"}
 
 
+def team_tools(agent: Any) -> list[str]:
+    """The names of an agent's tools, its built-in workspace tools left out."""
+    return [t.name for t in agent.tools if not (t.metadata or {}).get("builtin")]
+
+
 def tool_results(request: ModelRequest) -> list[dict[str, Any]]:
     """The tool_result blocks of the last user message of a request."""
     content = request.messages[-1]["content"]
@@ -58,7 +63,7 @@ async def test_member_tools_send_followup_status_and_reply(mailbox: Any) -> None
         mailbox=mailbox,
     )
     events = [e async for e in team.query("go", stream=False)]
-    assert sorted(t.name for t in a.tools) == sorted(TEAM_TOOLS)
+    assert sorted(team_tools(a)) == sorted(TEAM_TOOLS)
 
     send_result, status_result = tool_results(a_client.requests[1])
     sent = json.loads(send_result["content"])
@@ -253,7 +258,7 @@ async def test_lead_gets_mailbox_tools_only_when_exposed(mailbox: Any) -> None:
     plain_lead = create_agent(name="plain", model_client=ScriptedModelClient([]))
     m1 = create_agent(name="m1", model_client=ScriptedModelClient([]))
     create_team(name="mt6a", lead=plain_lead, members=[team_member(name="m1", agent=m1)], mailbox=mailbox)
-    assert [t.name for t in plain_lead.tools] == ["m1"]
+    assert team_tools(plain_lead) == ["m1"]
 
     lead_script = ScriptedModelClient(
         [
@@ -277,7 +282,7 @@ async def test_lead_gets_mailbox_tools_only_when_exposed(mailbox: Any) -> None:
         mailbox=mailbox,
         expose_lead_mailbox_tools=True,
     )
-    assert {t.name for t in lead.tools} == {"m2"} | TEAM_TOOLS
+    assert set(team_tools(lead)) == {"m2"} | TEAM_TOOLS
 
     assert (await team.prompt("send a ping", stream=False)).result == "sent"
     assert [m.content for m in await mailbox.inbox("mt6::m2", "pending")] == ["ping from lead"]

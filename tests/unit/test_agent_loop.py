@@ -375,8 +375,15 @@ async def test_bare_agents_send_exactly_the_system_prompt():
     assert full_client.requests[0].system.startswith("Be brief.\n\n")
     assert "in one response" in full_client.requests[0].system
     plain_client = ScriptedModelClient([text_turn("a")])
-    await create_agent(model_client=plain_client, system_prompt="Be brief.", tools=[other]).prompt("x")
-    assert plain_client.requests[0].system == "Be brief."
+    plain = create_agent(
+        model_client=plain_client,
+        system_prompt="Be brief.",
+        tools=[other],
+        tool_concurrency={"mode": "sequential"},
+    )
+    await plain.prompt("x")
+    # the workspace section, but no batching note: nothing runs concurrently
+    assert plain_client.requests[0].system == f"Be brief.\n\n{plain.workspace.describe()}"
 
 
 async def test_request_carries_model_settings():

@@ -163,7 +163,9 @@ def test_missing_worker_side_is_a_clear_error(monkeypatch):
     result = run("worker", "lattice_worker.examples.team:team")
     assert result.exit_code == EXIT_ERROR
     assert "the worker side is not available" in error_lines(result)[0]
-    assert error_lines(result)[0].endswith("install it with pip install 'agent-lattice[worker]'")  # not markup
+    assert error_lines(result)[0].endswith(
+        "install it with pip install 'agent-lattice[worker]'"
+    )  # not markup
 
 
 def test_worker_side_errors_become_one_line(monkeypatch):

@@ -34,6 +34,12 @@ WORKER_NAMES = [
     "ModelClient",
     "ModelRequest",
     "AssistantModelMessage",
+    # round 2 (DESIGN §9b): built-in workspace tools and skills
+    "create_builtin_tools",
+    "create_agent_workspace_tools",
+    "skill",
+    "load_skill",
+    "SkillDefinition",
 ]
 
 

@@ -42,7 +42,8 @@ from lattice_worker.team.ids import split_mailbox_id
 
 
 def agent(name: str = "x", turns: Any = ()) -> Any:
-    return create_agent(name=name, model_client=ScriptedModelClient(list(turns)))
+    # no workspace tools: these tests look at exactly the tools the team installs
+    return create_agent(name=name, workspace=False, model_client=ScriptedModelClient(list(turns)))
 
 
 # --------------------------------------------------------------------------- members and teams

@@ -1,0 +1,280 @@
+"""Which paths a shell command obviously writes, for ``Bash``'s write bound.
+
+:func:`check_command` splits a command with :mod:`shlex` (quotes, ``;``, ``&&``,
+``||``, ``|``, ``&``, parentheses and new lines) and refuses, with
+:class:`~.policy.Refusal`, a command that writes outside the workspace's
+``allowed_directories`` through:
+
+* a redirection: ``>``, ``>>``, ``>|``, ``&>``, ``&>>``, ``N>``, ``<>``,
+  ``>&FILE`` (``/dev/null``, ``/dev/stdout``, ``/dev/stderr``, ``/dev/tty``
+  and ``/dev/fd/N`` are always allowed);
+* ``tee`` (every file operand); ``cp``, ``mv``, ``install`` and ``ln`` (the
+  target: ``-t DIR`` / ``--target-directory=DIR`` or the last operand; for
+  ``mv`` the sources too, which it removes); ``install -d``, ``rm``,
+  ``rmdir``, ``unlink``, ``mkdir``, ``touch`` and ``truncate`` (every operand);
+  ``dd of=FILE``;
+* the same inside ``bash -c`` / ``sh -c`` strings and ``eval`` arguments, after
+  ``sudo``, ``env``, ``command``, ``nohup``, ``time``, ``exec``, ``nice`` and
+  leading ``VAR=value`` assignments.
+
+Paths are resolved like every write (:meth:`~.policy.Workspace.writable`):
+relative to the ``cwd`` (following ``cd DIR`` of the same command line),
+``~`` and ``$VAR`` of the process environment expanded, links followed (for
+``rm``, ``rmdir``, ``unlink`` and ``mv`` sources, all but the last component).
+
+This is a guard against mistakes, not a sandbox. It does not see writes made by
+programs themselves (``python -c``, ``sed -i``, ``find -delete``, ``git``,
+``make``, a script file), targets built at run time (variables set in the same
+command, command substitution, ``xargs``), aliases and functions, or obfuscated
+commands; a ``#`` comment is not recognised, so a write-looking comment is
+refused too. Combine it with a ``permission`` callback and a real sandbox where
+that matters.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from collections.abc import Iterator
+
+from .policy import Refusal, Workspace
+
+_PUNCTUATION = ";&|()<>\n"
+_OPERATOR = re.compile(r"&>>|&>|>>|>\||>&|<>|<<<|<<-|<<|<&|>|<|&&|\|\||\|&|;;|[;&|()\n]")
+_SAFE_TARGETS = ("/dev/null", "/dev/stdout", "/dev/stderr", "/dev/tty", "/dev/zero")
+_WRAPPERS = {"sudo", "env", "command", "nohup", "time", "exec", "nice", "builtin", "doas"}
+_WRAPPER_VALUE_OPTIONS = {
+    "sudo": {"-u", "-g", "-C", "-D", "-h", "-p", "-r", "-t", "-U", "--user", "--group"},
+    "doas": {"-u", "-C"},
+    "nice": {"-n", "--adjustment"},
+    "env": {"-u", "-C", "--unset", "--chdir"},
+    "time": {"-f", "-o", "--format", "--output"},
+}
+_SHELLS = {"bash", "sh", "zsh", "dash", "ksh"}
+_EVERY_OPERAND = {"rm", "rmdir", "unlink", "mkdir", "touch", "truncate", "tee"}
+_KEEP_LAST_LINK = {"rm", "rmdir", "unlink"}
+_VALUE_OPTIONS = {
+    "cp": {"-t", "-S", "--suffix", "--target-directory"},
+    "mv": {"-t", "-S", "--suffix", "--target-directory"},
+    "ln": {"-t", "-S", "--suffix", "--target-directory"},
+    "install": {
+        "-t",
+        "-S",
+        "-m",
+        "-o",
+        "-g",
+        "--mode",
+        "--owner",
+        "--group",
+        "--suffix",
+        "--target-directory",
+    },
+    "mkdir": {"-m", "--mode"},
+    "touch": {"-r", "-d", "-t", "--reference", "--date"},
+    "truncate": {"-s", "-r", "--size", "--reference"},
+}
+_MAX_DEPTH = 4
+
+
+_HEREDOC = re.compile(r"<<(-?)\s*(['\"]?)([A-Za-z0-9_.-]+)\2")
+
+
+def _without_heredoc_bodies(command: str) -> str:
+    """``command`` with the bodies of its here-documents left out (they are data, not commands)."""
+    kept: list[str] = []
+    pending: list[tuple[bool, str]] = []
+    for line in command.split("\n"):
+        if pending:
+            strip_tabs, delimiter = pending[0]
+            if (line.lstrip("\t") if strip_tabs else line) == delimiter:
+                pending.pop(0)
+            continue
+        kept.append(line)
+        for match in _HEREDOC.finditer(line):
+            if not line[: match.start()].endswith("<"):  # "<<<" is a here-string
+                pending.append((match.group(1) == "-", match.group(3)))
+    return "\n".join(kept)
+
+
+def _tokens(command: str, *, comments: bool) -> list[str]:
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=_PUNCTUATION)
+    lexer.whitespace = " \t\r"
+    lexer.whitespace_split = True
+    lexer.commenters = "#" if comments else ""
+    return list(lexer)
+
+
+def split_command(command: str) -> list[str]:
+    """The shell words and operators of ``command`` (here-document bodies left out).
+
+    Comments are kept as words (so nothing is hidden behind a ``#``); a command
+    that only parses with comments removed (an apostrophe in a comment) is split
+    that way. Raises :class:`Refusal` when the quotes do not balance.
+    """
+    text = _without_heredoc_bodies(command)
+    try:
+        return _tokens(text, comments=False)
+    except ValueError:
+        try:
+            return _tokens(text, comments=True)
+        except ValueError as exc:
+            raise Refusal(f"cannot parse the command to check what it writes ({exc})") from None
+
+
+def _simple_commands(tokens: list[str]) -> Iterator[tuple[list[str], list[tuple[str, str]]]]:
+    """``(words, redirections)`` of each simple command; a redirection is ``(operator, target)``."""
+    words: list[str] = []
+    redirects: list[tuple[str, str]] = []
+    pending: str | None = None
+    for token in tokens:
+        if token and all(c in _PUNCTUATION for c in token):
+            for operator in _OPERATOR.findall(token):
+                if "<" in operator or ">" in operator:
+                    if words and words[-1].isdigit():
+                        words.pop()  # "2>": the descriptor number belongs to the operator
+                    pending = operator
+                    continue
+                pending = None  # ">(" is a process substitution, not a file
+                yield words, redirects
+                words, redirects = [], []
+        elif pending is not None:
+            redirects.append((pending, token))
+            pending = None
+        else:
+            words.append(token)
+    yield words, redirects
+
+
+def _redirect_target(operator: str, target: str) -> str | None:
+    """The file a redirection writes, or ``None`` (input, here-document, descriptor copy)."""
+    if ">" not in operator:
+        return None  # <, <<, <<<, <&
+    if operator.endswith("&") and (target.isdigit() or target == "-"):
+        return None  # 2>&1, >&-
+    return target
+
+
+def _operands(name: str, args: list[str]) -> list[str]:
+    value_options = _VALUE_OPTIONS.get(name, set())
+    operands: list[str] = []
+    skip = False
+    only_operands = False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        if only_operands:
+            operands.append(arg)
+        elif arg == "--":
+            only_operands = True
+        elif arg.startswith("-") and arg != "-":
+            if arg in value_options:
+                skip = True
+        else:
+            operands.append(arg)
+    return operands
+
+
+def _target_directory(args: list[str]) -> str | None:
+    for i, arg in enumerate(args):
+        if arg in ("-t", "--target-directory") and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--target-directory="):
+            return arg.split("=", 1)[1]
+        if arg.startswith("-t") and len(arg) > 2 and not arg.startswith("--"):
+            return arg[2:]
+    return None
+
+
+def _strip_wrappers(words: list[str]) -> list[str]:
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if "=" in word and not word.startswith("=") and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", word):
+            i += 1
+        elif os.path.basename(word) in _WRAPPERS:
+            takes_value = _WRAPPER_VALUE_OPTIONS.get(os.path.basename(word), set())
+            i += 1
+            while i < len(words) and words[i].startswith("-"):
+                i += 2 if words[i] in takes_value else 1  # sudo -u USER, nice -n 5 ...
+        else:
+            break
+    return words[i:]
+
+
+class _Checker:
+    def __init__(self, ws: Workspace) -> None:
+        self.ws = ws
+
+    def check(self, command: str, cwd: str, depth: int = 0) -> None:
+        if depth > _MAX_DEPTH:
+            raise Refusal("the command nests shells too deeply to check what it writes")
+        for words, redirects in _simple_commands(split_command(command)):
+            for operator, target in redirects:
+                path = _redirect_target(operator, target)
+                if path is not None:
+                    self.allow(path, cwd, f'the "{operator}" redirection')
+            cwd = self.check_words(_strip_wrappers(words), cwd, depth)
+
+    def check_words(self, words: list[str], cwd: str, depth: int) -> str:
+        if not words:
+            return cwd
+        name, args = os.path.basename(words[0]), words[1:]
+        if name in ("cd", "pushd"):
+            operands = [a for a in args if not a.startswith("-")]
+            target = operands[0] if operands else os.path.expanduser("~")
+            return os.path.join(cwd, _expand(target))
+        if name in _SHELLS and "-c" in args:
+            index = args.index("-c")
+            if index + 1 < len(args):
+                self.check(args[index + 1], cwd, depth + 1)
+            return cwd
+        if name == "eval":
+            self.check(" ".join(args), cwd, depth + 1)
+            return cwd
+        if name == "dd":
+            for arg in args:
+                if arg.startswith("of="):
+                    self.allow(arg[3:], cwd, "dd of=")
+            return cwd
+        operands = _operands(name, args)
+        if name in _EVERY_OPERAND or (name == "install" and ("-d" in args or "--directory" in args)):
+            for operand in operands:
+                self.allow(operand, cwd, name, keep_last_link=name in _KEEP_LAST_LINK)
+        elif name in ("cp", "mv", "install", "ln"):
+            directory = _target_directory(args)
+            if directory is not None:
+                self.allow(directory, cwd, f"the {name} target directory")
+                sources = operands
+            elif operands:
+                self.allow(operands[-1], cwd, f"the {name} target")
+                sources = operands[:-1]
+            else:
+                sources = []
+            if name == "mv":
+                for source in sources:
+                    self.allow(source, cwd, "mv (it removes its sources)", keep_last_link=True)
+        return cwd
+
+    def allow(self, target: str, cwd: str, what: str, *, keep_last_link: bool = False) -> None:
+        if not target:
+            return
+        expanded = _expand(target)
+        if expanded in _SAFE_TARGETS or expanded.startswith("/dev/fd/"):
+            return
+        absolute = expanded if os.path.isabs(expanded) else os.path.join(cwd, expanded)
+        self.ws.writable(absolute, what=what, keep_last_link=keep_last_link)
+
+
+def _expand(path: str) -> str:
+    return os.path.expandvars(os.path.expanduser(path))
+
+
+def check_command(ws: Workspace, command: str) -> None:
+    """Raise :class:`~.policy.Refusal` when ``command`` obviously writes outside
+    ``ws.allowed_directories`` (see the module doc for what is recognised)."""
+    _Checker(ws).check(command, ws.cwd)
+
+
+__all__ = ["check_command", "split_command"]

@@ -1,0 +1,279 @@
+"""The built-in Bash tool: real ``bash`` processes in a tmp workspace.
+
+Exit codes, bounded output, a timeout (or an abort) that kills the whole
+process group -- a child ignoring SIGTERM and a background ``sleep`` included --
+and the shell write bound: redirections, tee, cp/mv/install, rm ... into a
+directory outside ``allowed_directories`` are refused before anything runs,
+and nothing is written outside."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from lattice_worker import AbortController, create_builtin_tools
+from lattice_worker.tools.builtin.shell import OUTPUT_LIMIT_BYTES
+from lattice_worker.tools.builtin.shell_policy import split_command
+from tests.support.tools import call, snapshot, text
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    root = tmp_path / "ws"
+    root.mkdir()
+    (root / "seed.txt").write_text("seed\n")
+    return root
+
+
+@pytest.fixture
+def outside(tmp_path: Path) -> Path:
+    root = tmp_path / "outside"
+    root.mkdir()
+    (root / "keep.txt").write_text("keep\n")
+    return root
+
+
+@pytest.fixture
+def tools(ws: Path):
+    return create_builtin_tools(cwd=ws, bash_timeout_ms=20_000)
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie -- dead, not yet reaped -- counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+async def gone(pids: list[int]) -> bool:
+    """True once none of ``pids`` runs. A killed process needs to be scheduled once
+    more to exit, so this waits for it (up to 10 s) rather than looking just once."""
+    for _ in range(200):
+        if not any(alive(pid) for pid in pids):
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+def pids(path: Path) -> list[int]:
+    return [int(line) for line in path.read_text().split()]
+
+
+def has_content(path: Path) -> bool:
+    return path.exists() and bool(path.read_text().strip())
+
+
+async def wait_for_file(path: Path) -> None:
+    for _ in range(400):
+        if has_content(path):
+            return
+        await asyncio.sleep(0.025)
+    raise AssertionError(f"{path} never appeared")
+
+
+# --------------------------------------------------------------------------- running commands
+
+
+async def test_output_exit_code_and_cwd(ws: Path, tools) -> None:
+    result = await call(tools, "Bash", {"command": "pwd; cat seed.txt; echo oops >&2"})
+    assert not result.is_error
+    assert text(result) == f"{ws}\nseed\noops\nexit code: 0"
+    failed = await call(tools, "Bash", {"command": "echo partial; exit 3"})
+    assert failed.is_error and text(failed) == "partial\nexit code: 3"
+    quiet = await call(tools, "Bash", {"command": "true"})
+    assert text(quiet) == "(no output)\nexit code: 0"
+
+
+async def test_stdin_is_empty(tools) -> None:
+    result = await call(tools, "Bash", {"command": "cat; echo done"})
+    assert text(result) == "done\nexit code: 0"
+
+
+async def test_huge_output_comes_back_cut_with_a_note(tools) -> None:
+    command = "echo FIRST; head -c 5000000 /dev/zero | tr '\\0' 'a'; echo; echo LAST"
+    result = await call(tools, "Bash", {"command": command})
+    out = text(result)
+    assert not result.is_error
+    assert len(out.encode()) < OUTPUT_LIMIT_BYTES + 200
+    assert out.startswith("FIRST\naaa") and out.endswith("aaa\nLAST\nexit code: 0")
+    total = len("FIRST\n") + 5_000_000 + len("\nLAST\n")
+    assert f"[... output cut: {total - OUTPUT_LIMIT_BYTES} of {total} bytes left out ...]" in out
+
+
+async def test_timeout_kills_the_whole_process_group(ws: Path, tools) -> None:
+    command = (
+        "(trap '' TERM; echo $BASHPID >> pids; while true; do sleep 0.05; done) & "
+        "sleep 300 & echo $! >> pids; "
+        "echo started; wait"
+    )
+    result = await call(tools, "Bash", {"command": command, "timeout_ms": 3000})
+    assert result.is_error
+    out = text(result)
+    assert out.startswith("started\n")
+    assert out.endswith("Timed out after 3000 ms: the command and every process it started were killed.")
+    started = pids(ws / "pids")
+    assert len(started) == 2
+    assert await gone(started), started
+
+
+async def test_the_per_call_timeout_is_capped_by_bash_timeout_ms(ws: Path) -> None:
+    tools = create_builtin_tools(cwd=ws, bash_timeout_ms=300)
+    result = await call(tools, "Bash", {"command": "sleep 30", "timeout_ms": 60_000})
+    assert result.is_error and "Timed out after 300 ms" in text(result)
+
+
+async def test_abort_kills_the_process_group(ws: Path, tools) -> None:
+    controller = AbortController()
+    task = asyncio.ensure_future(
+        call(tools, "Bash", {"command": "sleep 300 & echo $! > pid; wait"}, signal=controller.signal)
+    )
+    await wait_for_file(ws / "pid")
+    controller.abort("user stop")
+    result = await task
+    assert result.is_error and "The query was aborted" in text(result)
+    assert await gone(pids(ws / "pid"))
+
+
+async def test_cancelling_the_call_leaves_nothing_running(ws: Path, tools) -> None:
+    task = asyncio.ensure_future(call(tools, "Bash", {"command": "sleep 300 & echo $! > pid; wait"}))
+    await wait_for_file(ws / "pid")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await gone(pids(ws / "pid"))
+
+
+async def test_background_jobs_holding_the_output_are_stopped_after_exit(ws: Path, tools) -> None:
+    result = await call(tools, "Bash", {"command": "sleep 300 & echo $! > pid; echo quick"})
+    assert not result.is_error
+    assert text(result).startswith("quick\nBackground processes still writing to the output were stopped")
+    assert await gone(pids(ws / "pid"))
+
+
+async def test_a_detached_background_job_keeps_running(ws: Path, tools) -> None:
+    result = await call(tools, "Bash", {"command": "sleep 300 > /dev/null 2>&1 & echo $! > pid"})
+    pid = pids(ws / "pid")[0]
+    try:
+        assert text(result) == "(no output)\nexit code: 0"
+        assert alive(pid)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+
+
+# --------------------------------------------------------------------------- the write bound
+
+
+ESCAPES = [
+    "echo x > {out}/a",
+    "echo x >> {out}/a",
+    "echo x 2> {out}/a",
+    "echo x &> {out}/a",
+    "echo x >| {out}/a",
+    "echo x>{out}/a",
+    "echo x | tee {out}/a",
+    "echo x | tee -a seed.txt {out}/a",
+    "cp seed.txt {out}/a",
+    "cp seed.txt {out}",
+    "cp -t {out} seed.txt",
+    "cp --target-directory={out} seed.txt",
+    "mv seed.txt {out}/a",
+    "mv {out}/keep.txt here.txt",
+    "install seed.txt {out}/a",
+    "install -d {out}/dir",
+    "ln -s seed.txt {out}/a",
+    "rm {out}/keep.txt",
+    "rm -rf {out}",
+    "mkdir {out}/dir",
+    "touch {out}/a",
+    "dd if=seed.txt of={out}/a",
+    "cd {out} && echo x > a",
+    "cd .. && cp ws/seed.txt outside/a",
+    "echo x > ../outside/a",
+    "echo x > link/a",
+    "cp seed.txt link/",
+    "true; echo x > {out}/a",
+    "echo ok\necho x > {out}/a",
+    "bash -c 'echo x > {out}/a'",
+    "sudo cp seed.txt {out}/a",
+    "sudo -u root cp seed.txt {out}/a",
+    "nice -n 5 env -u HOME cp seed.txt {out}/a",
+    "X=1 cp seed.txt {out}/a",
+    "eval 'echo x > {out}/a'",
+    "echo x > $OUTSIDE_DIR/a",
+    "echo x > {out}/a # a comment",
+    "cat > {out}/a <<'EOF'\nit's a here-document\nEOF",
+]
+
+
+@pytest.mark.parametrize("template", ESCAPES)
+async def test_shell_writes_outside_are_refused_and_nothing_runs(
+    ws: Path, outside: Path, tools, template: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OUTSIDE_DIR", str(outside))
+    os.symlink(outside, ws / "link")
+    command = template.format(out=outside)
+    before_out, before_ws = snapshot(outside), snapshot(ws)
+    result = await call(tools, "Bash", {"command": command})
+    assert result.is_error, command
+    message = text(result)
+    assert message.startswith("Bash: ") and "outside the allowed directories" in message, message
+    assert f"({ws})" in message and "is refused" in message
+    assert snapshot(outside) == before_out  # nothing written, moved or removed outside
+    assert snapshot(ws) == before_ws  # the command did not run at all
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "echo x > inside.txt && cat inside.txt",
+        "echo x > /dev/null; echo y 2>/dev/null",
+        "ls missing 2>&1; true",
+        "cp seed.txt copy.txt && mv copy.txt moved.txt && rm moved.txt",
+        "mkdir -p a/b && touch a/b/c && echo x | tee a/log",
+        "cat < seed.txt",
+        "cat {out}/keep.txt",
+        "grep -c seed seed.txt {out}/keep.txt; true",
+        "cp {out}/keep.txt copied.txt",
+        "rm link",
+        "echo 'x > {out}/a'",
+        "cat <<'EOF' > inside.txt\nwrite > {out}/a stays text\nEOF",
+    ],
+)
+async def test_writes_inside_and_reads_outside_are_allowed(
+    ws: Path, outside: Path, tools, command: str
+) -> None:
+    os.symlink(outside, ws / "link")
+    result = await call(tools, "Bash", {"command": command.format(out=outside)})
+    assert not result.is_error, text(result)
+    assert snapshot(outside) == {"keep.txt": b"keep\n"}
+
+
+async def test_an_unparsable_command_is_refused(tools) -> None:
+    result = await call(tools, "Bash", {"command": "echo 'unbalanced"})
+    assert result.is_error and "cannot parse the command" in text(result)
+
+
+async def test_a_comment_with_an_apostrophe_still_parses(tools) -> None:
+    result = await call(tools, "Bash", {"command": "echo hi # don't worry"})
+    assert not result.is_error and text(result) == "hi\nexit code: 0"
+
+
+def test_split_command_keeps_operators_and_drops_heredoc_bodies() -> None:
+    assert split_command("a 2>&1 | b >> 'c d';e") == ["a", "2", ">&", "1", "|", "b", ">>", "c d", ";", "e"]
+    assert split_command("cat <<EOF > f\nbody ' line\nEOF\nnext") == [
+        "cat",
+        "<<",
+        "EOF",
+        ">",
+        "f",
+        "\n",
+        "next",
+    ]
