@@ -4,6 +4,10 @@ errors (password-bearing URLs to closed ports: nothing listens on port 1)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -106,19 +110,31 @@ def test_connection_errors_of_the_client_hide_the_password():
         ["--broker-url", REDIS_DOWN, "--mailbox-url", PG_DOWN, "inbox", "demo::searcher"],
         ["--broker-url", f"amqp://app:{SECRET}@127.0.0.1:1//", "status"],
         ["--broker-url", REDIS_DOWN, "--mailbox-url", f"mongodb://app:{SECRET}@h/db", "status"],
-        ["--broker-url", REDIS_DOWN, "worker", "lattice_worker.examples.team:team"],
     ],
 )
-def test_lattice_error_lines_hide_the_password(args, monkeypatch):
-    for name in (
-        "LATTICE_BROKER_URL",
-        "LATTICE_MAILBOX_URL",
-        "LATTICE_WORKER_TEAMS",
-        "LATTICE_WORKER_QUEUES",
-    ):
-        monkeypatch.delenv(name, raising=False)  # lattice worker exports them for its pool
+def test_lattice_error_lines_hide_the_password(args):
     for debug in ([], ["--debug"]):
         result = runner.invoke(app, [*debug, *args])
         assert result.exit_code == EXIT_ERROR, result.output
         assert "error:" in result.output
         assert SECRET not in result.output, result.output
+
+
+@pytest.mark.timeout(120)
+def test_lattice_worker_on_an_unreachable_redis_hides_the_password():
+    """In its own process: a worker keeps per-process settings and would reuse another test's."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LATTICE_")}
+    for debug in ([], ["--debug"]):
+        done = subprocess.run(
+            [sys.executable, "-c", "from lattice_client.cli import app; app()", *debug]
+            + ["--broker-url", REDIS_DOWN, "worker", "lattice_worker.examples.team:team"],
+            capture_output=True,
+            text=True,
+            timeout=90,
+            env=env,
+            cwd=Path(__file__).resolve().parents[2],
+            start_new_session=True,
+        )
+        assert done.returncode == EXIT_ERROR, (done.stdout, done.stderr)
+        assert "error: cannot reach Redis" in done.stderr
+        assert SECRET not in done.stdout + done.stderr
