@@ -226,3 +226,29 @@ def test_drain_progress_reads_cleanly_without_a_terminal(prefix):
     lines = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in done.stdout.splitlines()]  # colours are fine
     assert any(line.strip().startswith(f"e2e::worker  {task}  -> ") for line in lines), lines
     assert lines[-1].startswith("drained 1 message(s)"), lines
+
+
+def test_an_error_in_a_team_module_submitted_by_reference_names_the_module(prefix, tmp_path, monkeypatch):
+    (tmp_path / "lattice_broken_submit.py").write_text("raise RuntimeError('config missing')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "lattice_broken_submit", raising=False)
+    result = lattice(prefix, "submit", "lattice_broken_submit:team", "hi")
+    assert result.exit_code == EXIT_ERROR, result.output
+    line = error_line(result)
+    assert "error in team module 'lattice_broken_submit'" in line
+    assert f"{tmp_path / 'lattice_broken_submit.py'}, line 1" in line
+    assert "RuntimeError: config missing" in line and line.endswith("(--debug shows the traceback)")
+    debug = runner.invoke(
+        app,
+        [
+            "--debug",
+            "--broker-url",
+            REDIS_URL,
+            "--key-prefix",
+            prefix,
+            "submit",
+            "lattice_broken_submit:team",
+            "hi",
+        ],
+    )
+    assert "Traceback (most recent call last)" in debug.output and "config missing" in debug.output
