@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 # --- agent loop (lattice_worker.agent) and tools (lattice_worker.tools)
 from .agent.abort import AbortController, AbortSignal
 from .agent.agent import Agent, AgentSpec, create_agent, create_bare_agent, define_agent, is_agent_spec
+from .agent.compaction import DEFAULT_COMPACTION_PROMPT
 from .agent.events import (
     AssistantMessage,
     ResultMessage,
@@ -31,8 +32,10 @@ from .agent.hooks import (
 )
 from .agent.loop import SuspendQuery, ToolBatchOutcome
 from .agent.model import AssistantModelMessage, ModelClient, ModelRequest, TokenUsage
-from .agent.options import AgentOptions, QueryOptions
+from .agent.oneshot import query
+from .agent.options import AgentOptions, AutoCompactOptions, QueryOptions
 from .agent.output import SUBMIT_OUTPUT_TOOL_NAME
+from .agent.result_limits import DEFAULT_MAX_TOOL_RESULT_CHARS
 from .agent.scripted import ScriptedModelClient, ScriptExhaustedError, error_turn, text_turn, tool_turn
 from .agent.tool_batch import PermissionRequest, ToolBatchPolicyContext
 from .errors import (
@@ -42,6 +45,7 @@ from .errors import (
     ConfigError,
     LatticeError,
     MaxTurnsError,
+    MissingExtraError,
     MissingOutputError,
     ModelTimeoutError,
     ToolBatchRejectedError,
@@ -53,6 +57,8 @@ from .tools.tool import ToolContext, ToolDefinition, ToolResult, tool
 
 __all__ = [
     # agent loop
+    "DEFAULT_COMPACTION_PROMPT",
+    "DEFAULT_MAX_TOOL_RESULT_CHARS",
     "SUBMIT_OUTPUT_TOOL_NAME",
     "AbortController",
     "AbortSignal",
@@ -63,6 +69,7 @@ __all__ = [
     "AnthropicModelClient",
     "AssistantMessage",
     "AssistantModelMessage",
+    "AutoCompactOptions",
     "ModelClient",
     "ModelRequest",
     "ModelRequestHookContext",
@@ -86,6 +93,7 @@ __all__ = [
     "define_agent",
     "error_turn",
     "is_agent_spec",
+    "query",
     "text_turn",
     "tool_turn",
     # tools
@@ -105,6 +113,7 @@ __all__ = [
     "ConfigError",
     "LatticeError",
     "MaxTurnsError",
+    "MissingExtraError",
     "MissingOutputError",
     "ModelTimeoutError",
     "ToolBatchRejectedError",
@@ -123,6 +132,9 @@ from .tracing import (  # noqa: E402
     TraceContext,
     create_composite_context_tracer,
     create_jsonl_context_tracer,
+    create_langfuse_context_tracer,
+    create_langsmith_context_tracer,
+    create_otel_context_tracer,
     define_context_tracer,
 )
 
@@ -134,12 +146,16 @@ __all__ += [
     "create_composite_context_tracer",
     "create_jsonl_context_tracer",
     "create_jsonl_history_store",
+    "create_langfuse_context_tracer",
+    "create_langsmith_context_tracer",
+    "create_otel_context_tracer",
     "define_context_tracer",
     "define_history_store",
 ]
 
 # --- teams in one process (lattice_worker.team)
 from .team import (  # noqa: E402
+    DEFAULT_MAX_DELEGATE_DEPTH,
     AgentMessageEvent,
     DrainResult,
     RunnerOptions,
@@ -153,12 +169,14 @@ from .team import (  # noqa: E402
     agent_tool,
     create_team,
     create_team_runner,
+    delegate_tool,
     failed_work_items,
     parse_report_message,
     team_member,
 )
 
 __all__ += [
+    "DEFAULT_MAX_DELEGATE_DEPTH",
     "AgentMessageEvent",
     "DrainResult",
     "RunnerOptions",
@@ -172,6 +190,7 @@ __all__ += [
     "agent_tool",
     "create_team",
     "create_team_runner",
+    "delegate_tool",
     "failed_work_items",
     "parse_report_message",
     "team_member",

@@ -22,9 +22,8 @@ from typing import Annotated, Any
 import typer
 
 from ..settings import LatticeSettings, get_settings, unknown_variables
-from . import output
 from .help import HelpGroup, LatticeCommand
-from .output import EXIT_USAGE, err, redact
+from .output import EXIT_USAGE, err, redact, state
 
 GLOBAL_OPTIONS = ("--broker-url", "--mailbox-url", "--key-prefix", "--debug")
 """Options of ``lattice`` itself: they go before the command."""
@@ -185,7 +184,7 @@ def _main(
         debug=debug,
     )
     ctx.obj = options
-    output.state.debug = debug
+    state.debug = debug
     for name, close in unknown_variables(os.environ):
         hint = f" (did you mean {close}?)" if close else ""
         err.print(f"warning: {name} is not a lattice setting and is ignored{hint}", markup=False)

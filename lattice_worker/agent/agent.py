@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import threading
 import uuid
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
@@ -146,6 +147,10 @@ class Agent:
         self._history: list[dict[str, Any]] = []
         self._history_loaded = options.history_store is None
         self._control: RunControl | None = None
+        # Held for the whole of a query (and by replace_history): one conversation at a
+        # time across threads and event loops, acquired without blocking.
+        self._query_lock = threading.Lock()
+        self._context_tokens: int | None = None  # input tokens the last model response reported
         self._lazy_client: Any = None
         self._lazy_client_loop: Any = None
 
@@ -183,7 +188,7 @@ class Agent:
     @property
     def running(self) -> bool:
         """True while a query of this Agent is running."""
-        return self._control is not None
+        return self._query_lock.locked()
 
     # ------------------------------------------------------------------ tools
 
@@ -293,7 +298,7 @@ class Agent:
     async def get_history(self) -> list[dict[str, Any]]:
         """A deep copy of the conversation (Anthropic wire-format message dicts),
         including what the history store held (loaded on first use)."""
-        if self._control is None:
+        if not self._query_lock.locked():
             await self._ensure_history_loaded()
         return _copy(self._history)
 
@@ -309,8 +314,14 @@ class Agent:
         (neither the history nor the store). The content is the host's: it must be
         a well-formed history (every ``tool_use`` answered by its ``tool_result``).
         """
-        if self._control is not None:
+        if not self._query_lock.acquire(blocking=False):
             raise ConcurrentQueryError("replace_history() is idle-only: this Agent is running a query")
+        try:
+            await self._replace_history(messages)
+        finally:
+            self._query_lock.release()
+
+    async def _replace_history(self, messages: list[dict[str, Any]]) -> None:
         if not isinstance(messages, list):
             raise ConfigError(
                 f"replace_history: messages must be a list of message dicts, got {type(messages).__name__}"
@@ -319,15 +330,20 @@ class Agent:
             problem = _message_problem(message)
             if problem is not None:
                 raise ConfigError(f"replace_history: messages[{i}] {problem}")
-        new = _copy(messages)
+        await self._rewrite_history(_copy(messages))
+        self._history_loaded = True
+
+    async def _rewrite_history(self, messages: list[dict[str, Any]]) -> None:
+        """Replace the whole history (compaction, replace_history): the store's
+        ``replace`` first (a ``fail_on_error`` store's error propagates and the
+        history stays as it was), then the in-memory list."""
         store = self.options.history_store
         if store is not None:
             try:
-                await _maybe_await(store.replace(_copy(new)))
+                await _maybe_await(store.replace(_copy(messages)))
             except Exception as exc:
                 self._store_failed("replace", exc)
-        self._history = new
-        self._history_loaded = True
+        self._history = messages
 
     # ---------------------------------------------------------------- queries
 

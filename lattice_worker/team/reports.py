@@ -17,12 +17,12 @@ entries (read back from the lead's history by :func:`failed_work_items`)."""
 from __future__ import annotations
 
 import json
-import re
 from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
 from ..agent.events import ResultMessage
+from .events import FAILURE_TEXT, failure_text
 from .ids import split_mailbox_id
 
 if TYPE_CHECKING:
@@ -38,14 +38,6 @@ REPORT_HEADER = (
 
 FAILED_STATUSES = frozenset({"failed", "cancelled"})
 """Work item statuses that count as failed for the caller."""
-
-_FAILURE_TEXT = re.compile(r'Work item (\S+) for member "([^"]+)" failed \(([A-Za-z0-9_]+)\): (.*)', re.S)
-
-
-def failure_text(work_item_id: str | None, member: str, code: str, message: str) -> str:
-    """The text a failed work item reports upstream (and an ``ask`` gets as its error):
-    ``Work item <id> for member "<member>" failed (<code>): <message>``."""
-    return f'Work item {work_item_id} for member "{member}" failed ({code}): {message}'
 
 
 def report_entry(outcome: WorkItemOutcome) -> dict[str, Any]:
@@ -110,11 +102,19 @@ def parse_report_message(message: dict[str, Any]) -> list[dict[str, Any]]:
     content = message.get("content")
     if not isinstance(content, list) or not content:
         return []
-    first = content[0]
-    if not (isinstance(first, dict) and str(first.get("text", "")).startswith("Team handoff reports")):
+    # the header may follow tool_result blocks: a request merges the report into the results' turn
+    start = next(
+        (
+            i
+            for i, b in enumerate(content)
+            if isinstance(b, dict) and str(b.get("text", "")).startswith("Team handoff reports")
+        ),
+        None,
+    )
+    if start is None:
         return []
     entries = []
-    for block in content[1:]:
+    for block in content[start + 1 :]:
         try:
             entries.append(json.loads(block["text"]))
         except (KeyError, TypeError, ValueError):
@@ -149,7 +149,7 @@ def failed_work_items(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if not (isinstance(block, dict) and block.get("type") == "tool_result" and block.get("is_error")):
                 continue
             text = _tool_result_text(block)
-            match = _FAILURE_TEXT.search(text)
+            match = FAILURE_TEXT.search(text)
             if match is None:
                 continue
             work_item_id, member, code, detail = match.groups()

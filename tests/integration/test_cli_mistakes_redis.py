@@ -20,7 +20,7 @@ import redis
 from typer.testing import CliRunner
 
 from lattice_client.cli import EXIT_ERROR, app
-from lattice_client.runs import RunStore
+from lattice_client.runstore import RunStore
 from lattice_mailbox import RedisMailbox
 from tests.support.services import REDIS_URL
 

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from lattice_client import AsyncLatticeClient, LatticeClient, get_settings
 from lattice_client.cli import EXIT_ERROR, app
-from lattice_client.runs import RunStore
+from lattice_client.runstore import RunStore
 from lattice_mailbox import RedisMailbox, SQLMailbox, mailbox_from_url, mask_url
 from lattice_mailbox.urls import redact_urls
 

@@ -1,22 +1,22 @@
 """The worker's Celery app: ``app = make_celery_app(process.settings())`` plus the tasks.
 
-Design: DESIGN.md section 5 (JSON only, ``acks_late``, ``reject_on_worker_lost``,
+Design: docs/architecture.md (JSON only, ``acks_late``, ``reject_on_worker_lost``,
 prefetch 1, task events for Flower, key prefix everywhere -- all set by
 :func:`lattice_client.celery_config.make_celery_app`) and "Async inside
 Celery": each worker process keeps one asyncio event loop, created in
 ``worker_process_init`` for prefork pool processes (lazily otherwise), and
-runs every task's coroutine on it (:mod:`lattice_worker.loops`).
+runs every task's coroutine on it (:mod:`lattice_worker.runtime.loops`).
 
 Signals used:
 
 * ``worker_process_init`` (each prefork pool process): drop the loop and the
   contexts inherited from the parent and create this process's own loop.
 * ``worker_ready`` (the main worker process): start the reaper thread
-  (:class:`~lattice_worker.reaper.Reaper`), unless ``LATTICE_REAPER=0``.
+  (:class:`~lattice_worker.runtime.reaper.Reaper`), unless ``LATTICE_REAPER=0``.
 * ``worker_shutdown``: stop it.
 
 Run it with ``lattice worker TEAM_REF`` (which also loads the team and
-chooses the queues), or ``celery -A lattice_worker.celery_app worker -Q ...``
+chooses the queues), or ``celery -A lattice_worker.runtime.celery_app worker -Q ...``
 with ``LATTICE_WORKER_TEAMS`` set.
 """
 
@@ -30,7 +30,7 @@ from celery import signals
 
 from lattice_client.celery_config import make_celery_app
 
-from . import loops, process
+from . import loops, process, tasks
 from .reaper import Reaper
 
 logger = logging.getLogger("lattice_worker.celery")
@@ -39,6 +39,7 @@ REAPER_ENV = "LATTICE_REAPER"
 """Set to ``0`` to run a worker without its reaper thread."""
 
 app = make_celery_app(process.settings())
+tasks.register(app)
 
 
 def _send_task(name: str, args: list[Any], queue: str) -> None:
@@ -63,9 +64,7 @@ def _start_reaper(**_: Any) -> None:
         return
     if _reaper is None:
         settings = process.settings()
-        _reaper = Reaper(
-            lambda: process.new_context(inline=False), interval_s=settings.reaper_interval_seconds
-        )
+        _reaper = Reaper(process.new_context, interval_s=settings.reaper_interval_seconds)
         _reaper.start()
         logger.info("reaper started (every %.1f s)", settings.reaper_interval_seconds)
 
@@ -77,7 +76,5 @@ def _stop_reaper(**_: Any) -> None:
         _reaper.stop()
         _reaper = None
 
-
-from . import tasks as tasks  # noqa: E402  (registers the tasks on `app`)
 
 __all__ = ["app"]

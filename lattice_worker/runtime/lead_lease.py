@@ -1,13 +1,13 @@
 """Lead leases: a worker running a lead segment holds its run, and only it may write.
 
-DESIGN.md section 5, "Crash" (the lease model of member claims, applied to
+docs/architecture.md, "Crash" (the lease model of member claims, applied to
 lead turns); issue 6, crash recovery. A *segment* is one stretch of a run's
 lead loop in one worker: from ``run_lead`` (or ``resume_lead``) to the
-suspension or the end. :meth:`~lattice_client.runs.RunStore.begin_segment`
+suspension or the end. :meth:`~lattice_client.runstore.RunStore.begin_segment`
 gives it a lease token and ``lease_until``; :class:`LeadLease` renews it every
 ``lease_s / 3`` seconds while the segment runs. If the worker dies, the
 reaper finds the expired lease and re-enqueues the run for a *recovering*
-resume (``lattice_worker.lead_run.recover_segment``), or fails it past
+resume (``lattice_worker.runtime.lead_recovery.recover_segment``), or fails it past
 ``max_attempts``.
 
 Fencing: every write of a segment carries its token and is refused once the
@@ -32,14 +32,14 @@ import logging
 from typing import Any
 
 from lattice_client.errors import RunLeaseLostError
-from lattice_client.runs import RunStore, SegmentStart
+from lattice_client.runstore import RunStore, SegmentStart
 
-from .agent.abort import AbortController
-from .agent.history_stores import RedisHistoryStore
-from .agent.model import AssistantModelMessage
+from ..agent.abort import AbortController
+from ..agent.history_stores import RedisHistoryStore
+from ..agent.model import AssistantModelMessage
 from .leases import RenewalLoop
 
-logger = logging.getLogger("lattice_worker.leases")
+logger = logging.getLogger("lattice_worker.runtime.leases")
 
 
 class LeadLease(RenewalLoop):
@@ -106,8 +106,8 @@ class FencedHistoryStore(RedisHistoryStore):
     elements given as ``history`` (read when the segment started). ``ttl_seconds``:
     expiry (seconds) renewed on every write.
 
-    With a ``writer`` (the worker's :class:`~lattice_worker.worker_context.WorkerContext`)
-    the writes are queued on its event writer, in order with the run's events,
+    With a ``writer`` (the worker's :class:`~lattice_worker.runtime.writer.RunWriter`)
+    the writes are queued on it, in order with the run's events,
     and go with the segment's next write -- a member call's journal entry
     (so a tool batch's assistant turn is stored before any member work is
     sent), the registration, the suspension, the finish -- or at the latest
@@ -229,7 +229,7 @@ class ReplayModelClient:
             calls = any(isinstance(b, dict) and b.get("type") == "tool_use" for b in content)
             return AssistantModelMessage(content=content, stop_reason="tool_use" if calls else "end_turn")
         if self._inner is None:
-            from .agent.anthropic_client import AnthropicModelClient
+            from ..agent.anthropic_client import AnthropicModelClient
 
             self._inner = AnthropicModelClient(api_key=self._api_key, base_url=self._base_url)
         return await self._inner.create_message(request)

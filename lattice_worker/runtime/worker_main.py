@@ -1,6 +1,6 @@
 """``lattice worker TEAM_REF``: start a Celery worker for a team's queues.
 
-DESIGN.md section 7. :func:`run_worker` loads the team (and its nested
+docs/architecture.md. :func:`run_worker` loads the team (and its nested
 teams) through the registry -- so a bad reference or a lead that is not an
 ``AgentSpec`` fails here with a clear error, before Celery starts --, publishes
 ``{ref, name}`` in ``<prefix>:teams`` for the client, picks the queues and
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import redis
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .registry import TEAMS_ENV, teams_key
 
 
@@ -67,7 +67,6 @@ def run_worker(
     registry = process.registry()
     root = registry.load(team_ref)
     queues = registry.queues(settings.key_prefix, list(members) if members else None)
-    os.environ[process.QUEUES_ENV] = ",".join(queues)
     client = redis.Redis.from_url(settings.broker_url)
     try:
         client.hset(teams_key(settings.key_prefix), mapping=registry.publication())

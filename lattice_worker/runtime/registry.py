@@ -1,6 +1,6 @@
 """The team registry: load team definitions by reference or by name.
 
-Issue 6 item 2; DESIGN.md sections 2 and 5. Workers and the client name a
+Issue 6 item 2; docs/architecture.md. Workers and the client name a
 team by ``"package.module:attribute"`` -- the attribute is a
 :class:`~lattice_worker.team.team.Team` or a zero-argument callable returning
 one -- or by a name registered with :func:`register_team`.
@@ -43,10 +43,10 @@ from typing import Any, Literal
 
 from lattice_client.errors import describe_module_error
 
-from .errors import ConfigError
-from .team.ids import LEAD
-from .team.member import TeamMember
-from .team.team import Team, create_team
+from ..errors import ConfigError
+from ..team.ids import LEAD
+from ..team.member import TeamMember
+from ..team.team import Team, create_team
 
 MemberMode = Literal["template", "session", "team"]
 

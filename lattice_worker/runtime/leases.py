@@ -1,6 +1,6 @@
 """Lease renewal while a member works on a claimed message.
 
-DESIGN.md section 5, "Crash": a claim carries a lease (``lease_until``) that
+docs/architecture.md, "Crash": a claim carries a lease (``lease_until``) that
 the worker renews while the member runs. :class:`LeaseKeeper` calls
 ``mailbox.extend_lease(message_id, token, lease_s)`` every ``lease_s / 3``
 seconds. When the store refuses the token (``ClaimTakenError``: the lease
@@ -24,9 +24,9 @@ from typing import Any
 
 from lattice_mailbox.base import ClaimError
 
-from .agent.abort import AbortController
+from ..agent.abort import AbortController
 
-logger = logging.getLogger("lattice_worker.leases")
+logger = logging.getLogger("lattice_worker.runtime.leases")
 
 
 class LeaseLostError(Exception):

@@ -1,27 +1,27 @@
 """Per-process state of a worker: settings, the team registry, and one
-:class:`~lattice_worker.worker_context.WorkerContext` per thread (event loop).
+:class:`~lattice_worker.runtime.context.WorkerContext` per thread (event loop).
 
 The registry is built once per process from the settings' mailbox URL and
 the team references in ``LATTICE_WORKER_TEAMS`` (``lattice worker`` sets it
 before Celery starts, so pool processes load the same teams however they are
 started). Contexts are per thread because each thread has its own event loop
-(:mod:`lattice_worker.loops`); after a fork they are dropped.
+(:mod:`lattice_worker.runtime.loops`); after a fork they are dropped.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 from typing import Any
 
-from lattice_client.runs import RunStore
+from lattice_client.runstore import RunStore
 from lattice_client.settings import LatticeSettings, get_settings
 from lattice_mailbox import mailbox_from_url
 
 from . import loops
+from .context import WorkerContext, default_worker_id
 from .registry import TeamRegistry, refs_from_env
-from .worker_context import TaskSender, WorkerContext, default_worker_id
+from .steps import TaskSender
 
 _lock = threading.RLock()
 _settings: LatticeSettings | None = None
@@ -29,10 +29,6 @@ _registry: TeamRegistry | None = None
 _local = threading.local()
 _sender: TaskSender | None = None
 _worker_id: str | None = None
-
-QUEUES_ENV = "LATTICE_WORKER_QUEUES"
-"""Comma-separated queues this worker consumes (set by ``lattice worker``); follow-up
-steps on them run inline in the task that caused them."""
 
 
 def settings() -> LatticeSettings:
@@ -86,22 +82,13 @@ def context() -> WorkerContext:
     return ctx
 
 
-def served_queues() -> frozenset[str] | None:
-    """The queues in ``LATTICE_WORKER_QUEUES``, or ``None`` when unset."""
-    raw = os.environ.get(QUEUES_ENV, "")
-    queues = frozenset(q.strip() for q in raw.split(",") if q.strip())
-    return queues or None
-
-
-def new_context(
-    sender: Callable[[str, list[Any], str], None] | None = None, *, inline: bool = True
-) -> WorkerContext:
-    """A fresh context. ``inline=False`` (the reaper) never runs follow-ups itself."""
+def new_context(sender: Callable[[str, list[Any], str], None] | None = None) -> WorkerContext:
+    """A fresh context (each event loop has its own: the task loop, the reaper thread's)."""
     s = settings()
     reg = registry()
     send = sender or _sender
     if send is None:
-        raise RuntimeError("no task sender installed: import lattice_worker.celery_app first")
+        raise RuntimeError("no task sender installed: import lattice_worker.runtime.celery_app first")
     return WorkerContext(
         settings=s,
         registry=reg,
@@ -109,7 +96,6 @@ def new_context(
         runs=RunStore(s.broker_url, s.key_prefix, max_events=s.max_run_events),
         send_task=send,
         worker_id=worker_id(),
-        served_queues=served_queues() if inline else None,
     )
 
 
@@ -122,8 +108,6 @@ def _reset() -> None:
 loops.on_reset(_reset)
 
 __all__ = [
-    "QUEUES_ENV",
-    "served_queues",
     "context",
     "make_mailbox",
     "new_context",

@@ -1,6 +1,6 @@
 """The reaper: crash recovery for claimed messages and lost doorbells.
 
-DESIGN.md section 5, "Crash"; issue 6 item 4. Every worker process runs one
+docs/architecture.md, "Crash"; issue 6 item 4. Every worker process runs one
 reaper in a daemon thread with its own event loop (:meth:`Reaper.start`).
 Only one reaper sweeps at a time across all workers of a deployment: a sweep
 first takes ``<prefix>:reaper:lock`` with ``SET NX PX``; when it ends the lock
@@ -25,7 +25,7 @@ A sweep:
    (the worker died or stalled during a lead turn; the runs come from the
    lease index ``<prefix>:runs:leased``) becomes ``resuming`` with the recover
    flag and gets ``lattice.resume_lead``, which rebuilds it from the persisted
-   history (:func:`lattice_worker.lead_run.recover_segment`); the stale
+   history (:func:`lattice_worker.runtime.lead_recovery.recover_segment`); the stale
    worker's token stops holding the run, so its writes are refused. After
    ``max_attempts`` segment starts the run fails instead, with an error naming
    the attempts; its unfinished work is cancelled and a child run replies
@@ -42,7 +42,7 @@ A sweep:
    ``<prefix>:reaper:closed:<message_id>``; its age is read from its TTL, the
    Redis clock). Once the message has been seen terminal for over a lease
    (a live worker has had that long to record the item itself) its outcome is
-   recorded through :func:`~lattice_worker.member_run.complete_work_item`
+   recorded through :func:`~lattice_worker.runtime.completion.complete_work_item`
    (doorbells and the resume follow), built as the member would have from the
    upstream message it sent for it (``reply_to`` = the task message: a reply,
    a failure report or a diagnostic). When there is none (the worker died
@@ -68,17 +68,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from lattice_client.celery_config import RESUME_LEAD_TASK, queue_name
 from lattice_client.models import RunRecord
 from lattice_mailbox.message import MessageStatus, TeamMessage
 
+from ..team.events import TeamMessageEvent
+from ..team.ids import LEAD, split_mailbox_id
+from ..team.work import WorkItemOutcome
+from .completion import complete_work_item, send_failure_report
+from .context import WorkerContext
 from .registry import teams_key
-from .team.events import TeamMessageEvent
-from .team.ids import LEAD, split_mailbox_id
-from .team.work import WorkItemOutcome
-from .worker_context import WorkerContext
+from .run_end import end_failed_run
 
-logger = logging.getLogger("lattice_worker.reaper")
+logger = logging.getLogger("lattice_worker.runtime.reaper")
 
 STALE_SCAN_LIMIT = 500
 """How many of the most recent runs the stale-resume check looks at per sweep."""
@@ -145,7 +146,7 @@ async def sweep(
             await _expired_leads(ctx, report)
             await _orphaned_items(ctx, report, recent)
         finally:
-            await ctx.flush_events()
+            await ctx.writer.flush()
         return report
     finally:
         if not force:
@@ -167,7 +168,7 @@ async def _requeue(ctx: WorkerContext, report: SweepReport) -> None:
                 message.attempts,
             )
             try:
-                ctx.ring(message.to)
+                ctx.steps.ring(message.to)
             except ValueError:
                 logger.warning("requeued message %s is in %r, not a team mailbox", message.id, message.to)
         elif message.status == MessageStatus.FAILED:
@@ -182,8 +183,6 @@ async def fail_exhausted(ctx: WorkerContext, message: TeamMessage) -> WorkItemOu
     """``message`` failed after ``max_attempts`` expired claims: send the
     diagnostic upstream, emit ``team_message`` ``failed`` and complete its work
     item as failed (the lead resumes with the report)."""
-    from .member_run import complete_work_item, send_failure_report
-
     try:
         team_name, member = split_mailbox_id(message.to)
     except ValueError:
@@ -201,10 +200,10 @@ async def fail_exhausted(ctx: WorkerContext, message: TeamMessage) -> WorkItemOu
     outcome = WorkItemOutcome(
         message=failed, status="failed", content=report.content, error=failure, report=report
     )
-    link = await ctx.run_of(message.work_item_id)
+    link = await ctx.links.run_of(message.work_item_id)
     if link is not None:
         run_id, run_team = link
-        await ctx.emit(
+        await ctx.events.emit(
             run_id,
             TeamMessageEvent(subtype="failed", team=team_name, message=failed.to_json_dict(), error=failure),
         )
@@ -240,7 +239,7 @@ async def _lost_doorbells(ctx: WorkerContext, report: SweepReport) -> None:
             logger.info(
                 "mailbox %s has waited over a lease with nobody claiming; ringing its doorbell", mailbox_id
             )
-            ctx.ring(mailbox_id)
+            ctx.steps.ring(mailbox_id)
             report.rerung.append(mailbox_id)
 
 
@@ -255,13 +254,11 @@ async def _stale_resumes(ctx: WorkerContext, report: SweepReport, recent: list[R
             logger.warning(
                 "run %s has been resuming for over a lease; enqueueing its resume again", record.run_id
             )
-            ctx.send_task(RESUME_LEAD_TASK, [record.run_id], queue_name(ctx.prefix, record.team, "lead"))
+            ctx.steps.resume(record.run_id, record.team)
             report.resumed.append(record.run_id)
 
 
 async def _expired_leads(ctx: WorkerContext, report: SweepReport) -> None:
-    from .lead_run import end_failed_run
-
     for run_id in await ctx.runs.expired_leads():
         try:
             recovery = await ctx.runs.recover_lead(run_id, max_attempts=ctx.settings.max_attempts)
@@ -275,7 +272,7 @@ async def _expired_leads(ctx: WorkerContext, report: SweepReport) -> None:
                 run_id,
                 recovery.attempts,
             )
-            ctx.enqueue_resume(run_id, record.team)
+            ctx.steps.resume(run_id, record.team)
             report.recovered.append(run_id)
         elif recovery.action == "failed" and record is not None and recovery.result is not None:
             logger.error("run %s failed: %s", run_id, recovery.result.error)
@@ -342,8 +339,6 @@ async def _repair_run(
     lease_ms: int,
     report: SweepReport,
 ) -> None:
-    from .member_run import complete_work_item
-
     for item in open_items:
         message_id, work_item_id = str(item.get("message_id") or ""), str(item.get("work_item_id") or "")
         if not message_id or not work_item_id:
@@ -405,8 +400,6 @@ async def orphan_outcome(ctx: WorkerContext, message: TeamMessage, lease_ms: int
     would have, else (the upstream message was lost) a ``reply_lost``
     diagnostic sent upstream now. ``None`` while another reaper is sending
     that diagnostic."""
-    from .member_run import send_failure_report
-
     ended = message.model_copy(update={"claim_token": None})
     upstream = await _upstream_of(ctx, message)
     if upstream is not None:
@@ -453,9 +446,9 @@ async def orphan_outcome(ctx: WorkerContext, message: TeamMessage, lease_ms: int
     report = await send_failure_report(
         ctx.mailbox, message, member=member, team=team_name, failure=failure, kind="diagnostic"
     )
-    link = await ctx.run_of(message.work_item_id)
+    link = await ctx.links.run_of(message.work_item_id)
     if link is not None:
-        await ctx.emit(
+        await ctx.events.emit(
             link[0],
             TeamMessageEvent(subtype="failed", team=team_name, message=ended.to_json_dict(), error=failure),
         )
@@ -507,7 +500,7 @@ class Reaper:
         finally:
             if ctx is not None:
                 try:
-                    loop.run_until_complete(ctx.runs.aclose())
+                    loop.run_until_complete(ctx.aclose())
                 except Exception:
                     pass
             loop.close()

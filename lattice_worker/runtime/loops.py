@@ -5,7 +5,7 @@ asyncio. A worker process keeps **one** event loop and runs every task's
 coroutine on it with ``loop.run_until_complete``; nothing asyncio is ever
 shared between two loops (redis-py asyncio connections are bound to the loop
 that opened them -- the classic "attached to a different loop" failure).
-Design: DESIGN.md section 5, "Async inside Celery".
+Design: docs/architecture.md, "Async inside Celery".
 
 The loop is kept per *thread* so the reaper thread (which has its own loop)
 and a ``threads`` pool never touch the main loop. After a fork (Celery's
@@ -48,7 +48,7 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     else:
         coro.close()
         raise RuntimeError(
-            "lattice_worker.loops.run() called from inside a running event loop; await the coroutine"
+            "lattice_worker.runtime.loops.run() called from inside a running event loop; await the coroutine"
         )
     loop = get_loop()
     asyncio.set_event_loop(loop)

@@ -1,9 +1,9 @@
 """``lattice drain TEAM_REF``: process member mailboxes by hand against the live Redis mailbox.
 
 Spec: AgentLattice "Manual draining" (each member claims from its *own*
-mailbox and is prompted; nothing is rerouted); DESIGN.md section 7. Unlike
+mailbox and is prompted; nothing is rerouted); docs/architecture.md. Unlike
 ``Team.drain`` (in-process, embedded mailbox), this drives the distributed
-runtime's own member step (:func:`lattice_worker.member_run.process_claimed`)
+runtime's own member step (:func:`lattice_worker.runtime.member_step.process_claimed`)
 in this process: claims carry a lease renewed while the member works, the
 outcome completes the work item in the run store, and a run whose last item
 completes gets its ``resume_lead`` task (and newly allowed items their
@@ -27,17 +27,17 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 
 from lattice_client.celery_config import make_celery_app
-from lattice_client.runs import RunStore
+from lattice_client.runstore import RunStore
 from lattice_client.settings import get_settings
 
-from .errors import ConfigError
-from .member_run import process_claimed
+from ..errors import ConfigError
+from ..team.drain import DrainResult
+from ..team.member import TeamMember
+from ..team.team import Team
+from .context import WorkerContext, default_worker_id
+from .member_step import process_claimed
 from .process import make_mailbox
 from .registry import TeamRegistry, member_mode, teams_key
-from .team.drain import DrainResult
-from .team.member import TeamMember
-from .team.team import Team
-from .worker_context import WorkerContext, default_worker_id
 
 
 @dataclass
@@ -182,8 +182,7 @@ def run_drain(
         try:
             return await drain_async(ctx, targets, max_rounds, max_messages, console)
         finally:
-            await ctx.flush_events()
-            await runs.aclose()
+            await ctx.aclose()  # what is queued is written first
             aclose = getattr(registry.mailbox, "aclose", None)
             if aclose is not None:
                 await aclose()
