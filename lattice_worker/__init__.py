@@ -2,9 +2,10 @@
 
 Keep this a plain explicit list; each area appends its own exports.
 
-``AnthropicModelClient`` is exported lazily (module ``__getattr__``): importing
-the ``anthropic`` SDK costs about a second, which ``import lattice_worker``
-does not pay until the name is first used.
+``AnthropicModelClient`` and the MCP names (``connect_mcp_stdio_server`` ...)
+are exported lazily (module ``__getattr__``): importing the ``anthropic`` or
+the ``mcp`` SDK costs about a second each, which ``import lattice_worker`` does
+not pay until such a name is first used.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -197,10 +198,29 @@ __all__ += [
 ]
 
 
+# --- MCP servers' tools (lattice_worker.tools.mcp), exported lazily: importing the
+# mcp SDK costs about a second, paid when one of these names is first used
+_MCP_NAMES = (
+    "MCPClient",
+    "MCPConnectTimeoutError",
+    "MCPConnectionError",
+    "MCPStdioConnection",
+    "MCPStreamableHTTPConnection",
+    "connect_mcp_stdio_server",
+    "connect_mcp_streamable_http_server",
+    "create_mcp_tools",
+)
+__all__ += list(_MCP_NAMES)
+
+
 def __getattr__(name: str) -> Any:
-    # lazy exports: the anthropic SDK is imported on first use only
+    # lazy exports: the anthropic and mcp SDKs are imported on first use only
     if name == "AnthropicModelClient":
         from .agent.anthropic_client import AnthropicModelClient
 
         return AnthropicModelClient
+    if name in _MCP_NAMES:
+        from .tools import mcp
+
+        return getattr(mcp, name)
     raise AttributeError(f"module 'lattice_worker' has no attribute {name!r}")

@@ -131,6 +131,7 @@ class Agent:
         self.session_id = session_id or str(uuid.uuid4())
         self._bare = bare
         self._tools: dict[str, ToolDefinition] = {t.name: t for t in options.tools}
+        self._mcp_tools: dict[str, ToolDefinition] = {}
         self._workspace: Workspace | None = None
         if not bare:
             self._workspace, builtin = agent_workspace_tools(
@@ -208,9 +209,27 @@ class Agent:
             self._tools[t.name] = t
 
     def _tool_map(self) -> dict[str, ToolDefinition]:
-        if self._submit_tool is None:
+        if self._submit_tool is None and not self._mcp_tools:
             return self._tools
-        return {**self._tools, self._submit_tool.name: self._submit_tool}
+        extra = {self._submit_tool.name: self._submit_tool} if self._submit_tool is not None else {}
+        return {**self._tools, **self._mcp_tools, **extra}
+
+    async def _prepare_mcp_tools(self) -> None:
+        """Resolve the ``mcp_servers`` option into this query's MCP tools (pooled
+        connections of this process and event loop; see
+        :mod:`lattice_worker.tools.mcp_servers`). Raises :class:`ConfigError` when
+        an MCP tool's name collides with another tool."""
+        servers = self.options.mcp_servers
+        if not servers:
+            return
+        # imported here: the mcp SDK costs about a second to import, paid only by agents using it
+        from ..tools.mcp.pool import mcp_server_tools
+
+        tools = await mcp_server_tools(servers)
+        check_tool_set(
+            list(self._tools.values()) + tools, output_schema=self.output_schema, where="mcp_servers"
+        )
+        self._mcp_tools = {t.name: t for t in tools}
 
     def _skills_section(self, prompt: Any) -> str | None:
         """The system-prompt section of the skills a query's prompt matches (or ``None``).

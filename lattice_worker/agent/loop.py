@@ -188,6 +188,7 @@ async def run_query(agent: LoopAgent, prompt: Any, q: QueryOptions) -> AsyncIter
     agent._control = control
     try:
         await agent._ensure_history_loaded()
+        await agent._prepare_mcp_tools()
         if prompt is None:
             history = agent._history
             if not history or history[-1].get("role") != "user":

@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from ..errors import ConfigError
+from ..tools.mcp_servers import validate_mcp_servers
 from ..tools.skills import check_skills
 from ..tools.tool import ToolDefinition
 from .abort import AbortSignal
@@ -162,6 +163,7 @@ _AGENT_EXPECTED: dict[str, str] = {
     "request_timeout_ms": "a positive integer number of milliseconds",
     "output_schema": "a pydantic BaseModel subclass or an object with a parse(value) method",
     "tools": "a list of ToolDefinition (built with tool())",
+    "mcp_servers": 'a dict of server name to {"command", "args"?, ...} (stdio) or {"type": "http", "url", ...}',
     "tool_batch_policy": "an object with validate(ctx), or a callable(ctx)",
     "hooks": "AgentHooks(on_tool_result=..., on_model_request=...) or a dict of those",
     "auto_compact": "True/False, AutoCompactOptions, or a dict with threshold_tokens, keep_recent_messages, "
@@ -209,6 +211,9 @@ class AgentOptions(BaseModel):
     ``thinking_config`` ``{"type": "enabled", "budget_tokens": N}``: ``N`` is
     capped at ``max_tokens - 1`` on every request; a budget (or a cap) below
     1,024, the provider's minimum, raises :class:`ConfigError`.
+    ``mcp_servers`` (not in the spec): MCP servers whose tools each query offers
+    beside ``tools``, connected lazily per process and event loop
+    (:mod:`lattice_worker.tools.mcp_servers`).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
@@ -225,6 +230,7 @@ class AgentOptions(BaseModel):
     request_timeout_ms: PositiveInt | None = None
     output_schema: Any = None
     tools: list[Any] = Field(default_factory=list)
+    mcp_servers: Any = None
     tool_batch_policy: Any = None
     hooks: Any = None
     auto_compact: StrictBool | AutoCompactOptions | None = None
@@ -282,6 +288,11 @@ class AgentOptions(BaseModel):
             if not isinstance(t, ToolDefinition):
                 raise ValueError(f"item {i} is {type(t).__name__}, not a ToolDefinition")
         return v
+
+    @field_validator("mcp_servers")
+    @classmethod
+    def _mcp_servers(cls, v: Any) -> Any:
+        return validate_mcp_servers(v)
 
     @field_validator("tool_batch_policy")
     @classmethod

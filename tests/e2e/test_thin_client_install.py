@@ -24,7 +24,19 @@ from tests.support.services import REDIS_URL
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(300)]
 
-HEAVY = ("anthropic", "mcp", "flower", "tornado", "sqlalchemy", "psycopg", "jsonschema", "hiredis", "httpx")
+HEAVY = (
+    "anthropic",
+    "mcp",
+    "flower",
+    "tornado",
+    "sqlalchemy",
+    "psycopg",
+    "jsonschema",
+    "hiredis",
+    "httpx",
+    "httpx2",
+    "wcmatch",
+)
 """Packages of the worker extra (and their big dependencies) a thin client must not have."""
 
 
