@@ -10,7 +10,7 @@ Example::
     from lattice_client import LatticeClient
 
     with LatticeClient() as client:                     # LATTICE_* environment variables
-        handle = client.submit("examples.team:team", "Look through ./docs for the word lease")
+        handle = client.submit("lattice_worker.examples.team:team", "Look through ./docs for the word lease")
         print(handle.wait(timeout=120).result)
 """
 

@@ -36,11 +36,11 @@ from celery import Celery
 from pydantic import BaseModel, Field
 from redis import Redis as SyncRedis
 
-from lattice_mailbox import MessageStatus, TeamMessage, mailbox_from_url
+from lattice_mailbox import MessageStatus, TeamMessage, mailbox_from_url, mask_url
 
 from .celery_config import RUN_LEAD_TASK, make_celery_app, queue_name
 from .decisions import DecisionsMixin, ParkedCall, PendingApproval, SyncDecisionsMixin
-from .errors import RunNotFoundError
+from .errors import RunNotFoundError, describe_module_error
 from .models import RunRecord, RunResult, RunStatus
 from .runstore import RunStore, check_run_id, dumps, final_from_reply, result_from_reply
 from .settings import LatticeSettings, get_settings
@@ -78,7 +78,9 @@ class CancelReport(BaseModel):
     """What :meth:`AsyncLatticeClient.cancel` did.
 
     ``status``: the run's status afterwards (``cancelled``, or ``completed`` /
-    ``failed`` when it had already finished). ``cancelled_messages``: ids of the
+    ``failed`` when it had already finished). ``previous_status``: its status
+    before this call (``cancelled`` for a run cancelled before: this call
+    changed nothing but stragglers). ``cancelled_messages``: ids of the
     mailbox messages moved to ``cancelled``; ``skipped_messages``: ids of
     unfinished items whose message could not be cancelled (already finished,
     or unknown), each with the reason.
@@ -86,6 +88,7 @@ class CancelReport(BaseModel):
 
     run_id: str
     status: RunStatus
+    previous_status: RunStatus | None = None
     cancelled_messages: list[str] = Field(default_factory=list)
     skipped_messages: dict[str, str] = Field(default_factory=dict)
 
@@ -174,7 +177,10 @@ class AsyncLatticeClient(DecisionsMixin):
         self._teams: dict[str, tuple[str, str | None, float]] = {}
 
     def __repr__(self) -> str:
-        return f"AsyncLatticeClient(broker_url={self.settings.broker_url!r}, key_prefix={self.settings.key_prefix!r})"
+        return (
+            f"AsyncLatticeClient(broker_url={mask_url(self.settings.broker_url)!r}, "
+            f"key_prefix={self.settings.key_prefix!r})"
+        )
 
     async def __aenter__(self) -> AsyncLatticeClient:
         return self
@@ -332,7 +338,8 @@ class AsyncLatticeClient(DecisionsMixin):
         size = len(prompt.encode("utf-8"))
         if size > self.settings.max_message_bytes:
             raise ValueError(
-                f"prompt is {size} bytes, over the bound of {self.settings.max_message_bytes} bytes"
+                f"prompt is {size} bytes, over the bound of {self.settings.max_message_bytes} bytes "
+                "(LATTICE_MAX_MESSAGE_BYTES)"
             )
         if metadata is not None:
             if not isinstance(metadata, dict):
@@ -468,10 +475,16 @@ class AsyncLatticeClient(DecisionsMixin):
         (its call journal). Replies and failure reports already sent to the
         lead for this run, which its lead will now never read, are moved from
         ``pending`` to ``cancelled`` too (so ``status`` shows nothing pending).
-        Idempotent. Raises :class:`RunNotFoundError` for an unknown run.
+        Idempotent (``previous_status`` tells whether the run was cancelled
+        already). Raises :class:`RunNotFoundError` for an unknown run.
         """
+        before = await self.runs.get(run_id)
         items = await self.runs.cancel(run_id)
-        report = CancelReport(run_id=run_id, status=RunStatus.CANCELLED)
+        report = CancelReport(
+            run_id=run_id,
+            status=RunStatus.CANCELLED,
+            previous_status=before.status if before is not None else None,
+        )
         mailbox = self.mailbox
         for item in items:
             message_id = str(item.get("message_id"))
@@ -534,6 +547,26 @@ class AsyncLatticeClient(DecisionsMixin):
         parked, approvals = await self.parked(team), await self.approvals(team)
         return StatusReport(team=team, mailboxes=counts, runs=runs, parked=parked, approvals=approvals)
 
+    async def known_mailboxes(self, team: str | None = None) -> list[str]:
+        """Ids of the mailboxes that ever received a message (of ``team``'s
+        mailboxes only, when given), sorted."""
+        return list(await self.mailbox.mailbox_ids(f"{team}::" if team else None))
+
+    async def known_teams(self) -> list[str]:
+        """Team names this deployment knows, sorted: those a worker registered
+        and those with mailboxes."""
+        names = set((await self.registered_teams()).values())
+        names |= {box.partition("::")[0] for box in await self.known_mailboxes()}
+        return sorted(names)
+
+    async def team_exists(self, team: str) -> bool:
+        """Whether ``team`` (a name) is registered, has mailboxes or has runs."""
+        if team in (await self.registered_teams()).values():
+            return True
+        if await self.known_mailboxes(team):
+            return True
+        return bool(await self.runs.list_runs(team, limit=1))
+
     async def inbox(self, mailbox_id: str, status: MessageStatus | str = "pending") -> list[TeamMessage]:
         """Messages of one mailbox (``"<team>::<member>"``) with ``status`` (a
         :class:`MessageStatus` value or ``"all"``), oldest first. Raises
@@ -594,12 +627,14 @@ def _import_team_name(ref: str) -> str:
         raise ValueError(
             f"team reference {ref!r} is not registered by any worker and cannot be imported here: {exc}"
         ) from None
+    except Exception as exc:  # the module itself raised: name it, keep the traceback as the cause
+        raise ValueError(describe_module_error(module_name, exc)) from exc
     team_class = _loaded_team_class()
     if not (team_class is not None and isinstance(obj, team_class)) and callable(obj):
         try:
             obj = obj()
         except Exception as exc:
-            raise ValueError(f"team reference {ref!r}: calling {attribute} failed: {exc!r}") from None
+            raise ValueError(f"team reference {ref!r}: calling {attribute} failed: {exc!r}") from exc
         team_class = _loaded_team_class()
     if team_class is None or not isinstance(obj, team_class):
         raise ValueError(
@@ -723,7 +758,8 @@ class LatticeClient(SyncDecisionsMixin):
 
     def __repr__(self) -> str:
         return (
-            f"LatticeClient(broker_url={self.settings.broker_url!r}, key_prefix={self.settings.key_prefix!r})"
+            f"LatticeClient(broker_url={mask_url(self.settings.broker_url)!r}, "
+            f"key_prefix={self.settings.key_prefix!r})"
         )
 
     def __enter__(self) -> LatticeClient:
@@ -841,6 +877,18 @@ class LatticeClient(SyncDecisionsMixin):
     def inbox(self, mailbox_id: str, status: MessageStatus | str = "pending") -> list[TeamMessage]:
         """See :meth:`AsyncLatticeClient.inbox`."""
         return self._call(self.aio.inbox, mailbox_id, status)
+
+    def known_mailboxes(self, team: str | None = None) -> list[str]:
+        """See :meth:`AsyncLatticeClient.known_mailboxes`."""
+        return self._call(self.aio.known_mailboxes, team)
+
+    def known_teams(self) -> list[str]:
+        """See :meth:`AsyncLatticeClient.known_teams`."""
+        return self._call(self.aio.known_teams)
+
+    def team_exists(self, team: str) -> bool:
+        """See :meth:`AsyncLatticeClient.team_exists`."""
+        return self._call(self.aio.team_exists, team)
 
     def close(self) -> None:
         """Close the connections and stop the private event loop (idempotent)."""

@@ -6,6 +6,8 @@ this module can still catch them (``LookupError`` / ``ValueError``).
 
 from __future__ import annotations
 
+import traceback
+
 
 class RunNotFoundError(LookupError):
     """No run with this id exists (under this key prefix)."""
@@ -52,4 +54,28 @@ class ItemClaimLostError(RunLeaseLostError):
         self.status = "claim_lost"
 
 
-__all__ = ["ItemClaimLostError", "RunLeaseLostError", "RunNotFoundError", "RunStateError"]
+
+def describe_module_error(module: str, exc: BaseException) -> str:
+    """One line for an exception raised while importing (or calling into) a
+    user's team module: the module, where it was raised (file and line) and
+    the exception, e.g. ``error in team module 'myteam' (raised at
+    /srv/myteam.py, line 12): ZeroDivisionError: division by zero``. Used by
+    the client and the workers alike; raise it ``from exc`` so the traceback
+    stays available (``lattice --debug`` prints it)."""
+    where = ""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        where = f" (in {exc.filename}, line {exc.lineno})"
+    else:
+        frames = traceback.extract_tb(exc.__traceback__)
+        if frames:
+            where = f" (raised at {frames[-1].filename}, line {frames[-1].lineno})"
+    return f"error in team module {module!r}{where}: {type(exc).__name__}: {exc}"
+
+
+__all__ = [
+    "ItemClaimLostError",
+    "RunLeaseLostError",
+    "RunNotFoundError",
+    "RunStateError",
+    "describe_module_error",
+]

@@ -61,6 +61,11 @@ class RunResult(BaseModel):
     output schema; ``error`` a one-line description when the run did not
     complete; ``usage`` the token usage the runtime reports (a dict such as
     ``{"input_tokens": .., "output_tokens": ..}``), or ``None``.
+    ``failed_work_items``: the member work items of the run that failed or were
+    cancelled, one dict each (``member``, ``work_item_id``, ``status``,
+    ``content``, ``error`` with its ``code`` -- ``no_reply`` for a member that
+    ended without ``team_reply``); the lead saw them and decided, so a run can
+    be ``completed`` with some.
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -71,6 +76,7 @@ class RunResult(BaseModel):
     structured_result: Any = None
     error: str | None = None
     usage: dict[str, Any] | None = None
+    failed_work_items: list[dict[str, Any]] = Field(default_factory=list)
 
     @property
     def ok(self) -> bool:

@@ -16,15 +16,39 @@ Example::
 
 from __future__ import annotations
 
+import difflib
+import os
 import re
+from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
-"""Where the broker lives when ``LATTICE_BROKER_URL`` is not set."""
+from lattice_mailbox.urls import mask_url
+
+ENV_PREFIX = "LATTICE_"
+"""Prefix of every environment variable of agent-lattice."""
+
+DEFAULT_REDIS_PORT = 6379
+"""Port of the default broker URL when ``LATTICE_REDIS_PORT`` is not set."""
+
+DEFAULT_BROKER_URL = f"redis://127.0.0.1:{DEFAULT_REDIS_PORT}/0"
+"""Where the broker lives when neither ``LATTICE_BROKER_URL`` nor ``LATTICE_REDIS_PORT`` is set."""
+
+OTHER_VARIABLES: dict[str, str] = {
+    "LATTICE_DEBUG": "1: the lattice command prints the traceback of an error (as --debug does)",
+    "LATTICE_MODEL": "the model the example team uses with an API key",
+    "LATTICE_REAPER": "0: a worker runs without its reaper thread",
+    "LATTICE_WORKER_TEAMS": "set by lattice worker: the team references its pool processes load",
+    "LATTICE_FLOWER_PORT": "compose: the host port Flower is published on (default 5555)",
+    "LATTICE_TEST_REDIS_URL": "the tests' Redis (default redis://127.0.0.1:6379/0)",
+    "LATTICE_TEST_PG_URL": "the tests' PostgreSQL (default postgresql://postgres@127.0.0.1:5432/test)",
+}
+"""``LATTICE_*`` variables that are not settings fields, with what they do."""
+
+_URL_FIELDS = ("broker_url", "mailbox_url")
 
 KEY_PREFIX_PATTERN = re.compile(r"[A-Za-z0-9_.-]+")
 """Characters allowed in a key prefix (it becomes part of Redis keys and queue names)."""
@@ -46,12 +70,18 @@ class LatticeSettings(BaseSettings):
         extra="forbid",
         use_attribute_docstrings=True,
         frozen=True,
+        hide_input_in_errors=True,  # a URL's password must not show in a ValidationError
     )
 
     broker_url: str = DEFAULT_BROKER_URL
     """Celery broker URL (Redis: ``redis://``, ``rediss://`` or ``redis+socket://``).
     Run records, run event streams and the team registry live here too.
-    Env: ``LATTICE_BROKER_URL``."""
+    Default ``redis://127.0.0.1:<redis_port>/0``. Env: ``LATTICE_BROKER_URL``."""
+
+    redis_port: int = Field(default=DEFAULT_REDIS_PORT, ge=1, le=65535)
+    """Port of the default broker URL (``redis://127.0.0.1:<port>/0``) when no
+    broker URL is given; the compose file publishes its Redis on this host port.
+    Env: ``LATTICE_REDIS_PORT``."""
 
     mailbox_url: str = ""
     """Where the team mailboxes live: ``redis://…``, ``sqlite:///…``,
@@ -100,10 +130,18 @@ class LatticeSettings(BaseSettings):
     @model_validator(mode="before")
     @classmethod
     def _mailbox_defaults_to_broker(cls, data: Any) -> Any:
-        if isinstance(data, dict) and not data.get("mailbox_url"):
+        if isinstance(data, dict) and (not data.get("broker_url") or not data.get("mailbox_url")):
             data = dict(data)
-            data["mailbox_url"] = data.get("broker_url") or DEFAULT_BROKER_URL
+            if not data.get("broker_url"):
+                data["broker_url"] = default_broker_url(data.get("redis_port"))
+            if not data.get("mailbox_url"):
+                data["mailbox_url"] = data["broker_url"]
         return data
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        # repr() and str() show URLs without their password
+        for name, value in super().__repr_args__():
+            yield name, mask_url(value) if name in _URL_FIELDS else value
 
     @field_validator("broker_url")
     @classmethod
@@ -111,7 +149,8 @@ class LatticeSettings(BaseSettings):
         scheme = urlsplit(value).scheme
         if scheme not in _BROKER_SCHEMES:
             raise ValueError(
-                f"broker_url must be a Redis URL ({', '.join(s + '://' for s in _BROKER_SCHEMES)}), got {value!r}"
+                f"broker_url must be a Redis URL ({', '.join(s + '://' for s in _BROKER_SCHEMES)}), "
+                f"got {mask_url(value)!r}"
             )
         return value
 
@@ -139,6 +178,38 @@ class LatticeSettings(BaseSettings):
         return LatticeSettings(**data)
 
 
+def default_broker_url(port: Any = None) -> str:
+    """``redis://127.0.0.1:<port>/0`` (port: ``LATTICE_REDIS_PORT``'s value, default 6379).
+    A port that is not an integer is left for the field's validation to refuse."""
+    try:
+        number = int(port) if port not in (None, "") else DEFAULT_REDIS_PORT
+    except (TypeError, ValueError):
+        return DEFAULT_BROKER_URL
+    return f"redis://127.0.0.1:{number}/0"
+
+
+def setting_variables() -> frozenset[str]:
+    """Every ``LATTICE_*`` variable agent-lattice knows: the settings fields
+    (``LATTICE_<FIELD NAME>``) and :data:`OTHER_VARIABLES`."""
+    fields = {f"{ENV_PREFIX}{name.upper()}" for name in LatticeSettings.model_fields}
+    return frozenset(fields | set(OTHER_VARIABLES))
+
+
+def unknown_variables(environ: Mapping[str, str] | None = None) -> list[tuple[str, str | None]]:
+    """``(name, closest known name or None)`` for every ``LATTICE_*`` variable in
+    ``environ`` (default ``os.environ``) that agent-lattice does not know --
+    usually a misspelling, which would otherwise be ignored silently."""
+    environ = os.environ if environ is None else environ
+    known = setting_variables()
+    unknown = []
+    for name in sorted(environ):
+        upper = name.upper()
+        if upper.startswith(ENV_PREFIX) and upper not in known:
+            close = difflib.get_close_matches(upper, sorted(known), n=1, cutoff=0.6)
+            unknown.append((name, close[0] if close else None))
+    return unknown
+
+
 def get_settings(**overrides: Any) -> LatticeSettings:
     """Settings from ``LATTICE_*`` environment variables, with keyword overrides.
 
@@ -149,4 +220,15 @@ def get_settings(**overrides: Any) -> LatticeSettings:
     return LatticeSettings(**{k: v for k, v in overrides.items() if v is not None})
 
 
-__all__ = ["DEFAULT_BROKER_URL", "KEY_PREFIX_PATTERN", "LatticeSettings", "get_settings"]
+__all__ = [
+    "DEFAULT_BROKER_URL",
+    "DEFAULT_REDIS_PORT",
+    "ENV_PREFIX",
+    "KEY_PREFIX_PATTERN",
+    "OTHER_VARIABLES",
+    "LatticeSettings",
+    "default_broker_url",
+    "get_settings",
+    "setting_variables",
+    "unknown_variables",
+]

@@ -16,6 +16,7 @@ cells between columns).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -214,3 +215,18 @@ __all__ = [
     "runs_table",
     "short_time",
 ]
+
+
+def waits_table(title: str, rows: Sequence[Any], width: int, *, id_field: str) -> RenderableType:
+    """Parked calls or pending approvals: id, team, member, tool, effect, since, input, reason."""
+    columns = [
+        Column("id", [str(getattr(r, id_field)) for r in rows], fold=True),
+        Column("team", [r.team for r in rows], fold=True),
+        Column("member", [r.member for r in rows], fold=True),
+        Column("tool", [r.tool_name for r in rows], fold=True),
+        Column("effect", [r.effect for r in rows], drop=3),
+        Column("since", [short_time(r.created_at) for r in rows], drop=2),
+        Column("input", [preview(json.dumps(r.input, default=str), 80) for r in rows], flexible=True, drop=1),
+        Column("reason", [preview(r.reason) for r in rows], flexible=True),
+    ]
+    return build_table(title, columns, width)

@@ -34,6 +34,7 @@ from .base import (
 )
 from .memory import MemoryMailbox
 from .message import TERMINAL_STATUSES, MessageStatus, TeamMessage
+from .urls import mask_url
 
 if TYPE_CHECKING:
     from .redis import RedisMailbox
@@ -116,7 +117,11 @@ def mailbox_from_url(
 
     Raises ``ValueError`` naming the accepted schemes for anything else, for
     an empty prefix, a non-positive ``max_message_bytes``, or both ``prefix``
-    and ``table_prefix``; ``TypeError`` when ``url`` or ``prefix`` is not a string.
+    and ``table_prefix``; ``TypeError`` when ``url`` or ``prefix`` is not a string;
+    ``ImportError`` naming the extra to install when a SQL store's packages are
+    missing (``agent-lattice[sql]`` for SQLite, ``agent-lattice[postgres]`` for
+    PostgreSQL, which also needs the psycopg driver). Messages show URLs
+    through :func:`mask_url` (no password).
     """
     if not isinstance(url, str):
         raise TypeError(f"mailbox URL must be a str, not {type(url).__name__}")
@@ -137,7 +142,13 @@ def mailbox_from_url(
             kwargs["prefix"] = prefix
         return RedisMailbox(url, **kwargs)
     if sep and scheme in _SQL_SCHEMES:
-        from .sql import SQLMailbox
+        try:
+            from .sql import SQLMailbox
+        except ImportError as exc:
+            extra = "sql" if scheme == "sqlite" else "postgres"
+            raise ImportError(
+                f"a {scheme}:// mailbox needs SQLAlchemy (pip install 'agent-lattice[{extra}]'): {exc}"
+            ) from exc
 
         if prefix is not None:
             if "table_prefix" in kwargs:
@@ -147,7 +158,9 @@ def mailbox_from_url(
                 )
             kwargs["table_prefix"] = sql_table_prefix(prefix)
         return SQLMailbox(url, **kwargs)
-    raise ValueError(f"unsupported mailbox URL {url!r}; accepted schemes: {', '.join(ACCEPTED_SCHEMES)}")
+    raise ValueError(
+        f"unsupported mailbox URL {mask_url(url)!r}; accepted schemes: {', '.join(ACCEPTED_SCHEMES)}"
+    )
 
 
 def __getattr__(name: str) -> Any:
@@ -179,5 +192,6 @@ __all__ = [
     "TeamMailbox",
     "TeamMessage",
     "mailbox_from_url",
+    "mask_url",
     "sql_table_prefix",
 ]

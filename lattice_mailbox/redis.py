@@ -73,6 +73,7 @@ from .base import ClaimMissingError, ClaimTakenError, MailboxError
 from .held import HeldConnections
 from .message import MessageStatus, TeamMessage
 from .transitions import STATUS_ORDER, invalid_transition, sources_for
+from .urls import mask_url
 from .validation import (
     DEFAULT_MAX_MESSAGE_BYTES,
     CheckedSend,
@@ -245,6 +246,10 @@ class RedisMailbox(CheckedSend):
         # mailbox ids this object has added to the registry set (nothing removes a member
         # from it): their sends skip the SADD
         self._registered_ids: set[str] = set()
+
+    def __repr__(self) -> str:
+        where = mask_url(self._url) if self._url is not None else "a given client"
+        return f"RedisMailbox({where!r}, prefix={self.prefix!r})"
 
     # -- connection + scripts -------------------------------------------------------
 

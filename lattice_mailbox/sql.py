@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import importlib.util
 import json
 import re
 import threading
@@ -59,6 +60,7 @@ from sqlalchemy.pool import StaticPool
 from .base import ClaimMissingError, ClaimTakenError
 from .message import MessageStatus, TeamMessage
 from .transitions import check_transition, sources_for
+from .urls import mask_url
 from .validation import (
     DEFAULT_MAX_MESSAGE_BYTES,
     CheckedSend,
@@ -98,7 +100,7 @@ def normalize_url(url: str) -> str:
     driver = _DRIVERS.get(scheme.lower())
     if not sep or driver is None:
         raise ValueError(
-            f"unsupported SQL mailbox URL {url!r}; expected sqlite:///path, postgresql://... "
+            f"unsupported SQL mailbox URL {mask_url(url)!r}; expected sqlite:///path, postgresql://... "
             "or postgresql+psycopg://..."
         )
     return f"{driver}://{rest}"
@@ -241,10 +243,17 @@ class SQLMailbox(CheckedSend):
         self.engine = self._make_engine(busy_timeout_s, engine_kwargs)
         self._q = _Statements(self._messages, self._mailboxes, sqlite=self._sqlite)
 
+    def __repr__(self) -> str:
+        return f"SQLMailbox(url={mask_url(self.url)!r}, table_prefix={self.table_prefix!r})"
+
     def _make_engine(self, busy_timeout_s: float, kwargs: dict[str, Any]) -> Engine:
         parsed = make_url(self.url)
         self._sqlite = parsed.get_backend_name() == "sqlite"
         if not self._sqlite:
+            if parsed.get_driver_name() == "psycopg" and importlib.util.find_spec("psycopg") is None:
+                raise ImportError(
+                    "a postgresql:// mailbox needs the psycopg driver: pip install 'agent-lattice[postgres]'"
+                )
             return create_engine(parsed, **kwargs)
         in_memory = parsed.database in (None, "", ":memory:")
         connect_args = dict(kwargs.pop("connect_args", {}))

@@ -165,12 +165,15 @@ from .team import (  # noqa: E402
     TeamAgentEvent,
     TeamMember,
     TeamMessageEvent,
+    TeamResultMessage,
     TeamRunner,
     WorkItemOutcome,
     agent_tool,
     create_team,
     create_team_runner,
     delegate_tool,
+    failed_work_items,
+    parse_report_message,
     team_member,
 )
 
@@ -183,12 +186,15 @@ __all__ += [
     "TeamAgentEvent",
     "TeamMember",
     "TeamMessageEvent",
+    "TeamResultMessage",
     "TeamRunner",
     "WorkItemOutcome",
     "agent_tool",
     "create_team",
     "create_team_runner",
     "delegate_tool",
+    "failed_work_items",
+    "parse_report_message",
     "team_member",
 ]
 

@@ -1,6 +1,6 @@
 """``lattice demo [DIRECTORY] [--word W]``: the example team end to end, in this process.
 
-DESIGN.md section 7. Runs ``examples.team`` (a lead plus ``searcher`` and
+DESIGN.md section 7. Runs ``lattice_worker.examples.team`` (a lead plus ``searcher`` and
 ``counter``, working with the built-in ``Grep`` and ``Bash`` tools in their
 workspaces under ``~/.agent/workspaces``) on the embedded default
 ``MemoryMailbox``: no Redis, no workers. Without an API key every agent plays the example's
@@ -62,7 +62,7 @@ def _short(value: Any, limit: int = 70) -> str:
 async def demo_async(directory: str, word: str, console: Console) -> Any:
     """Run the example team on ``directory`` / ``word``, printing events to
     ``console``; returns the lead's final ``ResultMessage``."""
-    from examples.team import build_team, demo_prompt
+    from lattice_worker.examples.team import build_team, demo_prompt
 
     team = build_team()
     result = None
@@ -86,7 +86,7 @@ def run_demo(directory: str, word: str | None, console: Console | None = None) -
     Raises :class:`ConfigError` when ``directory`` is not a directory, and
     ``RuntimeError`` when the lead's run ends with an error (after printing it).
     """
-    from examples.team import uses_real_model
+    from lattice_worker.examples.team import uses_real_model
 
     console = console or Console()
     path = Path(directory).expanduser()

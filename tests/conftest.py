@@ -1,13 +1,62 @@
-"""Suite-wide fixtures.
+"""Suite-wide set-up: the tests run the same whatever the caller exported.
 
-Every test runs with ``HOME`` pointing at a fresh temporary directory, so agents
-created with their default workspace (``~/.agent/workspaces/...``) never touch
-the real home directory -- worker processes started by a test inherit it too.
+Every ``LATTICE_*`` variable except the documented test variables
+(``LATTICE_TEST_REDIS_URL``, ``LATTICE_TEST_PG_URL``, see
+:mod:`tests.support.services`), and the ``FLOWER_*``, ``ANTHROPIC_*`` and
+``DEEPSEEK_*`` variables that would change what Flower or the model clients
+do, are removed from this process's environment before any test module is
+imported (module-level code of the runtime reads settings at import), and put
+back when the session ends. Tests that need a setting pass it (keyword
+arguments, ``monkeypatch.setenv``, a subprocess's own ``env``); one that a test
+sets in ``os.environ`` directly (``lattice worker`` exports its global options
+for the worker side) is removed again after that test.
+
+Every test also runs with ``HOME`` pointing at a fresh temporary directory, so
+agents created with their default workspace (``~/.agent/workspaces/...``) never
+touch the real home directory -- worker processes started by a test inherit it too.
 """
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+from tests.support.services import TEST_VARIABLES
+
+_CLEARED_PREFIXES = ("LATTICE_", "FLOWER_", "ANTHROPIC_", "DEEPSEEK_")
+_removed: dict[str, str] = {}
+
+
+def caller_variables(environ: dict[str, str] | os._Environ[str]) -> dict[str, str]:
+    """The variables of ``environ`` the suite must not see (see the module docstring)."""
+    return {k: v for k, v in environ.items() if k.startswith(_CLEARED_PREFIXES) and k not in TEST_VARIABLES}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, value in caller_variables(os.environ).items():
+        _removed[name] = value
+        del os.environ[name]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    os.environ.update(_removed)
+    _removed.clear()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_caller_variables() -> None:
+    """Fails the session early if a caller variable is still in the environment."""
+    leftover = caller_variables(os.environ)
+    assert not leftover, f"tests/conftest.py left caller variables in the environment: {sorted(leftover)}"
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_variables():
+    """Remove the caller variables a test left in ``os.environ`` (after monkeypatch restored its own)."""
+    yield
+    for name in caller_variables(os.environ):
+        del os.environ[name]
 
 
 @pytest.fixture(autouse=True)

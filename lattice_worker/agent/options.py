@@ -9,6 +9,7 @@ it expects. Validation is pydantic's (strict scalars: ``"5"`` is not an int,
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal
@@ -175,7 +176,10 @@ _AGENT_EXPECTED: dict[str, str] = {
     "permission": "a callable(request) returning {'behavior': 'allow'} or {'behavior': 'deny', 'message': ...}",
     "permission_mode": '"allow" (every registered tool may run) or "by_effect" (calls of tools that are not '
     "read_only need an approval)",
-    "model_client": "a ModelClient (an object with async create_message(request))",
+    "model_client": (
+        "a ModelClient (an object with async create_message(request)), or a function(request) returning "
+        "an AssistantModelMessage (wrapped in ScriptedModelClient); pass an instance, not a class"
+    ),
     "tracer": "a ContextTracer (an object with on_event(event))",
     "history_store": "a HistoryStore (an object with load(), append(message), replace(messages))",
 }
@@ -312,9 +316,15 @@ class AgentOptions(BaseModel):
     @field_validator("model_client")
     @classmethod
     def _client(cls, v: Any) -> Any:
-        if v is not None and not _has_methods(v, "create_message"):
-            raise ValueError("no create_message method")
-        return v
+        if v is None or (_has_methods(v, "create_message") and not inspect.isclass(v)):
+            return v
+        if inspect.isclass(v):
+            raise ValueError(f"{v.__name__} is a class: pass an instance")
+        if callable(v):  # a plain function(request) -> AssistantModelMessage, sync or async
+            from .scripted import ScriptedModelClient
+
+            return ScriptedModelClient(v)
+        raise ValueError("no create_message method")
 
     @field_validator("tracer")
     @classmethod

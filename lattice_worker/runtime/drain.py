@@ -64,6 +64,13 @@ def _targets(registry: TeamRegistry, root: Team, members: Sequence[str]) -> list
     return targets
 
 
+def _is_tty(console: Console) -> bool:
+    # the file itself, not console.is_terminal: FORCE_COLOR / TTY_COMPATIBLE make rich treat a
+    # pipe as a terminal, and a redrawn bar there is a stream of \r and cursor codes
+    isatty = getattr(console.file, "isatty", None)
+    return bool(isatty is not None and isatty())
+
+
 async def drain_async(
     ctx: WorkerContext, targets: list[_Target], max_rounds: int, max_messages: int, console: Console
 ) -> DrainResult:
@@ -78,6 +85,7 @@ async def drain_async(
         TextColumn("{task.fields[last]}"),
         console=console,
         transient=False,
+        disable=not _is_tty(console),  # not a terminal: the per-message lines only, no redrawn bar
     ) as progress:
         bar = progress.add_task("draining", total=max_messages, last="")
         while passes < max_rounds and processed < max_messages:

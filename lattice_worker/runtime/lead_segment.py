@@ -36,6 +36,7 @@ from lattice_client.models import RunRecord, RunResult, RunStatus
 from lattice_client.runstore import SegmentStart
 
 from ..agent.agent import Agent
+from ..team.reports import failed_work_items
 from ..team.team import Team
 from .context import WorkerContext
 from .lead_dispatch import DistributedLeadRuntime, current_carrier, current_lease, current_run
@@ -274,6 +275,7 @@ async def drive(
             structured_result=final.structured_result,
             error=final.error if final.is_error else None,
             usage=totals,
+            failed_work_items=failed_work_items(await agent.get_history()),
         )
         if not await finish_run(ctx, record, result, lease=lease) and lease is not None and lease.lost:
             return await _lost(ctx, run_id)

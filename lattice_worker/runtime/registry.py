@@ -42,6 +42,8 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
+from lattice_client.errors import describe_module_error
+
 from ..errors import ConfigError
 from ..team.ids import LEAD
 from ..team.member import TeamMember
@@ -146,6 +148,8 @@ def import_team(ref_or_name: str) -> Team:
             obj = importlib.import_module(module_name)
         except ImportError as exc:
             raise ConfigError(f"cannot import team module {module_name!r} of {ref_or_name!r}: {exc}") from exc
+        except Exception as exc:  # the module raised while it was imported
+            raise ConfigError(describe_module_error(module_name, exc)) from exc
         for part in attribute.split("."):
             try:
                 obj = getattr(obj, part)
@@ -154,7 +158,10 @@ def import_team(ref_or_name: str) -> Team:
                     f"team reference {ref_or_name!r}: {module_name} has no attribute {attribute!r}"
                 ) from None
     if not isinstance(obj, Team) and callable(obj):
-        obj = obj()
+        try:
+            obj = obj()
+        except Exception as exc:  # the team factory raised
+            raise ConfigError(describe_module_error(ref_or_name.partition(":")[0], exc)) from exc
     if not isinstance(obj, Team):
         raise ConfigError(
             f"team reference {ref_or_name!r} is a {type(obj).__name__}, not a Team "

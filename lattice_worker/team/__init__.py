@@ -16,7 +16,7 @@ from .ids import lead_mailbox_id, mailbox_id, new_work_item_id
 from .lead_tools import Dispatcher, handoff_receipt, make_lead_member_tools
 from .member import TeamMember, team_member
 from .member_tools import MAILBOX_TOOL_NAMES, MailboxToolState, make_mailbox_tools
-from .reports import format_report_message, parse_report_message
+from .reports import TeamResultMessage, failed_work_items, format_report_message, parse_report_message
 from .runner import RunnerOptions, TeamRunner, create_team_runner
 from .team import Team, create_team
 from .work import WorkItemOutcome, run_work_item
@@ -34,6 +34,7 @@ __all__ = [
     "TeamAgentEvent",
     "TeamMember",
     "TeamMessageEvent",
+    "TeamResultMessage",
     "TeamRunner",
     "WorkItemOutcome",
     "agent_tool",
@@ -41,6 +42,7 @@ __all__ = [
     "create_team_runner",
     "delegate_tool",
     "drain_team",
+    "failed_work_items",
     "format_report_message",
     "handoff_receipt",
     "lead_mailbox_id",

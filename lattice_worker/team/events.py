@@ -10,6 +10,7 @@ so the distributed runtime can put them on a run's event stream unchanged.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -151,6 +152,16 @@ def failure_from_result(result: Any) -> dict[str, Any]:
     return AgentRuntimeFailure(code=subtype, message=message, error_type=error_type).model_dump()
 
 
+FAILURE_TEXT = re.compile(r'Work item (\S+) for member "([^"]+)" failed \(([A-Za-z0-9_]+)\): (.*)', re.S)
+"""What :func:`failure_text` writes: groups work item id, member, code, message."""
+
+
+def failure_text(work_item_id: str | None, member: str, code: str, message: str) -> str:
+    """The text a failed work item reports upstream (and an ``ask`` gets as its error):
+    ``Work item <id> for member "<member>" failed (<code>): <message>``."""
+    return f'Work item {work_item_id} for member "{member}" failed ({code}): {message}'
+
+
 def no_reply_failure(member: str) -> dict[str, Any]:
     """The failure of a member run that ended without ``team_reply`` or ``team_followup``."""
     return AgentRuntimeFailure(
@@ -164,6 +175,7 @@ def no_reply_failure(member: str) -> dict[str, Any]:
 
 
 __all__ = [
+    "FAILURE_TEXT",
     "AgentMessageEvent",
     "AgentRuntimeFailure",
     "TeamAgentEvent",
@@ -172,5 +184,6 @@ __all__ = [
     "TeamMessageSubtype",
     "failure_from_exception",
     "failure_from_result",
+    "failure_text",
     "no_reply_failure",
 ]

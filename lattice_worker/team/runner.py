@@ -35,7 +35,7 @@ from .events import TeamMessageEvent, failure_from_exception
 from .ids import mailbox_id
 from .member import TeamMember
 from .member_tools import EmitFn, MailboxToolState, TeamToolError, emit_event
-from .reports import format_report_message
+from .reports import TeamResultMessage, format_report_message
 from .shape import TeamShape
 from .work import WorkItemOutcome, outcome_tool_text, run_work_item
 
@@ -141,6 +141,7 @@ class TeamRunner:
         self.member_options = dict(member_options or {})
         self._pending: list[_Item] = []
         self._outcomes: dict[str, WorkItemOutcome] = {}
+        self._handed_out: list[str] = []  # message ids of this query's asks and handoffs, in order
         self.team_mailbox_state: MailboxToolState | None = None
         if team.expose_lead_mailbox_tools:
             self.team_mailbox_state = MailboxToolState(
@@ -171,12 +172,14 @@ class TeamRunner:
     async def handoff(self, member: TeamMember, message: TeamMessage, ctx: ToolContext) -> None:
         """Register an accepted handoff; it runs in :meth:`after_tool_batch`."""
         self._pending.append(_Item(member, message))
+        self._handed_out.append(message.id)
         await self._emit(TeamMessageEvent(subtype="sent", team=self.team.name, message=_public(message)))
 
     async def ask(self, member: TeamMember, message: TeamMessage, ctx: ToolContext) -> str:
         """Run the member on ``message`` now; returns its answer (the structured
         result as JSON when there is one). Raises :class:`TeamToolError` (an
         error tool result) when the work item failed or was cancelled."""
+        self._handed_out.append(message.id)
         await self._emit(TeamMessageEvent(subtype="sent", team=self.team.name, message=_public(message)))
         try:
             outcome = await self.run_message(member, message.id)
@@ -385,6 +388,10 @@ class TeamRunner:
         error = report.metadata.get("error") if report is not None else None
         return WorkItemOutcome(message=message, status=status, content=content, error=error, report=report)
 
+    def handed_out_outcomes(self) -> list[WorkItemOutcome]:
+        """The outcomes of the work items this query handed out, in the order it did."""
+        return [self._outcomes[i] for i in self._handed_out if i in self._outcomes]
+
     async def _consume_report(self, outcome: WorkItemOutcome) -> None:
         """The lead has the report now (tool result or report message): mark the
         upstream message ``done`` so the lead mailbox keeps only unread mail."""
@@ -401,7 +408,9 @@ class TeamRunner:
     async def query(self, prompt: Any, **query_options: Any) -> AsyncIterator[Any]:
         """Run the lead on ``prompt`` with this runner as its runtime, yielding the
         lead's SDK events merged with team events (``team_message``,
-        ``team_agent``, ``agent_message``) as they happen.
+        ``team_agent``, ``agent_message``) as they happen; the last one is a
+        :class:`~lattice_worker.team.reports.TeamResultMessage` (the lead's result
+        plus this query's work items, ``failed_work_items`` among them).
 
         ``query_options`` go to the lead's query; ``signal``, ``tracer``,
         ``trace_context`` and ``stream`` also govern member runs. A ``tracer``
@@ -489,7 +498,7 @@ class TeamRunner:
                 if isinstance(item, _Failure):
                     raise item.exc
                 if getattr(item, "type", None) == "result":
-                    final = item
+                    item = final = TeamResultMessage.of(item, self.handed_out_outcomes())
                 yield item
         finally:
             if not task.done():

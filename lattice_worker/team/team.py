@@ -23,11 +23,11 @@ from .ids import lead_mailbox_id, mailbox_id
 from .lead_tools import make_lead_member_tools
 from .member import TeamMember, register_team_type
 from .member_tools import ensure_mailbox_tools, make_mailbox_tools
+from .reports import TeamResultMessage
 from .runner import RunnerOptions, TeamRunner, runner_options
 
 if TYPE_CHECKING:
     from ..agent.abort import AbortSignal
-    from ..agent.events import ResultMessage
 
 _TEAM_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _MAILBOX_METHODS = ("send", "inbox", "get", "claim_next", "update_status")
@@ -132,12 +132,16 @@ class Team:
         """
         return TeamRunner(self, self.runner_options).query(prompt, **query_options)
 
-    async def prompt(self, prompt: Any, /, **query_options: Any) -> ResultMessage:
-        """Run :meth:`query` and return the lead's final ``ResultMessage``.
+    async def prompt(self, prompt: Any, /, **query_options: Any) -> TeamResultMessage:
+        """Run :meth:`query` and return its final
+        :class:`~lattice_worker.team.reports.TeamResultMessage` (the lead's
+        ``ResultMessage`` plus ``work_items`` and ``failed_work_items``).
 
         A failed member work item does not make this raise: the lead gets a
-        failure report and decides. Error subtypes of the lead are returned, not
-        raised (``result.raise_for_error()``).
+        failure report and decides, and ``result.failed_work_items`` names it
+        (member, work item, error code such as ``no_reply`` for a member that
+        answered without ``team_reply``). Error subtypes of the lead are
+        returned, not raised (``result.raise_for_error()``).
         """
         result = None
         stream = self.query(prompt, **query_options)
@@ -151,7 +155,7 @@ class Team:
             raise LatticeError(f'team "{self.name}": the lead ended without a result')
         return result
 
-    def prompt_sync(self, prompt: Any, /, **query_options: Any) -> ResultMessage:
+    def prompt_sync(self, prompt: Any, /, **query_options: Any) -> TeamResultMessage:
         """Blocking :meth:`prompt` (runs its own event loop). Raises ``RuntimeError``
         inside a running event loop."""
         try:

@@ -33,6 +33,7 @@ from .events import (
     TeamMessageEvent,
     failure_from_exception,
     failure_from_result,
+    failure_text,
     no_reply_failure,
 )
 from .ids import LEAD, mailbox_id
@@ -492,6 +493,14 @@ async def _run_work_item(
         await sink(TeamMessageEvent(subtype="done", team=team_name, message=done.to_json_dict()))
         return WorkItemOutcome(message=done, status="done", content=text, structured_result=structured)
     failure = no_reply_failure(member.name)
+    logger.warning(
+        'team %s: member "%s" ended without team_reply or team_followup; work item %s (message %s) failed '
+        "(no_reply). A member must call team_reply with its result.",
+        team_name,
+        member.name,
+        message.work_item_id,
+        message.id,
+    )
     if text:
         failure["message"] += f". The member's last text was: {text[:2000]}"
     return await _fail(mailbox, sink, team_name, member.name, message, token, failure, kind="diagnostic")
@@ -570,7 +579,7 @@ async def _fail(
     failed = await _set_status(mailbox, message, MessageStatus.FAILED, token)
     if isinstance(failed, WorkItemOutcome):
         return failed
-    text = f'Work item {message.work_item_id} for member "{member}" failed ({failure["code"]}): {failure["message"]}'
+    text = failure_text(message.work_item_id, member, failure["code"], failure["message"])
     report = await mailbox.send(
         mailbox_id(team, member),
         message.from_,

@@ -28,8 +28,8 @@ import pytest
 import redis
 
 from lattice_client import LatticeClient
+from tests.support.services import REDIS_URL
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
 REPO = Path(__file__).resolve().parents[2]
 LATTICE = str(Path(sys.executable).with_name("lattice"))
 FAST_WORKER_ARGS = ("--without-mingle", "--without-gossip")

@@ -52,6 +52,7 @@ import redis as redis_sync
 from lattice_worker import AssistantModelMessage, ScriptedModelClient, create_agent, define_agent, tool
 from lattice_worker.team import create_team, team_member
 from lattice_worker.team.reports import parse_report_message
+from tests.support.services import REDIS_URL
 
 
 def _prefix() -> str:
@@ -59,7 +60,7 @@ def _prefix() -> str:
 
 
 def _redis() -> redis_sync.Redis:
-    return redis_sync.Redis.from_url(os.environ.get("LATTICE_BROKER_URL", "redis://127.0.0.1:6379/0"))
+    return redis_sync.Redis.from_url(os.environ.get("LATTICE_BROKER_URL", REDIS_URL))
 
 
 def _tool_use(name: str, inp: dict[str, Any], tid: str) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from examples.team import demo_prompt, scripted_demo_model
+from lattice_worker.examples.team import demo_prompt, scripted_demo_model
 from tests.e2e.conftest import Deployment
 from tests.support.fake_anthropic import FakeAnthropicServer, MessageReply, RecordedRequest
 
@@ -38,14 +38,14 @@ def test_example_team_through_the_anthropic_sdk_in_a_worker(deployment: Deployme
     (corpus / "two.txt").write_text("no match\n")
     with FakeAnthropicServer(_respond) as server:
         deployment.worker(
-            "examples.team:team",
+            "lattice_worker.examples.team:team",
             "--concurrency",
             "1",
             env={"ANTHROPIC_API_KEY": "sk-test", "ANTHROPIC_BASE_URL": server.url},
         )
-        result = deployment.client.submit("examples.team:team", demo_prompt(str(corpus), "beta")).wait(
-            timeout=60
-        )
+        result = deployment.client.submit(
+            "lattice_worker.examples.team:team", demo_prompt(str(corpus), "beta")
+        ).wait(timeout=60)
         requests = server.requests
     assert result.status == "completed", result
     # one.txt: both lines hold "beta"; two.txt: none

@@ -1,7 +1,7 @@
 """End-to-end (g): Flower started by ``lattice flower`` sees the running workers and their tasks.
 
-Flower runs on a free loopback port with ``FLOWER_UNAUTHENTICATED_API=true``
-(Flower 2 keeps its HTTP API closed otherwise). It is started before the
+Flower runs on a free loopback port with ``--unauthenticated`` (no credentials,
+loopback only; its HTTP API open). It is started before the
 worker so it receives the worker's task events from the first one.
 """
 
@@ -27,11 +27,7 @@ def test_g_flower_lists_the_workers_and_deliver_tasks(deployment: Deployment):
     d = deployment
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    flower = d.start(
-        [LATTICE, "flower", "--address", "127.0.0.1", "--port", str(port)],
-        "flower",
-        env={"FLOWER_UNAUTHENTICATED_API": "true"},
-    )
+    flower = d.start([LATTICE, "flower", "--unauthenticated", "--port", str(port)], "flower")
     wait_for(lambda: _get(f"{base}/healthcheck"), 45, "Flower to answer")
     # the lead and the members on separate workers, so doorbells travel through the broker
     leads = d.worker("tests.e2e.teams:team", "--member", "lead", "--concurrency", "1")
@@ -78,11 +74,7 @@ def test_h_beside_an_all_queues_worker_two_member_workers_share_its_work_and_flo
     d = deployment
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    flower = d.start(
-        [LATTICE, "flower", "--address", "127.0.0.1", "--port", str(port)],
-        "flower",
-        env={"FLOWER_UNAUTHENTICATED_API": "true"},
-    )
+    flower = d.start([LATTICE, "flower", "--unauthenticated", "--port", str(port)], "flower")
     wait_for(lambda: _get(f"{base}/healthcheck"), 45, "Flower to answer")
     # the default layout: one worker consumes every queue; two more scale the member "worker"
     everything = d.worker("tests.e2e.teams:team", "--concurrency", "1")

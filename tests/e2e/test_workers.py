@@ -1,7 +1,7 @@
 """End-to-end: real ``lattice worker`` processes, the real Redis, the client in this process.
 
 Issue 6 "Must show" (a)-(f); DESIGN.md sections 5 and 7. Teams come from
-``examples/team.py`` and ``tests/e2e/teams.py``; every model is scripted and
+``lattice_worker/examples/team.py`` and ``tests/e2e/teams.py``; every model is scripted and
 stateless, every tool is real.
 """
 
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from examples.team import demo_prompt
 from lattice_client.celery_config import make_celery_app, queue_name
 from lattice_client.runstore import RunStore
 from lattice_client.settings import get_settings
+from lattice_worker.examples.team import demo_prompt
 from tests.e2e.conftest import Deployment, wait_for
 from tests.e2e.teams import plan
 
@@ -47,11 +47,11 @@ def corpus(tmp_path: Path) -> Path:
 
 def test_a_example_team_completes_on_one_worker_process_consuming_every_queue(deployment, corpus):
     d = deployment
-    worker = d.worker("examples.team:team", "--concurrency", "1")
+    worker = d.worker("lattice_worker.examples.team:team", "--concurrency", "1")
     log = worker.log()
     for member in ("lead", "searcher", "counter"):
         assert f"{d.prefix}.demo.{member}" in log  # one process consumes every queue of the team
-    handle = d.client.submit("examples.team:team", demo_prompt(str(corpus), "lease"))
+    handle = d.client.submit("lattice_worker.examples.team:team", demo_prompt(str(corpus), "lease"))
     result = handle.wait(timeout=60)
     assert result.status == "completed", result
     # the members' built-in Grep / Bash read the corpus: a.txt 2 of 3 lines match, b.md 1 of 2, sub/c.py 0 of 2

@@ -11,7 +11,6 @@ key prefix, and its keys are deleted afterwards (never FLUSHDB: the server is sh
 from __future__ import annotations
 
 import contextlib
-import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -20,8 +19,8 @@ import pytest
 
 from lattice_mailbox import MemoryMailbox
 from tests.support.fake_anthropic import FakeAnthropicServer
+from tests.support.services import REDIS_URL
 
-REDIS_URL = os.environ.get("LATTICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 STORES = [pytest.param("memory", id="memory"), pytest.param("redis", id="redis", marks=pytest.mark.redis)]
 
 

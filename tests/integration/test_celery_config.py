@@ -24,10 +24,9 @@ from kombu.serialization import loads, prepare_accept_content
 
 from lattice_client.celery_config import make_celery_app, queue_name
 from lattice_client.settings import get_settings
+from tests.support.services import REDIS_URL
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(90)]
-
-REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 @pytest.fixture

@@ -30,10 +30,9 @@ from lattice_client import (
     get_settings,
 )
 from lattice_mailbox import RedisMailbox
+from tests.support.services import REDIS_URL
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
-
-REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 def _cleanup(*prefixes: str) -> None:
@@ -155,11 +154,11 @@ def test_submit_writes_the_run_and_exactly_one_json_run_lead_message(client, raw
 
 
 def test_submit_resolves_refs_through_the_worker_registry(client, raw, prefix):
-    raw.hset(f"{prefix}:teams", mapping={"examples.team:team": "alpha", "alpha": "alpha"})
-    handle = client.submit("examples.team:team", "hi", run_id="my-run-1")
+    raw.hset(f"{prefix}:teams", mapping={"lattice_worker.examples.team:team": "alpha", "alpha": "alpha"})
+    handle = client.submit("lattice_worker.examples.team:team", "hi", run_id="my-run-1")
     assert handle.run_id == "my-run-1"
     record = client.get_run("my-run-1")
-    assert (record.team, record.team_ref) == ("alpha", "examples.team:team")
+    assert (record.team, record.team_ref) == ("alpha", "lattice_worker.examples.team:team")
     assert len(queue_messages(raw, prefix, f"{prefix}.alpha.lead")) == 1
     client.submit("alpha", "by name", run_id="my-run-2")
     assert client.get_run("my-run-2").team_ref is None
@@ -188,9 +187,15 @@ def test_an_unregistered_ref_to_a_team_is_imported_lazily(client, raw, prefix, t
     ("team", "match"),
     [
         ("nosuchteam", r"unknown team 'nosuchteam': no worker has registered .*registered: example, other"),
-        ("examples.team", r"unknown team 'examples.team'.*needs ':attribute', e.g. 'examples.team:team'"),
-        ("examples.team:TEAM_NAME", r"'examples.team:TEAM_NAME' is a str, not a Team"),
-        ("examples.team:no_such_attribute", "cannot be imported"),
+        (
+            "lattice_worker.examples.team",
+            r"unknown team 'lattice_worker.examples.team'.*needs ':attribute', e.g. 'lattice_worker.examples.team:team'",
+        ),
+        (
+            "lattice_worker.examples.team:TEAM_NAME",
+            r"'lattice_worker.examples.team:TEAM_NAME' is a str, not a Team",
+        ),
+        ("lattice_worker.examples.team:no_such_attribute", "cannot be imported"),
     ],
 )
 def test_a_team_neither_registered_nor_a_team_reference_is_refused(client, raw, prefix, team, match):
@@ -457,9 +462,12 @@ def test_status_counts_team_mailboxes_and_lists_recent_runs(client, prefix):
     assert report.mailboxes["example::counter"]["pending"] == 1
     assert [r.run_id for r in report.runs] == [second.run_id, first.run_id]
     raw = redis.Redis.from_url(REDIS_URL)
-    raw.hset(f"{prefix}:teams", "examples.team:team", "example")
+    raw.hset(f"{prefix}:teams", "lattice_worker.examples.team:team", "example")
     raw.close()
-    assert set(client.status("examples.team:team").mailboxes) == {"example::searcher", "example::counter"}
+    assert set(client.status("lattice_worker.examples.team:team").mailboxes) == {
+        "example::searcher",
+        "example::counter",
+    }
     everything = client.status()
     assert set(everything.mailboxes) == {"example::searcher", "example::counter", "other::worker"}
     assert len(everything.runs) == 3

@@ -17,10 +17,9 @@ import pytest
 import redis
 
 from lattice_client import AsyncLatticeClient, LatticeClient, RunStatus, RunStore
+from tests.support.services import REDIS_URL
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
-
-REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 def lead_queue(raw, prefix: str, team: str) -> list[str]:

@@ -29,10 +29,9 @@ from lattice_worker.runtime.registry import TeamRegistry
 from lattice_worker.team.reports import parse_report_message
 from tests.e2e import teams
 from tests.e2e.teams import plan
+from tests.support.services import REDIS_URL
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
-
-REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 @pytest.fixture

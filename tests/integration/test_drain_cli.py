@@ -22,10 +22,9 @@ from lattice_worker.runtime.context import WorkerContext
 from lattice_worker.runtime.drain import run_drain
 from lattice_worker.runtime.registry import TeamRegistry
 from tests.e2e.teams import plan
+from tests.support.services import REDIS_URL
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
-
-REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 @pytest.fixture

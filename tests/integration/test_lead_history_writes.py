@@ -21,7 +21,6 @@ from lattice_worker.runtime.lead_lease import FencedHistoryStore, LeadLease
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
 
 USER = {"role": "user", "content": "the prompt"}
 CALL = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "x", "input": {}}]}

@@ -10,7 +10,6 @@ prefix per test, tables dropped after), SQLite in a temp dir.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -30,9 +29,7 @@ from lattice_mailbox import (
 )
 from lattice_mailbox.redis import RedisMailbox
 from lattice_mailbox.sql import SQLMailbox
-
-REDIS_URL = os.environ.get("LATTICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-PG_URL = os.environ.get("LATTICE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+from tests.support.services import PG_URL, REDIS_URL
 
 BACKENDS = [
     pytest.param("memory", id="memory"),

@@ -10,7 +10,6 @@ Real services: Redis on 127.0.0.1:6379, PostgreSQL on 127.0.0.1:5432 database
 from __future__ import annotations
 
 import asyncio
-import os
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -20,9 +19,7 @@ import pytest
 from lattice_mailbox import MemoryMailbox, MessageTooLargeError, mailbox_from_url, sql_table_prefix
 from lattice_mailbox.redis import RedisMailbox
 from lattice_mailbox.sql import SQLMailbox
-
-REDIS_URL = os.environ.get("LATTICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-PG_URL = os.environ.get("LATTICE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+from tests.support.services import PG_URL, REDIS_URL
 
 SHARED = [
     pytest.param("sqlite", id="sqlite"),

@@ -22,9 +22,7 @@ from typing import Any
 import pytest
 
 from lattice_mailbox import ClaimMissingError, ClaimTakenError, MessageStatus
-
-REDIS_URL = os.environ.get("LATTICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-PG_URL = os.environ.get("LATTICE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+from tests.support.services import PG_URL, REDIS_URL
 
 MESSAGES = 5_000
 WORKERS = 8

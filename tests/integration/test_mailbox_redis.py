@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 import re
 import threading
 import uuid
@@ -28,11 +27,9 @@ from lattice_mailbox import redis as redis_store
 from lattice_mailbox.base import ClaimMissingError, ClaimTakenError
 from lattice_mailbox.redis import RedisMailbox
 from lattice_mailbox.validation import mailbox_tag
+from tests.support.services import REDIS_HOST, REDIS_PORT, REDIS_URL
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
-
-REDIS_URL = os.environ.get("LATTICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
 
 
 @pytest.fixture

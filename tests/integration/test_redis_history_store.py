@@ -18,10 +18,10 @@ import redis.asyncio as aioredis
 from lattice_worker.agent.history import HistoryStore
 from lattice_worker.agent.history_stores import RedisHistoryStore
 from lattice_worker.errors import ConfigError
+from tests.support.services import REDIS_URL
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
 USER = {"role": "user", "content": "hello"}
 ASSISTANT = {"role": "assistant", "content": [{"type": "text", "text": "hi ✓"}]}
 

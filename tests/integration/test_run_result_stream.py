@@ -18,10 +18,9 @@ from typing import Any
 import pytest
 
 from lattice_client import AsyncLatticeClient, LatticeClient, RunNotFoundError, RunResult, RunStore
+from tests.support.services import REDIS_URL
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
-
-REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 @pytest.fixture

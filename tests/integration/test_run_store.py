@@ -17,10 +17,9 @@ from redis.asyncio import Redis
 from lattice_client.errors import RunNotFoundError, RunStateError
 from lattice_client.models import RunResult, RunStatus
 from lattice_client.runstore import CompleteResult, RunStore
+from tests.support.services import REDIS_URL
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(90)]
-
-REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 @pytest.fixture
@@ -53,14 +52,19 @@ async def running_run(store: RunStore, run_id: str = "run-1") -> str:
 async def test_create_and_get_round_trip_every_field(store, raw, prefix):
     parent = {"run_id": "parent-run", "message_id": "m-1", "mailbox_id": "outer::engineering"}
     created = await store.create(
-        "run-1", "team", "hello ✓", team_ref="examples.team:team", metadata={"ticket": 7}, parent=parent
+        "run-1",
+        "team",
+        "hello ✓",
+        team_ref="lattice_worker.examples.team:team",
+        metadata={"ticket": 7},
+        parent=parent,
     )
     got = await store.get("run-1")
     assert got == created
     assert got.status is RunStatus.QUEUED
     assert (got.team, got.team_ref, got.prompt, got.metadata) == (
         "team",
-        "examples.team:team",
+        "lattice_worker.examples.team:team",
         "hello ✓",
         {"ticket": 7},
     )

@@ -17,10 +17,9 @@ import pytest
 from lattice_client.errors import RunLeaseLostError
 from lattice_client.models import RunStatus
 from lattice_client.runstore import RunStore
+from tests.support.services import REDIS_URL
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
-
-REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 @pytest.fixture

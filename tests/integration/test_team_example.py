@@ -1,4 +1,4 @@
-"""The example team (examples/team.py) end to end on MemoryMailbox and RedisMailbox.
+"""The example team (lattice_worker/examples/team.py) end to end on MemoryMailbox and RedisMailbox.
 
 A lead and two members working with the built-in Grep and Bash tools over a
 directory the caller names. Offline: the scripted model drives the flow, the
@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from examples import team as example
 from lattice_mailbox import MemoryMailbox, MessageStatus
 from lattice_worker import ScriptedModelClient, create_builtin_tools
 from lattice_worker.demo import run_demo
+from lattice_worker.examples import team as example
 from tests.support.tools import call, text
 
 

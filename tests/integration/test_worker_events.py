@@ -18,8 +18,6 @@ from lattice_worker.runtime.context import WorkerContext
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
-
 
 async def _types(ctx: WorkerContext, run_id: str) -> list[str]:
     return [e["type"] for _, e in await ctx.runs.events(run_id, count=1000)]

@@ -7,8 +7,7 @@ from typing import Any
 from lattice_client.runstore import RunStore
 from lattice_client.settings import get_settings
 from lattice_worker.runtime.context import WorkerContext
-
-REDIS_URL = "redis://127.0.0.1:6379/0"
+from tests.support.services import REDIS_URL
 
 
 def worker_context(prefix: str, send_task: Any = None) -> Any:

@@ -54,8 +54,11 @@ def error_lines(result) -> list[str]:
         ),
         (["--broker-url", DOWN, "submit", "example", "  "], "prompt must be a non-empty string"),
         (["demo", "/definitely/not/a/dir"], "not a directory"),
-        (["--key-prefix", "bad prefix", "worker", "examples.team:team"], "key_prefix"),
-        (["flower", "--app", "no_such_module_for_flower:app"], "cannot find the Celery app module"),
+        (["--key-prefix", "bad prefix", "worker", "lattice_worker.examples.team:team"], "key_prefix"),
+        (
+            ["flower", "--unauthenticated", "--app", "no_such_module_for_flower:app"],
+            "cannot find the Celery app module",
+        ),
     ],
 )
 def test_bad_input_prints_one_error_line_and_exits_non_zero(args, message):
@@ -101,7 +104,7 @@ def test_worker_passes_team_members_concurrency_and_celery_args_through(monkeypa
         "--key-prefix",
         "dep7",
         "worker",
-        "examples.team:team",
+        "lattice_worker.examples.team:team",
         "--member",
         "searcher",
         "-m",
@@ -114,7 +117,9 @@ def test_worker_passes_team_members_concurrency_and_celery_args_through(monkeypa
         "fair",
     )
     assert result.exit_code == 0, result.output
-    assert calls == [("examples.team:team", ["searcher", "lead"], 4, ["--loglevel", "INFO", "-O", "fair"])]
+    assert calls == [
+        ("lattice_worker.examples.team:team", ["searcher", "lead"], 4, ["--loglevel", "INFO", "-O", "fair"])
+    ]
     assert os.environ["LATTICE_KEY_PREFIX"] == "dep7"  # the worker side reads the same settings
 
 
@@ -125,8 +130,8 @@ def test_exported_settings_do_not_leak_between_tests():
 def test_worker_defaults_to_every_queue(monkeypatch):
     calls: list = []
     fake_worker_module(monkeypatch, "lattice_worker.runtime.worker_main", "run_worker", calls)
-    assert run("worker", "examples.team:team").exit_code == 0
-    assert calls == [("examples.team:team", [], None, [])]
+    assert run("worker", "lattice_worker.examples.team:team").exit_code == 0
+    assert calls == [("lattice_worker.examples.team:team", [], None, [])]
 
 
 def test_drain_and_demo_hand_over_their_arguments(monkeypatch, tmp_path):
@@ -136,11 +141,18 @@ def test_drain_and_demo_hand_over_their_arguments(monkeypatch, tmp_path):
     fake_worker_module(monkeypatch, "lattice_worker.demo", "run_demo", demos)
     assert (
         run(
-            "drain", "examples.team:team", "-m", "searcher", "--max-rounds", "3", "--max-messages", "7"
+            "drain",
+            "lattice_worker.examples.team:team",
+            "-m",
+            "searcher",
+            "--max-rounds",
+            "3",
+            "--max-messages",
+            "7",
         ).exit_code
         == 0
     )
-    assert [c[:4] for c in drains] == [("examples.team:team", ["searcher"], 3, 7)]
+    assert [c[:4] for c in drains] == [("lattice_worker.examples.team:team", ["searcher"], 3, 7)]
     assert hasattr(drains[0][4], "print")  # a rich console for the progress display
     assert run("demo", str(tmp_path), "--word", "lease").exit_code == 0
     assert [c[:2] for c in demos] == [(str(tmp_path), "lease")]
@@ -148,9 +160,12 @@ def test_drain_and_demo_hand_over_their_arguments(monkeypatch, tmp_path):
 
 def test_missing_worker_side_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "lattice_worker.runtime.worker_main", None)  # import fails
-    result = run("worker", "examples.team:team")
+    result = run("worker", "lattice_worker.examples.team:team")
     assert result.exit_code == EXIT_ERROR
     assert "the worker side is not available" in error_lines(result)[0]
+    assert error_lines(result)[0].endswith(
+        "install it with pip install 'agent-lattice[worker]'"
+    )  # not markup
 
 
 def test_worker_side_errors_become_one_line(monkeypatch):

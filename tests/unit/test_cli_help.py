@@ -57,7 +57,7 @@ def test_no_arguments_shows_help_not_a_traceback():
                 "--run-id",
                 "--metadata",
                 "--json",
-                "examples.team:team",
+                "lattice_worker.examples.team:team",
             ],
         ),
         ("wait", ["RUN_ID", "--timeout", "--json", "Exit code"]),
@@ -84,8 +84,8 @@ def test_every_command_has_a_help_a_newcomer_can_follow(command, expected):
 
 
 def test_help_examples_name_the_example_team_by_its_real_name():
-    """Team names and mailbox ids in help texts are those of examples/team.py (named ``demo``)."""
-    from examples.team import TEAM_NAME, team
+    """Team names and mailbox ids in help texts are those of lattice_worker/examples/team.py (named ``demo``)."""
+    from lattice_worker.examples.team import TEAM_NAME, team
 
     members = {m.name for m in team.members} | {"lead"}
     texts = {command: plain(runner.invoke(app, [command, "--help"]).output) for command in COMMANDS}

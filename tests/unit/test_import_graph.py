@@ -148,4 +148,14 @@ def test_lattice_client_imports_lattice_worker_nowhere_at_module_level():
 
 def test_the_runtime_lives_in_one_package():
     top = sorted(p.name for p in (ROOT / "lattice_worker").iterdir() if not p.name.startswith(("_", ".")))
-    assert top == ["agent", "demo.py", "errors.py", "py.typed", "runtime", "team", "tools", "tracing"]
+    assert top == [
+        "agent",
+        "demo.py",
+        "errors.py",
+        "examples",
+        "py.typed",
+        "runtime",
+        "team",
+        "tools",
+        "tracing",
+    ]

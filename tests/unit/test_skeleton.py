@@ -37,15 +37,23 @@ def test_one_distribution_with_the_three_packages_and_the_lattice_script():
         assert "py.typed" in pyproject()["tool"]["setuptools"]["package-data"][package]
 
 
-def test_runtime_dependencies_and_separate_test_and_bench_extras():
+def test_thin_runtime_dependencies_a_worker_extra_and_separate_test_and_bench_extras():
     project = pyproject()["project"]
     runtime = " ".join(project["dependencies"])
-    for needed in ("anthropic", "pydantic", "celery[redis]", "redis", "sqlmodel", "typer", "rich"):
+    for needed in ("pydantic", "pydantic-settings", "celery[redis]", "kombu", "redis", "typer", "rich"):
         assert needed in runtime
+    for heavy in ("anthropic", "mcp", "flower", "sqlmodel", "sqlalchemy", "psycopg", "tenacity", "hiredis"):
+        assert heavy not in runtime, heavy  # the plain install is the thin client
     extras = project["optional-dependencies"]
+    worker = " ".join(extras["worker"])
+    for needed in ("anthropic", "mcp", "flower", "sqlalchemy"):
+        assert needed in worker
+    assert any(d.startswith("psycopg") for d in extras["postgres"])
+    assert "agent-lattice[worker,postgres]" in extras["test"]  # the README's set-up installs .[test]
     assert any(d.startswith("pytest") for d in extras["test"])
     assert any(d.startswith("openai-agents") for d in extras["bench"])
     assert "openai-agents" not in runtime and "pytest" not in runtime
+    assert "tenacity" not in (ROOT / "pyproject.toml").read_text()
     assert "ruff" in pyproject()["tool"]
 
 

@@ -15,7 +15,7 @@ read the caller's directory, which the tools allow anywhere; writes would be
 bounded to their workspaces.
 
 Every agent is a ``define_agent`` template, so the distributed runtime can run
-the same definition (``lattice worker examples.team:team``). Offline (no API
+the same definition (``lattice worker lattice_worker.examples.team:team``). Offline (no API
 key) every agent plays :func:`scripted_demo_model`, a stateless scripted model
 that drives the flow above with the real tool output; with
 ``ANTHROPIC_API_KEY`` or ``DEEPSEEK_API_KEY`` set the same team talks to the
@@ -24,7 +24,7 @@ real provider (DeepSeek: ``https://api.deepseek.com/anthropic``, model
 
 Run it::
 
-    python -m examples.team [DIRECTORY] [--word WORD]
+    python -m lattice_worker.examples.team [DIRECTORY] [--word WORD]
 """
 
 from __future__ import annotations
@@ -335,7 +335,7 @@ def build_team(mailbox: TeamMailbox | None = None, model_client: Any = None) -> 
 
 
 team = build_team()
-"""The demo team on a ``MemoryMailbox`` (what ``lattice worker examples.team:team`` loads)."""
+"""The demo team on a ``MemoryMailbox`` (what ``lattice worker lattice_worker.examples.team:team`` loads)."""
 
 
 async def run(directory: str, word: str, *, team: Team | None = None, on_event: Any = None) -> ResultMessage:

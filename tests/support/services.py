@@ -1,0 +1,52 @@
+"""Where the tests' services are: one variable each, honoured by every test.
+
+* ``LATTICE_TEST_REDIS_URL`` -- the Redis every test uses (default
+  ``redis://127.0.0.1:6379/0``). Tests keep to their own key prefixes
+  (``test-<uuid>``) and delete their keys; they never flush a database, so any
+  DB number of a shared server works.
+* ``LATTICE_TEST_PG_URL`` -- the PostgreSQL of the tests marked ``postgres``
+  (default ``postgresql://postgres@127.0.0.1:5432/test``).
+
+These two are the only ``LATTICE_*`` variables the suite reads from the caller;
+``tests/conftest.py`` removes every other one (and ``FLOWER_*``, ``ANTHROPIC_*``,
+``DEEPSEEK_*``) from the test process, and tests that start subprocesses set
+what those need explicitly.
+"""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import urlsplit
+
+TEST_REDIS_ENV = "LATTICE_TEST_REDIS_URL"
+"""The variable naming the tests' Redis."""
+
+TEST_PG_ENV = "LATTICE_TEST_PG_URL"
+"""The variable naming the tests' PostgreSQL."""
+
+TEST_VARIABLES = (TEST_REDIS_ENV, TEST_PG_ENV)
+"""The documented test variables, kept in the test process's environment."""
+
+REDIS_URL = os.environ.get(TEST_REDIS_ENV) or "redis://127.0.0.1:6379/0"
+"""The tests' Redis URL."""
+
+PG_URL = os.environ.get(TEST_PG_ENV) or "postgresql://postgres@127.0.0.1:5432/test"
+"""The tests' PostgreSQL URL."""
+
+_redis = urlsplit(REDIS_URL)
+REDIS_HOST: str = _redis.hostname or "127.0.0.1"
+"""Host of the tests' Redis (for raw sockets, e.g. a proxy in front of it)."""
+
+REDIS_PORT: int = _redis.port or 6379
+"""TCP port of the tests' Redis."""
+
+
+__all__ = [
+    "PG_URL",
+    "REDIS_HOST",
+    "REDIS_PORT",
+    "REDIS_URL",
+    "TEST_PG_ENV",
+    "TEST_REDIS_ENV",
+    "TEST_VARIABLES",
+]
