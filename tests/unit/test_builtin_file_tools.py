@@ -157,6 +157,13 @@ async def test_write_creates_parents_and_overwrites(ws: Path, tools) -> None:
     assert text(again).startswith("Overwrote ") and (ws / "a/b/c.txt").read_text() == "new"
 
 
+async def test_write_of_text_utf8_cannot_encode_is_refused_and_keeps_the_file(ws: Path, tools) -> None:
+    (ws / "keep.txt").write_text("precious\n")
+    result = await call(tools, "Write", {"file_path": "keep.txt", "content": "a\ud800b"})
+    assert result.is_error and "cannot be written as UTF-8" in text(result) and "position 1" in text(result)
+    assert (ws / "keep.txt").read_text() == "precious\n"
+
+
 async def test_write_to_a_directory_is_refused(ws: Path, tools) -> None:
     (ws / "d").mkdir()
     result = await call(tools, "Write", {"file_path": "d", "content": "x"})
@@ -185,6 +192,11 @@ async def test_edit_replaces_exactly_once_or_all(ws: Path, tools) -> None:
         ({"file_path": "code.py", "old_string": "x", "new_string": "x"}, "are the same"),
         ({"file_path": "blob.bin", "old_string": "a", "new_string": "b"}, "is a binary file"),
         ({"file_path": "latin1.txt", "old_string": "a", "new_string": "b"}, "is not UTF-8 text"),
+        # a lone surrogate (valid JSON: "\ud800") cannot be encoded: the file must survive
+        (
+            {"file_path": "code.py", "old_string": "x = 1", "new_string": "\ud800"},
+            "cannot be written as UTF-8",
+        ),
     ],
 )
 async def test_edit_refusals_change_nothing(ws: Path, tools, args: dict, message: str) -> None:

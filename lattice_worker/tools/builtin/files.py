@@ -99,6 +99,16 @@ def _regular(path: str) -> None:
         raise Refusal(f"{path} is not a regular file (a device, FIFO or socket)")
 
 
+def _utf8(text: str, field: str, target: str) -> bytes:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise Refusal(
+            f"{field} cannot be written as UTF-8: {exc.reason} (character {text[exc.start]!r} at position "
+            f"{exc.start}); {target} was not changed"
+        ) from None
+
+
 def read_file(ws: Workspace, args: ReadInput, ctx: ToolContext) -> str:
     path = ws.absolute(args.file_path)
     _existing_file(path)
@@ -146,8 +156,8 @@ def write_file(ws: Workspace, args: WriteInput, ctx: ToolContext) -> str:
     existed = os.path.exists(target)
     if existed:
         _regular(target)
+    data = _utf8(args.content, "content", target)
     os.makedirs(os.path.dirname(target), exist_ok=True)
-    data = args.content.encode("utf-8")
     with open(target, "wb") as out:
         out.write(data)
     return f"{'Overwrote' if existed else 'Created'} {target} ({len(data)} bytes)"
@@ -160,6 +170,7 @@ def edit_file(ws: Workspace, args: EditInput, ctx: ToolContext) -> str:
         raise Refusal(f"old_string is empty; use Write to create or overwrite {target} as a whole")
     if args.old_string == args.new_string:
         raise Refusal(f"old_string and new_string are the same; nothing in {target} would change")
+    _utf8(args.new_string, "new_string", target)  # before the file is opened for writing
     size = os.path.getsize(target)
     if size > EDIT_MAX_BYTES:
         raise Refusal(f"{target} has {size} bytes; Edit changes files up to {EDIT_MAX_BYTES} bytes")
@@ -181,9 +192,9 @@ def edit_file(ws: Workspace, args: EditInput, ctx: ToolContext) -> str:
             f"old_string occurs {count} times in {target}; include more surrounding text to make it "
             "unique, or set replace_all to replace every occurrence"
         )
-    new = text.replace(args.old_string, args.new_string)
+    new = text.replace(args.old_string, args.new_string).encode("utf-8")
     with open(target, "wb") as out:
-        out.write(new.encode("utf-8"))
+        out.write(new)
     return f"Edited {target}: replaced {count} occurrence{'s' if count != 1 else ''}"
 
 
