@@ -189,6 +189,7 @@ ESCAPES = [
     "install seed.txt {out}/a",
     "install -d {out}/dir",
     "ln -s seed.txt {out}/a",
+    "ln {out}/keep.txt hard && echo x >> hard",  # a hard link makes the outside file writable from here
     "rm {out}/keep.txt",
     "rm -rf {out}",
     "mkdir {out}/dir",
@@ -228,6 +229,17 @@ async def test_shell_writes_outside_are_refused_and_nothing_runs(
     assert f"({ws})" in message and "is refused" in message
     assert snapshot(outside) == before_out  # nothing written, moved or removed outside
     assert snapshot(ws) == before_ws  # the command did not run at all
+
+
+@pytest.mark.parametrize("command", ["echo x >> hard", "cp seed.txt hard", "echo x | tee -a hard"])
+async def test_writes_through_a_hard_link_to_an_outside_file_are_refused(
+    ws: Path, outside: Path, tools, command: str
+) -> None:
+    os.link(outside / "keep.txt", ws / "hard")
+    result = await call(tools, "Bash", {"command": command})
+    assert result.is_error and f"{ws / 'hard'} has 2 hard links" in text(result), text(result)
+    assert snapshot(outside) == {"keep.txt": b"keep\n"}
+    assert not (await call(tools, "Bash", {"command": "rm hard && ln -s seed.txt soft"})).is_error
 
 
 @pytest.mark.parametrize(

@@ -248,6 +248,26 @@ async def test_edit_outside_allowed_directories_is_refused(ws: Path, outside: Pa
     assert snapshot(outside) == {"keep.txt": b"outside data\n"}
 
 
+async def test_a_hard_link_to_a_file_outside_is_not_written_through(ws: Path, outside: Path, tools) -> None:
+    os.link(
+        outside / "keep.txt", ws / "hard"
+    )  # e.g. made by an earlier Bash call: ln ../outside/keep.txt hard
+    for name, args in [
+        ("Write", {"file_path": "hard", "content": "pwned"}),
+        ("Edit", {"file_path": "hard", "old_string": "outside", "new_string": "pwned"}),
+    ]:
+        result = await call(tools, name, args)
+        assert result.is_error, name
+        message = text(result)
+        assert message.startswith(f"{name}: {ws / 'hard'} has 2 hard links") and "is refused" in message, (
+            message
+        )
+    assert snapshot(outside) == {"keep.txt": b"outside data\n"}
+    os.unlink(ws / "hard")  # the way out the message names: a file of its own
+    assert not (await call(tools, "Write", {"file_path": "hard", "content": "mine"})).is_error
+    assert snapshot(outside) == {"keep.txt": b"outside data\n"}
+
+
 async def test_a_symlink_resolving_inside_is_allowed(ws: Path, tools) -> None:
     (ws / "real").mkdir()
     os.symlink(ws / "real", ws / "alias")

@@ -11,7 +11,9 @@ may only change paths inside ``allowed_directories``. A path is checked after
 it is resolved the way the operating system will resolve it -- relative to
 ``cwd``, ``~`` expanded, every symbolic link of its existing part followed
 (``os.path.realpath``), ``..`` applied after the links -- so neither ``..`` nor
-a link inside the workspace that points outside gets past the check. The
+a link inside the workspace that points outside gets past the check. An
+existing file with more than one hard link is not written either: it may be
+the same file as one outside. The
 read-only tools (``Read``, ``LS``, ``Glob``, ``Grep``) may read anything the
 process may read. The bound guards against mistakes; it is not a sandbox (a
 link created between the check and the write, or a program that writes files
@@ -26,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,6 +174,8 @@ class Workspace:
             resolved = real(absolute)
         roots = self.real_roots()
         if any(is_inside(resolved, root) for root in roots):
+            if not keep_last_link:
+                _refuse_hard_links(resolved, what)
             return resolved
         shown = path if resolved == absolute else f"{path} (resolves to {resolved})"
         raise Refusal(
@@ -194,6 +199,21 @@ class Workspace:
             f"You may change files only inside {roots}; you may read any file you can access. "
             "Keep durable work there (code, reports, logs, test evidence), and in your final answer name "
             "the important paths and say how you verified the result."
+        )
+
+
+def _refuse_hard_links(path: str, what: str) -> None:
+    """A file with more than one name (hard links) is one file: writing it here changes it
+    under its other names too, which may be anywhere on the same file system."""
+    try:
+        info = os.stat(path)
+    except (OSError, ValueError):
+        return  # does not exist (yet): the write creates a file of its own
+    if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+        raise Refusal(
+            f"{path} has {info.st_nlink} hard links: {what} would change the file under its other names "
+            "too, which may be outside the allowed directories, and is refused; remove it (rm) and write "
+            "a file of its own"
         )
 
 

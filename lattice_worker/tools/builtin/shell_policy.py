@@ -10,7 +10,8 @@
   and ``/dev/fd/N`` are always allowed);
 * ``tee`` (every file operand); ``cp``, ``mv``, ``install`` and ``ln`` (the
   target: ``-t DIR`` / ``--target-directory=DIR`` or the last operand; for
-  ``mv`` the sources too, which it removes); ``install -d``, ``rm``,
+  ``mv`` the sources too, which it removes, and for a hard ``ln`` the sources,
+  which become writable through the link); ``install -d``, ``rm``,
   ``rmdir``, ``unlink``, ``mkdir``, ``touch`` and ``truncate`` (every operand);
   ``dd of=FILE``;
 * the same inside ``bash -c`` / ``sh -c`` strings and ``eval`` arguments, after
@@ -187,6 +188,11 @@ def _target_directory(args: list[str]) -> str | None:
     return None
 
 
+def _symbolic(args: list[str]) -> bool:
+    """True when ``ln`` makes symbolic links (``-s``, ``-sf``, ``--symbolic``), not hard ones."""
+    return any(a == "--symbolic" or re.fullmatch(r"-[A-Za-z]*s[A-Za-z]*", a) for a in args)
+
+
 def _strip_wrappers(words: list[str]) -> list[str]:
     i = 0
     while i < len(words):
@@ -255,6 +261,9 @@ class _Checker:
             if name == "mv":
                 for source in sources:
                     self.allow(source, cwd, "mv (it removes its sources)", keep_last_link=True)
+            if name == "ln" and not _symbolic(args):
+                for source in sources:
+                    self.allow(source, cwd, "ln (a hard link makes its source writable through it)")
         return cwd
 
     def allow(self, target: str, cwd: str, what: str, *, keep_last_link: bool = False) -> None:
