@@ -211,6 +211,31 @@ ESCAPES = [
     "echo x > $OUTSIDE_DIR/a",
     "echo x > {out}/a # a comment",
     "cat > {out}/a <<'EOF'\nit's a here-document\nEOF",
+    # short option clusters that end in -t DIR
+    "cp -rt {out} seed.txt",
+    "cp -rvt{out} seed.txt",
+    "mv -ft {out} seed.txt",
+    "install -Dt {out} seed.txt",
+    "ln -st {out} seed.txt",
+    # the -c of a shell among its other options
+    "bash -lc 'touch {out}/a'",
+    "sh -ec 'touch {out}/a'",
+    "bash -o pipefail -xc 'touch {out}/a'",
+    "bash -c -- 'touch {out}/a'",
+    # reserved words and groups before a command
+    "{{ touch {out}/a; }}",
+    "! touch {out}/a",
+    "if true; then touch {out}/a; fi",
+    "if false; then :; else rm {out}/keep.txt; fi",
+    "while true; do touch {out}/a; break; done",
+    "until false; do touch {out}/a; break; done",
+    "clean() {{ rm {out}/keep.txt; }}; clean",
+    # /dev/fd/N is safe, /dev/fd/.. is not
+    "echo x > /dev/fd/../../..{out}/a",
+    # command substitution inside double quotes runs too
+    'echo "$(touch {out}/a)"',
+    'x="`rm {out}/keep.txt`"',
+    'echo "nested $(echo "$(touch {out}/a)")"',
 ]
 
 
@@ -257,6 +282,12 @@ async def test_writes_through_a_hard_link_to_an_outside_file_are_refused(
         "rm link",
         "echo 'x > {out}/a'",
         "cat <<'EOF' > inside.txt\nwrite > {out}/a stays text\nEOF",
+        "cp -rt . {out}/keep.txt",
+        "bash -ec 'echo ok > inside.txt'",
+        "if true; then echo ok > inside.txt; fi",
+        'echo "$(cat {out}/keep.txt)" > inside.txt',
+        "echo '$(touch {out}/a)' \"`echo it is inside`\" > inside.txt",
+        "echo x > /dev/fd/2",
     ],
 )
 async def test_writes_inside_and_reads_outside_are_allowed(

@@ -9,14 +9,17 @@
   ``>&FILE`` (``/dev/null``, ``/dev/stdout``, ``/dev/stderr``, ``/dev/tty``
   and ``/dev/fd/N`` are always allowed);
 * ``tee`` (every file operand); ``cp``, ``mv``, ``install`` and ``ln`` (the
-  target: ``-t DIR`` / ``--target-directory=DIR`` or the last operand; for
+  target: ``-t DIR`` (also in a cluster: ``-rt DIR``) /
+  ``--target-directory=DIR`` or the last operand; for
   ``mv`` the sources too, which it removes, and for a hard ``ln`` the sources,
   which become writable through the link); ``install -d``, ``rm``,
   ``rmdir``, ``unlink``, ``mkdir``, ``touch`` and ``truncate`` (every operand);
   ``dd of=FILE``;
-* the same inside ``bash -c`` / ``sh -c`` strings and ``eval`` arguments, after
-  ``sudo``, ``env``, ``command``, ``nohup``, ``time``, ``exec``, ``nice`` and
-  leading ``VAR=value`` assignments.
+* the same inside ``bash -c`` / ``sh -c`` strings (``-lc``, ``-e -c`` ...),
+  ``eval`` arguments and ``$(...)`` / backquote substitutions (inside double
+  quotes too), after ``sudo``, ``env``, ``command``, ``nohup``, ``time``,
+  ``exec``, ``nice``, leading ``VAR=value`` assignments and the reserved words
+  that can start a command (``if``, ``then``, ``else``, ``do``, ``{``, ``!`` ...).
 
 Paths are resolved like every write (:meth:`~.policy.Workspace.writable`):
 relative to the ``cwd`` (following ``cd DIR`` of the same command line),
@@ -26,8 +29,9 @@ relative to the ``cwd`` (following ``cd DIR`` of the same command line),
 This is a guard against mistakes, not a sandbox. It does not see writes made by
 programs themselves (``python -c``, ``sed -i``, ``find -delete``, ``git``,
 ``make``, a script file), targets built at run time (variables set in the same
-command, command substitution, ``xargs``), aliases and functions, or obfuscated
-commands; a ``#`` comment is not recognised, so a write-looking comment is
+command, command substitution, ``xargs``), a link made by the same command
+(``ln -s /elsewhere l && echo x > l``), aliases, or obfuscated commands; a
+``#`` comment is not recognised, so a write-looking comment is
 refused too. Combine it with a ``permission`` callback and a real sandbox where
 that matters.
 """
@@ -53,6 +57,8 @@ _WRAPPER_VALUE_OPTIONS = {
     "time": {"-f", "-o", "--format", "--output"},
 }
 _SHELLS = {"bash", "sh", "zsh", "dash", "ksh"}
+_SHELL_VALUE_OPTIONS = {"-o", "+o", "-O", "+O", "--rcfile", "--init-file"}
+_RESERVED = {"if", "then", "elif", "else", "do", "while", "until", "!", "{"}
 _EVERY_OPERAND = {"rm", "rmdir", "unlink", "mkdir", "touch", "truncate", "tee"}
 _KEEP_LAST_LINK = {"rm", "rmdir", "unlink"}
 _VALUE_OPTIONS = {
@@ -96,6 +102,42 @@ def _without_heredoc_bodies(command: str) -> str:
             if not line[: match.start()].endswith("<"):  # "<<<" is a here-string
                 pending.append((match.group(1) == "-", match.group(3)))
     return "\n".join(kept)
+
+
+def _scan(text: str, i: int = 0, *, closing: bool = False) -> tuple[int, list[str]]:
+    """Scan ``text`` from ``i`` as the shell quotes it: the bodies of the ``$(...)``
+    and backquote substitutions it runs (outside single quotes; inside double
+    quotes too). With ``closing``, ``i`` starts the body of a ``$(`` and the scan
+    ends at the ``)`` that closes it: returns its index (else ``len(text)``).
+    Nested substitutions are found when a body is checked in its turn."""
+    bodies: list[str] = []
+    quote = None
+    depth = 0
+    while i < len(text):
+        c = text[i]
+        if quote == "'":
+            quote = None if c == "'" else quote
+        elif c == "\\":
+            i += 1
+        elif c == "'" and quote is None:
+            quote = "'"
+        elif c == '"':
+            quote = None if quote == '"' else '"'
+        elif c == "`":
+            end = text.find("`", i + 1)
+            end = len(text) if end == -1 else end
+            bodies.append(text[i + 1 : end])
+            i = end
+        elif text.startswith("$(", i):
+            end, _ = _scan(text, i + 2, closing=True)
+            bodies.append(text[i + 2 : end])
+            i = end
+        elif closing and quote is None and c in "()":
+            if c == ")" and depth == 0:
+                return i, bodies
+            depth += 1 if c == "(" else -1
+        i += 1
+    return len(text), bodies
 
 
 def _tokens(command: str, *, comments: bool) -> list[str]:
@@ -156,6 +198,19 @@ def _redirect_target(operator: str, target: str) -> str | None:
     return target
 
 
+def _short_value(name: str, arg: str) -> tuple[str, str] | None:
+    """For a cluster of short options (``-rt``, ``-tDIR``, ``-Dm644``): the first
+    letter that takes a value and what follows it in ``arg`` (``""``: the value is
+    the next argument); ``None`` when no letter of ``arg`` takes a value."""
+    if len(arg) < 2 or arg[0] != "-" or arg[1] == "-":
+        return None
+    letters = {o[1] for o in _VALUE_OPTIONS.get(name, ()) if len(o) == 2}
+    for i, letter in enumerate(arg[1:], start=2):
+        if letter in letters:
+            return letter, arg[i:]
+    return None
+
+
 def _operands(name: str, args: list[str]) -> list[str]:
     value_options = _VALUE_OPTIONS.get(name, set())
     operands: list[str] = []
@@ -169,22 +224,29 @@ def _operands(name: str, args: list[str]) -> list[str]:
             operands.append(arg)
         elif arg == "--":
             only_operands = True
+        elif arg.startswith("--"):
+            skip = arg in value_options
         elif arg.startswith("-") and arg != "-":
-            if arg in value_options:
-                skip = True
+            value = _short_value(name, arg)
+            skip = value is not None and not value[1]
         else:
             operands.append(arg)
     return operands
 
 
-def _target_directory(args: list[str]) -> str | None:
+def _target_directory(name: str, args: list[str]) -> str | None:
+    """The ``-t DIR`` / ``-rtDIR`` / ``--target-directory[=]DIR`` of cp, mv, install, ln."""
     for i, arg in enumerate(args):
-        if arg in ("-t", "--target-directory") and i + 1 < len(args):
-            return args[i + 1]
+        following = args[i + 1] if i + 1 < len(args) else None
+        if arg == "--":
+            return None
+        if arg == "--target-directory":
+            return following
         if arg.startswith("--target-directory="):
             return arg.split("=", 1)[1]
-        if arg.startswith("-t") and len(arg) > 2 and not arg.startswith("--"):
-            return arg[2:]
+        value = _short_value(name, arg)
+        if value is not None and value[0] == "t":
+            return value[1] or following
     return None
 
 
@@ -193,11 +255,35 @@ def _symbolic(args: list[str]) -> bool:
     return any(a == "--symbolic" or re.fullmatch(r"-[A-Za-z]*s[A-Za-z]*", a) for a in args)
 
 
+def _shell_script(args: list[str]) -> str | None:
+    """The command string of ``bash -c STRING`` (also ``-lc``, ``-e -c``, ``-o pipefail -c``,
+    ``-c -- STRING``), or ``None`` when the shell runs no ``-c`` string."""
+    command = False
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg in ("--", "-"):
+            i += 1
+            break
+        if arg in _SHELL_VALUE_OPTIONS:
+            i += 2
+        elif arg.startswith("--"):
+            i += 1
+        elif len(arg) > 1 and arg[0] in "-+":
+            command = command or (arg[0] == "-" and "c" in arg[1:])
+            i += 1
+        else:
+            break
+    return args[i] if command and i < len(args) else None
+
+
 def _strip_wrappers(words: list[str]) -> list[str]:
     i = 0
     while i < len(words):
         word = words[i]
-        if "=" in word and not word.startswith("=") and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", word):
+        if word in _RESERVED or (
+            "=" in word and not word.startswith("=") and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", word)
+        ):
             i += 1
         elif os.path.basename(word) in _WRAPPERS:
             takes_value = _WRAPPER_VALUE_OPTIONS.get(os.path.basename(word), set())
@@ -216,6 +302,8 @@ class _Checker:
     def check(self, command: str, cwd: str, depth: int = 0) -> None:
         if depth > _MAX_DEPTH:
             raise Refusal("the command nests shells too deeply to check what it writes")
+        for inner in _scan(_without_heredoc_bodies(command))[1]:
+            self.check(inner, cwd, depth + 1)
         for words, redirects in _simple_commands(split_command(command)):
             for operator, target in redirects:
                 path = _redirect_target(operator, target)
@@ -231,10 +319,10 @@ class _Checker:
             operands = [a for a in args if not a.startswith("-")]
             target = operands[0] if operands else os.path.expanduser("~")
             return os.path.join(cwd, _expand(target))
-        if name in _SHELLS and "-c" in args:
-            index = args.index("-c")
-            if index + 1 < len(args):
-                self.check(args[index + 1], cwd, depth + 1)
+        if name in _SHELLS:
+            script = _shell_script(args)
+            if script is not None:
+                self.check(script, cwd, depth + 1)
             return cwd
         if name == "eval":
             self.check(" ".join(args), cwd, depth + 1)
@@ -249,7 +337,7 @@ class _Checker:
             for operand in operands:
                 self.allow(operand, cwd, name, keep_last_link=name in _KEEP_LAST_LINK)
         elif name in ("cp", "mv", "install", "ln"):
-            directory = _target_directory(args)
+            directory = _target_directory(name, args)
             if directory is not None:
                 self.allow(directory, cwd, f"the {name} target directory")
                 sources = operands
@@ -270,7 +358,7 @@ class _Checker:
         if not target:
             return
         expanded = _expand(target)
-        if expanded in _SAFE_TARGETS or expanded.startswith("/dev/fd/"):
+        if expanded in _SAFE_TARGETS or re.fullmatch(r"/dev/fd/[0-9]+", expanded):
             return
         absolute = expanded if os.path.isabs(expanded) else os.path.join(cwd, expanded)
         self.ws.writable(absolute, what=what, keep_last_link=keep_last_link)
