@@ -192,6 +192,7 @@ ESCAPES = [
     "ln {out}/keep.txt hard && echo x >> hard",  # a hard link makes the outside file writable from here
     "rm {out}/keep.txt",
     "rm -rf {out}",
+    "rm -rf link/",  # the trailing slash makes rm follow the link: it empties the outside directory
     "mkdir {out}/dir",
     "touch {out}/a",
     "dd if=seed.txt of={out}/a",

@@ -164,10 +164,12 @@ class Workspace:
 
         ``what`` names the write for the message (``"writing"``, ``'the ">" redirection'``).
         ``keep_last_link``: resolve the parent only and keep the last component
-        as it is (removing or moving a link changes the link, not its target).
+        as it is (removing or moving a link changes the link, not its target),
+        unless ``path`` ends with ``/`` or ``/.`` (then the link is followed too).
         """
         absolute = self.absolute(path)
-        if keep_last_link:
+        # "link/" and "link/." name what the link points to: the system follows the link then
+        if keep_last_link and not absolute.endswith((os.sep, os.sep + ".")):
             head, tail = os.path.split(os.path.normpath(absolute))
             resolved = os.path.join(real(head), tail) if tail else real(head)
         else:
