@@ -237,6 +237,26 @@ ESCAPES = [
     'echo "$(touch {out}/a)"',
     'x="`rm {out}/keep.txt`"',
     'echo "nested $(echo "$(touch {out}/a)")"',
+    # wrappers that run the command after their own arguments
+    "timeout 5 touch {out}/a",
+    "timeout -s KILL -k 1 5 rm {out}/keep.txt",
+    "setsid touch {out}/a",
+    "stdbuf -o0 cp seed.txt {out}/a",
+    "xargs -a /dev/null -n 1 touch {out}/a",
+    # more commands that write their operands
+    "rsync seed.txt {out}/a",
+    "rsync -a --exclude x seed.txt {out}/",
+    "chmod 000 {out}/keep.txt",
+    "chmod -w {out}/keep.txt",
+    "chown -R root {out}",
+    "find {out} -delete",
+    "find -L {out} -name keep.txt -delete",
+    "find link/ -delete",
+    "find -L link -delete",
+    "find {out} -name keep.txt -exec rm {{}} \\;",
+    "find . {out} -name '*.txt' -exec rm -f {{}} +",
+    "find . -name seed.txt -exec mv {{}} {out}/ ';'",
+    "find . -fprint {out}/list",
 ]
 
 
@@ -289,6 +309,12 @@ async def test_writes_through_a_hard_link_to_an_outside_file_are_refused(
         'echo "$(cat {out}/keep.txt)" > inside.txt',
         "echo '$(touch {out}/a)' \"`echo it is inside`\" > inside.txt",
         "echo x > /dev/fd/2",
+        "timeout 5 cat {out}/keep.txt",
+        "rsync -a {out}/ copy/",
+        "chmod +x seed.txt && chmod -R u+w .",
+        "find . -name '*.tmp' -delete",
+        "find link -delete",  # removes the link only
+        "find {out} -name '*.txt' -exec cat {{}} + -exec cp {{}} . \\;",
     ],
 )
 async def test_writes_inside_and_reads_outside_are_allowed(

@@ -12,28 +12,34 @@
   target: ``-t DIR`` (also in a cluster: ``-rt DIR``) /
   ``--target-directory=DIR`` or the last operand; for
   ``mv`` the sources too, which it removes, and for a hard ``ln`` the sources,
-  which become writable through the link); ``install -d``, ``rm``,
-  ``rmdir``, ``unlink``, ``mkdir``, ``touch`` and ``truncate`` (every operand);
-  ``dd of=FILE``;
+  which become writable through the link); ``rsync`` (the last operand);
+  ``install -d``, ``rm``, ``rmdir``, ``unlink``, ``mkdir``, ``touch`` and
+  ``truncate`` (every operand); ``chmod``, ``chown`` and ``chgrp`` (the files
+  after the mode or owner); ``dd of=FILE``; ``find`` (its starting points for
+  ``-delete``, the command of ``-exec`` / ``-execdir`` / ``-ok`` with ``{}``
+  standing for each starting point, the file of ``-fprint`` and the like);
 * the same inside ``bash -c`` / ``sh -c`` strings (``-lc``, ``-e -c`` ...),
   ``eval`` arguments and ``$(...)`` / backquote substitutions (inside double
   quotes too), after ``sudo``, ``env``, ``command``, ``nohup``, ``time``,
-  ``exec``, ``nice``, leading ``VAR=value`` assignments and the reserved words
-  that can start a command (``if``, ``then``, ``else``, ``do``, ``{``, ``!`` ...).
+  ``exec``, ``nice``, ``timeout``, ``setsid``, ``stdbuf``, ``ionice``,
+  ``xargs`` (the command it runs; not the arguments it reads), leading
+  ``VAR=value`` assignments and the reserved words that can start a command
+  (``if``, ``then``, ``else``, ``do``, ``{``, ``!`` ...).
 
 Paths are resolved like every write (:meth:`~.policy.Workspace.writable`):
 relative to the ``cwd`` (following ``cd DIR`` of the same command line),
 ``~`` and ``$VAR`` of the process environment expanded, links followed (for
-``rm``, ``rmdir``, ``unlink`` and ``mv`` sources, all but the last component).
+``rm``, ``rmdir``, ``unlink``, ``mv`` sources and ``find -delete``, all but the
+last component, unless the path ends with ``/``).
 
 This is a guard against mistakes, not a sandbox. It does not see writes made by
-programs themselves (``python -c``, ``sed -i``, ``find -delete``, ``git``,
-``make``, a script file), targets built at run time (variables set in the same
-command, command substitution, ``xargs``), a link made by the same command
-(``ln -s /elsewhere l && echo x > l``), aliases, or obfuscated commands; a
-``#`` comment is not recognised, so a write-looking comment is
-refused too. Combine it with a ``permission`` callback and a real sandbox where
-that matters.
+programs themselves (``python -c``, ``sed -i``, ``tar -C``, ``sort -o``,
+``curl -o``, ``git``, ``make``, a script file), targets built at run time
+(variables set in the same command, command substitution, ``xargs``), a link
+made by the same command (``ln -s /elsewhere l && echo x > l``), aliases, or
+obfuscated commands; a ``#`` comment is not recognised, so a write-looking
+comment is refused too. Combine it with a ``permission`` callback and a real
+sandbox where that matters.
 """
 
 from __future__ import annotations
@@ -48,8 +54,18 @@ from .policy import Refusal, Workspace
 _PUNCTUATION = ";&|()<>\n"
 _OPERATOR = re.compile(r"&>>|&>|>>|>\||>&|<>|<<<|<<-|<<|<&|>|<|&&|\|\||\|&|;;|[;&|()\n]")
 _SAFE_TARGETS = ("/dev/null", "/dev/stdout", "/dev/stderr", "/dev/tty", "/dev/zero")
-_WRAPPERS = {"sudo", "env", "command", "nohup", "time", "exec", "nice", "builtin", "doas"}
+_WRAPPERS = set(
+    "sudo env command nohup time exec nice builtin doas timeout setsid stdbuf ionice xargs".split()
+)
+_WRAPPER_POSITIONALS = {"timeout": 1}  # timeout DURATION COMMAND
 _WRAPPER_VALUE_OPTIONS = {
+    "timeout": {"-s", "-k", "--signal", "--kill-after"},
+    "stdbuf": {"-i", "-o", "-e", "--input", "--output", "--error"},
+    "ionice": {"-c", "-n", "-p", "-P", "-u", "--class", "--classdata", "--pid", "--pgid", "--uid"},
+    "xargs": set(
+        "-a -d -E -I -L -n -P -s --arg-file --delimiter --max-args --max-lines --max-procs --max-chars"
+        " --process-slot-var".split()
+    ),
     "sudo": {"-u", "-g", "-C", "-D", "-h", "-p", "-r", "-t", "-U", "--user", "--group"},
     "doas": {"-u", "-C"},
     "nice": {"-n", "--adjustment"},
@@ -61,6 +77,11 @@ _SHELL_VALUE_OPTIONS = {"-o", "+o", "-O", "+O", "--rcfile", "--init-file"}
 _RESERVED = {"if", "then", "elif", "else", "do", "while", "until", "!", "{"}
 _EVERY_OPERAND = {"rm", "rmdir", "unlink", "mkdir", "touch", "truncate", "tee"}
 _KEEP_LAST_LINK = {"rm", "rmdir", "unlink"}
+_COPIERS = {"cp", "mv", "install", "ln", "rsync"}
+_MODE_CHANGERS = {"chmod", "chown", "chgrp"}
+_MODE_CHANGER_OPTION = re.compile(r"-[RcfvhHLP]+|--.*")  # chmod -w FILE: -w is a mode, not an option
+_FIND_WRITES_FILE = {"-fprint", "-fprint0", "-fprintf", "-fls"}
+_FIND_RUNS = {"-exec", "-execdir", "-ok", "-okdir"}
 _VALUE_OPTIONS = {
     "cp": {"-t", "-S", "--suffix", "--target-directory"},
     "mv": {"-t", "-S", "--suffix", "--target-directory"},
@@ -77,6 +98,12 @@ _VALUE_OPTIONS = {
         "--suffix",
         "--target-directory",
     },
+    "rsync": set(
+        "-e -f -T -B -M --rsh --filter --exclude --include --exclude-from --include-from --files-from"
+        " --temp-dir --backup-dir --partial-dir --compare-dest --copy-dest --link-dest --log-file"
+        " --password-file --rsync-path --chmod --suffix --out-format --max-size --min-size --timeout"
+        " --bwlimit --port".split()
+    ),
     "mkdir": {"-m", "--mode"},
     "touch": {"-r", "-d", "-t", "--reference", "--date"},
     "truncate": {"-s", "-r", "--size", "--reference"},
@@ -287,9 +314,11 @@ def _strip_wrappers(words: list[str]) -> list[str]:
             i += 1
         elif os.path.basename(word) in _WRAPPERS:
             takes_value = _WRAPPER_VALUE_OPTIONS.get(os.path.basename(word), set())
+            positionals = _WRAPPER_POSITIONALS.get(os.path.basename(word), 0)
             i += 1
             while i < len(words) and words[i].startswith("-"):
                 i += 2 if words[i] in takes_value else 1  # sudo -u USER, nice -n 5 ...
+            i += positionals
         else:
             break
     return words[i:]
@@ -332,12 +361,21 @@ class _Checker:
                 if arg.startswith("of="):
                     self.allow(arg[3:], cwd, "dd of=")
             return cwd
+        if name == "find":
+            self.check_find(args, cwd, depth)
+            return cwd
+        if name in _MODE_CHANGERS:
+            operands = [a for a in args if not _MODE_CHANGER_OPTION.fullmatch(a)]
+            reference = any(a.startswith("--reference") for a in args)
+            for operand in operands if reference else operands[1:]:  # the first names the mode or owner
+                self.allow(operand, cwd, name)
+            return cwd
         operands = _operands(name, args)
         if name in _EVERY_OPERAND or (name == "install" and ("-d" in args or "--directory" in args)):
             for operand in operands:
                 self.allow(operand, cwd, name, keep_last_link=name in _KEEP_LAST_LINK)
-        elif name in ("cp", "mv", "install", "ln"):
-            directory = _target_directory(name, args)
+        elif name in _COPIERS:
+            directory = None if name == "rsync" else _target_directory(name, args)
             if directory is not None:
                 self.allow(directory, cwd, f"the {name} target directory")
                 sources = operands
@@ -353,6 +391,32 @@ class _Checker:
                 for source in sources:
                     self.allow(source, cwd, "ln (a hard link makes its source writable through it)")
         return cwd
+
+    def check_find(self, args: list[str], cwd: str, depth: int) -> None:
+        """``find``: its starting points for ``-delete``; the command of ``-exec`` and
+        the like with ``{}`` standing for each starting point; ``-fprint FILE``."""
+        i = 0
+        follow = False
+        while i < len(args) and (args[i] in ("-H", "-L", "-P", "-D") or args[i].startswith("-O")):
+            follow = follow or args[i] == "-L"
+            i += 2 if args[i] == "-D" else 1
+        starts = []
+        while i < len(args) and not args[i].startswith("-") and args[i] not in ("!", ","):
+            starts.append(args[i])
+            i += 1
+        starts = starts or ["."]
+        expression = args[i:]
+        if "-delete" in expression:
+            for start in starts:
+                self.allow(start, cwd, "find -delete", keep_last_link=not follow)
+        for j, word in enumerate(expression):
+            if word in _FIND_WRITES_FILE and j + 1 < len(expression):
+                self.allow(expression[j + 1], cwd, f"find {word}")
+            if word in _FIND_RUNS:
+                end = next((k for k in range(j + 1, len(expression)) if expression[k] in (";", "+")), None)
+                command = expression[j + 1 : end]
+                for start in starts:
+                    self.check_words(_strip_wrappers([w.replace("{}", start) for w in command]), cwd, depth)
 
     def allow(self, target: str, cwd: str, what: str, *, keep_last_link: bool = False) -> None:
         if not target:
