@@ -158,6 +158,28 @@ async def test_background_jobs_holding_the_output_are_stopped_after_exit(ws: Pat
     assert await gone(pids(ws / "pid"))
 
 
+@pytest.mark.parametrize(
+    ("command", "ending"),
+    [
+        ("setsid sleep 300 & echo $! > pid; wait", "Timed out after 1000 ms"),  # timeout
+        ("setsid sleep 300 & echo $! > pid", "Background processes still writing to the output were stopped"),
+    ],
+)
+async def test_a_process_that_left_the_group_but_holds_the_output_is_stopped(
+    ws: Path, tools, command: str, ending: str
+) -> None:
+    """setsid puts a child in a session (and group) of its own: killing the group
+    misses it, yet it still holds the output open."""
+    result = await call(tools, "Bash", {"command": command, "timeout_ms": 1000})
+    pid = pids(ws / "pid")[0]
+    try:
+        assert ending in text(result), text(result)
+        assert await gone([pid])
+    finally:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 async def test_a_detached_background_job_keeps_running(ws: Path, tools) -> None:
     result = await call(tools, "Bash", {"command": "sleep 300 > /dev/null 2>&1 & echo $! > pid"})
     pid = pids(ws / "pid")[0]
