@@ -6,6 +6,7 @@ written outside."""
 from __future__ import annotations
 
 import os
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -107,6 +108,21 @@ async def test_read_bounds_long_files_and_long_lines(ws: Path, tools) -> None:
     (ws / "wide.txt").write_text("y" * (READ_MAX_LINE_CHARS + 123) + "\n")
     wide = text(await call(tools, "Read", {"file_path": "wide.txt"}))
     assert wide.endswith("[... line cut: 123 characters]") and wide.count("y") == READ_MAX_LINE_CHARS
+
+
+async def test_read_of_a_huge_line_holds_only_a_bounded_piece_in_memory(ws: Path, tools) -> None:
+    (ws / "one.txt").write_bytes(b"x" * 20_000_000 + b"\nsecond\n")  # a dump without line breaks
+    tracemalloc.start()
+    try:
+        result = await call(tools, "Read", {"file_path": "one.txt"})
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert text(result).splitlines() == [
+        f"     1\t{'x' * READ_MAX_LINE_CHARS} [... line cut: {20_000_000 - READ_MAX_LINE_CHARS} characters]",
+        "     2\tsecond",
+    ]
+    assert peak < 2_000_000, peak  # not the 20 MB line (let alone its decoded copy)
 
 
 async def test_read_reads_outside_the_allowed_directories(outside: Path, tools) -> None:

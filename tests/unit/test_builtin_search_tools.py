@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -130,6 +131,21 @@ async def test_grep_bounds_its_output(tmp_path: Path) -> None:
     shown = len(lines) - 2
     assert len(out) < MAX_OUTPUT_CHARS + 500 and shown < 300  # bounded in characters, on line boundaries
     assert lines[-2] == f"[... {300 - shown} more matching lines not shown; narrow the search]"
+
+
+async def test_grep_searches_a_huge_line_in_bounded_pieces(tmp_path: Path) -> None:
+    (tmp_path / "one.txt").write_bytes(b"x" * 20_000_000 + b"NEEDLE\nNEEDLE again\n")
+    tools = create_builtin_tools(cwd=tmp_path)
+    tracemalloc.start()
+    try:
+        out = text(await call(tools, "Grep", {"pattern": "NEEDLE", "path": "one.txt"}))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    lines = out.splitlines()
+    assert lines[:2] == ["one.txt:1:NEEDLE", "one.txt:2:NEEDLE again"]  # the matching piece is shown
+    assert lines[-1] == "2 matching lines in 1 files (1 files searched)"  # line 1 counted once
+    assert peak < 10_000_000, peak  # pieces of GREP_SCAN_CHARS, not the 20 MB line
 
 
 async def test_grep_stops_when_the_query_is_aborted(tools) -> None:

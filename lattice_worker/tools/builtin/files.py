@@ -32,7 +32,15 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..tool import ToolContext, ToolDefinition
-from .policy import BINARY_SNIFF_BYTES, MAX_OUTPUT_CHARS, Refusal, Workspace, define_tool, is_binary
+from .policy import (
+    BINARY_SNIFF_BYTES,
+    MAX_OUTPUT_CHARS,
+    Refusal,
+    Workspace,
+    bounded_lines,
+    define_tool,
+    is_binary,
+)
 
 READ_DEFAULT_LINES = 2000
 """Lines ``Read`` returns when ``limit`` is not given."""
@@ -123,19 +131,15 @@ def read_file(ws: Workspace, args: ReadInput, ctx: ToolContext) -> str:
         size = 0
         last = 0
         more = False
-        for number, line in enumerate(text, start=1):
+        for number, line, left_out in bounded_lines(text, READ_MAX_LINE_CHARS):
             last = number
             if number < offset:
                 continue
             if len(lines) >= limit or size >= MAX_OUTPUT_CHARS:
                 more = True
                 break
-            line = line.rstrip("\r\n")
-            if len(line) > READ_MAX_LINE_CHARS:
-                line = (
-                    line[:READ_MAX_LINE_CHARS]
-                    + f" [... line cut: {len(line) - READ_MAX_LINE_CHARS} characters]"
-                )
+            if left_out:
+                line += f" [... line cut: {left_out} characters]"
             shown = f"{number:>6}\t{line}"
             lines.append(shown)
             size += len(shown) + 1

@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import io
 import os
 import stat
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -219,6 +220,45 @@ def _refuse_hard_links(path: str, what: str) -> None:
         )
 
 
+def line_pieces(text: io.TextIOBase, size: int) -> Iterator[tuple[int, str]]:
+    """The lines of ``text`` as ``(line number, piece)``, line endings removed: a
+    line longer than ``size`` characters comes as several pieces with the same
+    number. Reads ``size`` characters at a time and holds at most twice that,
+    however long a line is."""
+    number = 1
+    carry = ""
+    continued = False  # carry continues a line already yielded in part
+    while chunk := text.read(size):
+        *lines, carry = (carry + chunk).split("\n")
+        for line in lines:
+            if line or not continued:
+                yield number, line
+            number += 1
+            continued = False
+        if len(carry) >= size:
+            yield number, carry
+            carry = ""
+            continued = True
+    if carry:
+        yield number, carry
+
+
+def bounded_lines(text: io.TextIOBase, keep: int, *, size: int = 1 << 16) -> Iterator[tuple[int, str, int]]:
+    """The lines of ``text`` as ``(line number, first keep characters, characters
+    left out)``, line endings removed, read in pieces of ``size >= keep``
+    characters (:func:`line_pieces`)."""
+    number, head, left_out = 0, None, 0
+    for at, piece in line_pieces(text, size):
+        if at == number:  # more of a long line
+            left_out += len(piece)
+            continue
+        if head is not None:
+            yield number, head, left_out
+        number, head, left_out = at, piece[:keep], (len(piece) - keep if len(piece) > keep else 0)
+    if head is not None:
+        yield number, head, left_out
+
+
 def cut(text: str, limit: int = MAX_OUTPUT_CHARS, *, hint: str = "") -> str:
     """``text`` bounded to ``limit`` characters, with a note of how much was cut."""
     if len(text) <= limit:
@@ -306,6 +346,7 @@ __all__ = [
     "MAX_OUTPUT_CHARS",
     "Refusal",
     "Workspace",
+    "bounded_lines",
     "cut",
     "default_workspace_dir",
     "define_tool",
@@ -313,5 +354,6 @@ __all__ = [
     "home_workspaces",
     "is_binary",
     "is_inside",
+    "line_pieces",
     "real",
 ]

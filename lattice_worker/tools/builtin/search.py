@@ -13,7 +13,9 @@
   whose path below ``path`` matches it (a pattern without ``/`` matches the
   file name, e.g. ``*.py``). Hidden files and directories below ``path`` and
   links to directories are skipped, binary files (a NUL byte in the first
-  8 KiB) too. At most :data:`GREP_MAX_LINES` lines are shown (each cut at
+  8 KiB) too. A line longer than :data:`GREP_SCAN_CHARS` characters is
+  searched in pieces of that size (the matching piece is shown). At most
+  :data:`GREP_MAX_LINES` lines are shown (each cut at
   :data:`GREP_MAX_LINE_CHARS` characters, ``MAX_OUTPUT_CHARS`` characters in
   all, with a note of how many more matched); the last line always counts every
   match: ``N matching lines in F files (S files searched)``.
@@ -33,7 +35,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from wcmatch import glob as wglob
 
 from ..tool import ToolContext, ToolDefinition
-from .policy import BINARY_SNIFF_BYTES, MAX_OUTPUT_CHARS, Refusal, Workspace, cut, define_tool, is_binary
+from .policy import (
+    BINARY_SNIFF_BYTES,
+    MAX_OUTPUT_CHARS,
+    Refusal,
+    Workspace,
+    cut,
+    define_tool,
+    is_binary,
+    line_pieces,
+)
 
 GLOB_MAX_RESULTS = 1000
 """Paths ``Glob`` lists."""
@@ -43,6 +54,10 @@ GREP_MAX_LINES = 500
 
 GREP_MAX_LINE_CHARS = 300
 """Characters of one matching line ``Grep`` shows."""
+
+GREP_SCAN_CHARS = 1_000_000
+"""A longer line is searched in pieces of this many characters (a match across
+two pieces is not found); bounds the memory one huge line takes."""
 
 _GLOB_FLAGS = wglob.GLOBSTAR | wglob.BRACE | wglob.NODIR
 _FILTER_FLAGS = wglob.GLOBSTAR | wglob.BRACE | wglob.MATCHBASE
@@ -120,10 +135,11 @@ def _search(path: str, rx: re.Pattern[str]) -> list[tuple[int, str]] | None:
         if is_binary(raw.read(BINARY_SNIFF_BYTES)):
             return None
         raw.seek(0)
-        hits = []
-        for number, line in enumerate(io.TextIOWrapper(raw, encoding="utf-8", errors="replace"), start=1):
-            if rx.search(line):
-                hits.append((number, line.rstrip("\r\n")))
+        hits: list[tuple[int, str]] = []
+        text = io.TextIOWrapper(raw, encoding="utf-8", errors="replace")
+        for number, piece in line_pieces(text, GREP_SCAN_CHARS):
+            if (not hits or hits[-1][0] != number) and rx.search(piece):
+                hits.append((number, piece))
         return hits
 
 
@@ -216,4 +232,4 @@ def search_tools(ws: Workspace) -> list[ToolDefinition]:
     ]
 
 
-__all__ = ["GLOB_MAX_RESULTS", "GREP_MAX_LINES", "GREP_MAX_LINE_CHARS", "search_tools"]
+__all__ = ["GLOB_MAX_RESULTS", "GREP_MAX_LINES", "GREP_MAX_LINE_CHARS", "GREP_SCAN_CHARS", "search_tools"]
