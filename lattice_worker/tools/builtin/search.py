@@ -21,7 +21,11 @@
   match: ``N matching lines in F files (S files searched)``.
 
 Paths in answers are relative to the ``cwd`` when below it, else absolute.
-Both stop early (with a note) when the query is aborted.
+Both stop early (with a note) when the query is aborted; ``Grep`` also after
+:data:`GREP_TIME_LIMIT_SECONDS` (a search of ``/`` reads gigabytes). A regular
+expression that backtracks catastrophically (``(a|aa)+$`` on a long run of
+``a``) can still run for a very long time on one line: Python's ``re`` cannot
+be interrupted.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import time
 from collections.abc import Iterator
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -54,6 +59,9 @@ GREP_MAX_LINES = 500
 
 GREP_MAX_LINE_CHARS = 300
 """Characters of one matching line ``Grep`` shows."""
+
+GREP_TIME_LIMIT_SECONDS = 60
+"""Seconds one ``Grep`` call may search; then it answers what it found so far, with a note."""
 
 GREP_SCAN_CHARS = 1_000_000
 """A longer line is searched in pieces of this many characters (a match across
@@ -129,18 +137,22 @@ def _walk(root: str) -> Iterator[str]:
             continue
 
 
-def _search(path: str, rx: re.Pattern[str]) -> list[tuple[int, str]] | None:
-    """The matching ``(line number, line)`` pairs of one file, or ``None`` for a binary one."""
+def _search(path: str, rx: re.Pattern[str], deadline: float) -> tuple[list[tuple[int, str]], bool] | None:
+    """The matching ``(line number, line)`` pairs of one file and whether the whole
+    file was searched before ``deadline`` (``time.monotonic()``), or ``None`` for a
+    binary file."""
     with open(path, "rb") as raw:
         if is_binary(raw.read(BINARY_SNIFF_BYTES)):
             return None
         raw.seek(0)
         hits: list[tuple[int, str]] = []
         text = io.TextIOWrapper(raw, encoding="utf-8", errors="replace")
-        for number, piece in line_pieces(text, GREP_SCAN_CHARS):
+        for count, (number, piece) in enumerate(line_pieces(text, GREP_SCAN_CHARS)):
+            if count % 4096 == 0 and time.monotonic() >= deadline:
+                return hits, False
             if (not hits or hits[-1][0] != number) and rx.search(piece):
                 hits.append((number, piece))
-        return hits
+        return hits, True
 
 
 def grep_files(ws: Workspace, args: GrepInput, ctx: ToolContext) -> str:
@@ -158,7 +170,8 @@ def grep_files(ws: Workspace, args: GrepInput, ctx: ToolContext) -> str:
     lines: list[str] = []
     size = 0
     matched_lines = matched_files = searched = binary = unreadable = 0
-    stopped = False
+    stopped = timed_out = False
+    deadline = time.monotonic() + GREP_TIME_LIMIT_SECONDS
     for path in files:
         if args.glob and not single:
             relative = os.path.relpath(path, root).replace(os.sep, "/")
@@ -168,19 +181,23 @@ def grep_files(ws: Workspace, args: GrepInput, ctx: ToolContext) -> str:
             stopped = True
             break
         try:
-            hits = _search(path, rx)
+            found = _search(path, rx, deadline)
         except OSError:
             if single:
                 raise
             unreadable += 1
             continue
-        if hits is None:
+        if found is None:
             if single:
                 raise Refusal(f"{path} is a binary file; Grep searches text files only")
             binary += 1
             continue
-        searched += 1
+        hits, complete = found
+        searched += complete
+        timed_out = not complete
         if not hits:
+            if timed_out:
+                break
             continue
         matched_files += 1
         matched_lines += len(hits)
@@ -193,6 +210,8 @@ def grep_files(ws: Workspace, args: GrepInput, ctx: ToolContext) -> str:
             line = f"{shown}:{number}:{text}"
             lines.append(line)
             size += len(line) + 1
+        if timed_out:
+            break
     notes = [f"{searched} files searched"]
     if binary:
         notes.append(f"{binary} binary files skipped")
@@ -201,6 +220,10 @@ def grep_files(ws: Workspace, args: GrepInput, ctx: ToolContext) -> str:
     summary = f"{matched_lines} matching lines in {matched_files} files ({'; '.join(notes)})"
     if stopped:
         summary += " [stopped early: the query was aborted]"
+    if timed_out:
+        summary += (
+            f" [stopped after the time limit of {GREP_TIME_LIMIT_SECONDS} s; narrow the path or the glob]"
+        )
     if not lines:
         return f"No matches for {args.pattern!r} under {root}: {summary}"
     body = "\n".join(lines)
@@ -232,4 +255,11 @@ def search_tools(ws: Workspace) -> list[ToolDefinition]:
     ]
 
 
-__all__ = ["GLOB_MAX_RESULTS", "GREP_MAX_LINES", "GREP_MAX_LINE_CHARS", "GREP_SCAN_CHARS", "search_tools"]
+__all__ = [
+    "GLOB_MAX_RESULTS",
+    "GREP_MAX_LINES",
+    "GREP_MAX_LINE_CHARS",
+    "GREP_SCAN_CHARS",
+    "GREP_TIME_LIMIT_SECONDS",
+    "search_tools",
+]
