@@ -13,6 +13,7 @@ import pytest
 
 from lattice_worker import ConfigError, create_builtin_tools
 from lattice_worker.tools.builtin.files import READ_DEFAULT_LINES, READ_MAX_LINE_CHARS
+from lattice_worker.tools.builtin.policy import open_for_reading, read_head
 from tests.support.tools import by_name, call, snapshot, text
 
 
@@ -335,6 +336,15 @@ async def test_a_missing_cwd_is_an_error_not_created(tmp_path: Path) -> None:
     result = await call(tools, "LS", {})
     assert result.is_error and "absent" in text(result)
     assert not (tmp_path / "absent").exists()
+
+
+def test_files_are_opened_without_waiting_for_data(ws: Path) -> None:
+    """Some pseudo-files are regular files that block a read until data comes
+    (/proc/kmsg as root): Read and Grep open with O_NONBLOCK. A FIFO without a
+    writer shows it: a plain open for reading would wait for one for good."""
+    os.mkfifo(ws / "pipe")
+    with open_for_reading(str(ws / "pipe")) as raw:
+        assert read_head(raw) == b""
 
 
 async def test_devices_and_fifos_are_refused_not_waited_on(ws: Path, tools) -> None:

@@ -40,6 +40,8 @@ from .policy import (
     bounded_lines,
     define_tool,
     is_binary,
+    open_for_reading,
+    read_head,
 )
 
 READ_DEFAULT_LINES = 2000
@@ -122,8 +124,8 @@ def read_file(ws: Workspace, args: ReadInput, ctx: ToolContext) -> str:
     _existing_file(path)
     offset = args.offset or 1
     limit = args.limit or READ_DEFAULT_LINES
-    with open(path, "rb") as raw:
-        if is_binary(raw.read(BINARY_SNIFF_BYTES)):
+    with open_for_reading(path) as raw:
+        if is_binary(read_head(raw)):
             raise Refusal(f"{path} is a binary file; Read returns text files only")
         raw.seek(0)
         text = io.TextIOWrapper(raw, encoding="utf-8", errors="replace")

@@ -33,7 +33,7 @@ import stat
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from pydantic import BaseModel
 
@@ -71,6 +71,19 @@ def is_inside(path: str, root: str) -> bool:
         return os.path.commonpath([path, root]) == root
     except ValueError:  # different drives
         return False
+
+
+def open_for_reading(path: str) -> BinaryIO:
+    """``path`` opened for reading in binary without ever waiting for data
+    (``O_NONBLOCK``): a pseudo-file that would block until data comes (a FIFO,
+    ``/proc/kmsg``) reads as empty instead of hanging the tool. Raises ``OSError``."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    return os.fdopen(fd, "rb")
+
+
+def read_head(raw: BinaryIO) -> bytes:
+    """The first :data:`BINARY_SNIFF_BYTES` of ``raw`` (``b""`` when nothing is there yet)."""
+    return raw.read(BINARY_SNIFF_BYTES) or b""
 
 
 def is_binary(head: bytes) -> bool:
@@ -355,5 +368,7 @@ __all__ = [
     "is_binary",
     "is_inside",
     "line_pieces",
+    "open_for_reading",
+    "read_head",
     "real",
 ]

@@ -41,7 +41,6 @@ from wcmatch import glob as wglob
 
 from ..tool import ToolContext, ToolDefinition
 from .policy import (
-    BINARY_SNIFF_BYTES,
     MAX_OUTPUT_CHARS,
     Refusal,
     Workspace,
@@ -49,6 +48,8 @@ from .policy import (
     define_tool,
     is_binary,
     line_pieces,
+    open_for_reading,
+    read_head,
 )
 
 GLOB_MAX_RESULTS = 1000
@@ -141,8 +142,8 @@ def _search(path: str, rx: re.Pattern[str], deadline: float) -> tuple[list[tuple
     """The matching ``(line number, line)`` pairs of one file and whether the whole
     file was searched before ``deadline`` (``time.monotonic()``), or ``None`` for a
     binary file."""
-    with open(path, "rb") as raw:
-        if is_binary(raw.read(BINARY_SNIFF_BYTES)):
+    with open_for_reading(path) as raw:
+        if is_binary(read_head(raw)):
             return None
         raw.seek(0)
         hits: list[tuple[int, str]] = []
