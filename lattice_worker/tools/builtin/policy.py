@@ -128,6 +128,10 @@ class Workspace:
         """
         if not isinstance(cwd, str | os.PathLike) or not os.fspath(cwd):
             raise ConfigError(f'{where}: option "cwd" expects a directory path; got {cwd!r}')
+        if "\0" in os.fspath(cwd):
+            raise ConfigError(
+                f'{where}: option "cwd" expects a directory path without NUL characters; got {cwd!r}'
+            )
         base = os.path.abspath(os.path.expanduser(os.fspath(cwd)))
         if allowed_directories is None:
             roots: tuple[str, ...] = (base,)
@@ -141,10 +145,10 @@ class Workspace:
                 )
             items = list(allowed_directories)
             for item in items:
-                if not isinstance(item, str | os.PathLike) or not os.fspath(item):
+                if not isinstance(item, str | os.PathLike) or not os.fspath(item) or "\0" in os.fspath(item):
                     raise ConfigError(
-                        f'{where}: option "allowed_directories" expects a list of directory paths; '
-                        f"item {item!r} is not one"
+                        f'{where}: option "allowed_directories" expects a list of directory paths '
+                        f"without NUL characters; item {item!r} is not one"
                     )
             roots = tuple(os.path.normpath(_absolute(item, base)) for item in items)
         if not isinstance(bash_timeout_ms, int) or isinstance(bash_timeout_ms, bool) or bash_timeout_ms <= 0:
