@@ -130,6 +130,11 @@ def test_the_system_prompt_says_where_the_workspace_is(home: Path, tmp_path: Pat
     assert f"Your workspace is {tmp_path / 'w'}." in prompt
     assert f"only inside {tmp_path / 'w'}, {tmp_path / 'shared'}" in prompt
     assert "name the important paths" in prompt
+    read_only = create_agent(
+        workspace={"cwd": str(tmp_path / "w"), "allowed_directories": []},
+        model_client=ScriptedModelClient([]),
+    )._system_prompt()
+    assert read_only is not None and "You may not change any files; you may read any file" in read_only
 
 
 async def test_the_model_request_carries_the_tools_and_the_workspace_section(home: Path) -> None:

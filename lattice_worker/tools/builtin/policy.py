@@ -213,10 +213,11 @@ class Workspace:
         """One paragraph for the agent's system prompt: where it works (for the
         built-in ``tools`` it has) and what it may write."""
         roots = ", ".join(self.allowed_directories)
+        writes = f"You may change files only inside {roots}" if roots else "You may not change any files"
         return (
             f"Your workspace is {self.cwd}. It is the working directory of your built-in file and shell "
             f"tools ({', '.join(tools)}): relative paths are resolved against it. "
-            f"You may change files only inside {roots}; you may read any file you can access. "
+            f"{writes}; you may read any file you can access. "
             "Keep durable work there (code, reports, logs, test evidence), and in your final answer name "
             "the important paths and say how you verified the result."
         )
