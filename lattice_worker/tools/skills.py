@@ -96,7 +96,7 @@ def load_skill(path: str | os.PathLike[str]) -> SkillDefinition:
         text = file.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{where}: cannot read {file}: {exc}") from None
-    lines = text.splitlines()
+    lines = text.replace("\r\n", "\n").split("\n")  # not splitlines(): a form feed in the body is text
     if not lines or lines[0].strip() != "---":
         raise ConfigError(f"{where}: {file} does not start with YAML front matter (a '---' line)")
     end = next((i for i in range(1, len(lines)) if lines[i].strip() == "---"), None)

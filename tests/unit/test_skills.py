@@ -65,6 +65,15 @@ def test_load_skill_from_a_directory_or_the_file(tmp_path: Path) -> None:
     assert load_skill(str(directory / "SKILL.md")) == loaded
 
 
+def test_load_skill_keeps_the_instructions_as_written(tmp_path: Path) -> None:
+    """Only line feeds (and CRLF) end lines: a form feed or U+2028 in the body is text."""
+    body = "Step 1\x0cStep 2 \u2028 then \x85 done.\n\n  Indented."
+    directory = write_skill(tmp_path, f"---\nname: x\ndescription: y\n---\n{body}\n")
+    assert load_skill(directory).instructions == body
+    crlf = write_skill(tmp_path / "crlf", "---\r\nname: x\r\ndescription: y\r\n---\r\na\r\nb\r\n")
+    assert load_skill(crlf).instructions == "a\nb"
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
