@@ -259,6 +259,8 @@ ESCAPES = [
     'echo "$(touch {out}/a)"',
     'x="`rm {out}/keep.txt`"',
     'echo "nested $(echo "$(touch {out}/a)")"',
+    "cat <<EOF > inside.txt\nit's $(rm {out}/keep.txt)\nEOF",  # an unquoted here-document is expanded
+    "cat <<-EOF > inside.txt\n\t`touch {out}/a`\n\tEOF",
     # wrappers that run the command after their own arguments
     "timeout 5 touch {out}/a",
     "timeout -s KILL -k 1 5 rm {out}/keep.txt",
@@ -331,6 +333,8 @@ async def test_writes_through_a_hard_link_to_an_outside_file_are_refused(
         'echo "$(cat {out}/keep.txt)" > inside.txt',
         "echo '$(touch {out}/a)' \"`echo it is inside`\" > inside.txt",
         "echo x > /dev/fd/2",
+        "cat <<'EOF' > inside.txt\n$(rm {out}/keep.txt) stays text\nEOF",
+        'cat <<"EOF" > inside.txt\n`touch {out}/a` stays text\nEOF',
         "timeout 5 cat {out}/keep.txt",
         "rsync -a {out}/ copy/",
         "chmod +x seed.txt && chmod -R u+w .",

@@ -20,7 +20,7 @@
   standing for each starting point, the file of ``-fprint`` and the like);
 * the same inside ``bash -c`` / ``sh -c`` strings (``-lc``, ``-e -c`` ...),
   ``eval`` arguments and ``$(...)`` / backquote substitutions (inside double
-  quotes too), after ``sudo``, ``env``, ``command``, ``nohup``, ``time``,
+  quotes and unquoted here-documents too), after ``sudo``, ``env``, ``command``, ``nohup``, ``time``,
   ``exec``, ``nice``, ``timeout``, ``setsid``, ``stdbuf``, ``ionice``,
   ``xargs`` (the command it runs; not the arguments it reads), leading
   ``VAR=value`` assignments and the reserved words that can start a command
@@ -114,28 +114,38 @@ _MAX_DEPTH = 4
 _HEREDOC = re.compile(r"<<(-?)\s*(['\"]?)([A-Za-z0-9_.-]+)\2")
 
 
-def _without_heredoc_bodies(command: str) -> str:
-    """``command`` with the bodies of its here-documents left out (they are data, not commands)."""
+def _heredoc_parts(command: str) -> tuple[str, list[str]]:
+    """``command`` with the bodies of its here-documents left out (they are data, not
+    commands), and the lines of the bodies of the unquoted ones (``<<EOF``, not
+    ``<<'EOF'``), which the shell expands: a ``$(...)`` in them runs."""
     kept: list[str] = []
-    pending: list[tuple[bool, str]] = []
+    expanded: list[str] = []
+    pending: list[tuple[bool, str, bool]] = []
     for line in command.split("\n"):
         if pending:
-            strip_tabs, delimiter = pending[0]
+            strip_tabs, delimiter, quoted = pending[0]
             if (line.lstrip("\t") if strip_tabs else line) == delimiter:
                 pending.pop(0)
+            elif not quoted:
+                expanded.append(line)
             continue
         kept.append(line)
         for match in _HEREDOC.finditer(line):
             if not line[: match.start()].endswith("<"):  # "<<<" is a here-string
-                pending.append((match.group(1) == "-", match.group(3)))
-    return "\n".join(kept)
+                pending.append((match.group(1) == "-", match.group(3), bool(match.group(2))))
+    return "\n".join(kept), expanded
 
 
-def _scan(text: str, i: int = 0, *, closing: bool = False) -> tuple[int, list[str]]:
+def _without_heredoc_bodies(command: str) -> str:
+    return _heredoc_parts(command)[0]
+
+
+def _scan(text: str, i: int = 0, *, closing: bool = False, quoting: bool = True) -> tuple[int, list[str]]:
     """Scan ``text`` from ``i`` as the shell quotes it: the bodies of the ``$(...)``
     and backquote substitutions it runs (outside single quotes; inside double
     quotes too). With ``closing``, ``i`` starts the body of a ``$(`` and the scan
     ends at the ``)`` that closes it: returns its index (else ``len(text)``).
+    Without ``quoting`` (a here-document body) quote characters are plain text.
     Nested substitutions are found when a body is checked in its turn."""
     bodies: list[str] = []
     quote = None
@@ -146,9 +156,9 @@ def _scan(text: str, i: int = 0, *, closing: bool = False) -> tuple[int, list[st
             quote = None if c == "'" else quote
         elif c == "\\":
             i += 1
-        elif c == "'" and quote is None:
+        elif c == "'" and quote is None and quoting:
             quote = "'"
-        elif c == '"':
+        elif c == '"' and quoting:
             quote = None if quote == '"' else '"'
         elif c == "`":
             end = text.find("`", i + 1)
@@ -331,8 +341,9 @@ class _Checker:
     def check(self, command: str, cwd: str, depth: int = 0) -> None:
         if depth > _MAX_DEPTH:
             raise Refusal("the command nests shells too deeply to check what it writes")
-        for inner in _scan(_without_heredoc_bodies(command))[1]:
-            self.check(inner, cwd, depth + 1)
+        text, heredocs = _heredoc_parts(command)
+        for body in _scan(text)[1] + _scan("\n".join(heredocs), quoting=False)[1]:
+            self.check(body, cwd, depth + 1)
         for words, redirects in _simple_commands(split_command(command)):
             for operator, target in redirects:
                 path = _redirect_target(operator, target)
