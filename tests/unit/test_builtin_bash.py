@@ -215,6 +215,10 @@ ESCAPES = [
     "rm {out}/keep.txt",
     "rm -rf {out}",
     "rm -rf link/",  # the trailing slash makes rm follow the link: it empties the outside directory
+    "rm -rf */",  # ... and so does a pattern the shell expands to link/
+    "rm -rf ./l*/",
+    "cp seed.txt */",
+    "rm -rf {{nothing,link}}/",
     "mkdir {out}/dir",
     "touch {out}/a",
     "dd if=seed.txt of={out}/a",
@@ -333,6 +337,7 @@ async def test_writes_through_a_hard_link_to_an_outside_file_are_refused(
         'echo "$(cat {out}/keep.txt)" > inside.txt',
         "echo '$(touch {out}/a)' \"`echo it is inside`\" > inside.txt",
         "echo x > /dev/fd/2",
+        "rm -f *.txt && mkdir -p d1 d2 && rm -rf d*/ {{d1,d2}}",
         "cat <<'EOF' > inside.txt\n$(rm {out}/keep.txt) stays text\nEOF",
         'cat <<"EOF" > inside.txt\n`touch {out}/a` stays text\nEOF',
         "timeout 5 cat {out}/keep.txt",

@@ -28,7 +28,9 @@
 
 Paths are resolved like every write (:meth:`~.policy.Workspace.writable`):
 relative to the ``cwd`` (following ``cd DIR`` of the same command line),
-``~`` and ``$VAR`` of the process environment expanded, links followed (for
+``~`` and ``$VAR`` of the process environment expanded, braces and glob
+patterns expanded against the file system as it is before the command runs
+(``rm -rf */`` names every directory link), links followed (for
 ``rm``, ``rmdir``, ``unlink``, ``mv`` sources and ``find -delete``, all but the
 last component, unless the path ends with ``/``).
 
@@ -44,10 +46,13 @@ sandbox where that matters.
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import shlex
 from collections.abc import Iterator
+
+import bracex
 
 from .policy import Refusal, Workspace
 
@@ -109,6 +114,7 @@ _VALUE_OPTIONS = {
     "truncate": {"-s", "-r", "--size", "--reference"},
 }
 _MAX_DEPTH = 4
+_MAX_EXPANSIONS = 1000
 
 
 _HEREDOC = re.compile(r"<<(-?)\s*(['\"]?)([A-Za-z0-9_.-]+)\2")
@@ -432,15 +438,33 @@ class _Checker:
     def allow(self, target: str, cwd: str, what: str, *, keep_last_link: bool = False) -> None:
         if not target:
             return
-        expanded = _expand(target)
-        if expanded in _SAFE_TARGETS or re.fullmatch(r"/dev/fd/[0-9]+", expanded):
-            return
-        absolute = expanded if os.path.isabs(expanded) else os.path.join(cwd, expanded)
-        self.ws.writable(absolute, what=what, keep_last_link=keep_last_link)
+        for expanded in _words_of(_expand(target), cwd):
+            if expanded in _SAFE_TARGETS or re.fullmatch(r"/dev/fd/[0-9]+", expanded):
+                continue
+            absolute = expanded if os.path.isabs(expanded) else os.path.join(cwd, expanded)
+            self.ws.writable(absolute, what=what, keep_last_link=keep_last_link)
 
 
 def _expand(path: str) -> str:
     return os.path.expandvars(os.path.expanduser(path))
+
+
+def _words_of(word: str, cwd: str) -> list[str]:
+    """What the shell makes of ``word``: braces expanded (``{a,b}``), then each
+    pattern (``*``, ``?``, ``[...]``) matched against the file system now, as the
+    shell will (``*/`` names ``link/``); a pattern that matches nothing stays as written."""
+    try:
+        alternatives = bracex.expand(word, limit=_MAX_EXPANSIONS)
+    except bracex.ExpansionLimitException:
+        raise Refusal(f"{word} expands to more than {_MAX_EXPANSIONS} words to check") from None
+    words: list[str] = []
+    for alternative in alternatives:
+        if re.search(r"[*?[]", alternative):
+            pattern = alternative if os.path.isabs(alternative) else os.path.join(cwd, alternative)
+            words.extend(sorted(glob.glob(pattern)) or [alternative])
+        else:
+            words.append(alternative)
+    return words
 
 
 def check_command(ws: Workspace, command: str) -> None:
