@@ -151,6 +151,36 @@ async def test_cancelling_the_call_leaves_nothing_running(ws: Path, tools) -> No
     assert await gone(pids(ws / "pid"))
 
 
+async def test_cancelling_while_the_command_starts_leaves_nothing_running(
+    ws: Path, tools, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The command runs before asyncio has connected its pipes; a cancel landing in
+    that window (a loaded machine makes it wide) must still stop the whole group."""
+    loop = asyncio.get_running_loop()
+    connected = asyncio.Event()
+    real = loop.subprocess_exec
+
+    async def slow_start(*args, **kwargs):
+        started = await real(*args, **kwargs)
+        await connected.wait()  # the pipes take their time
+        return started
+
+    monkeypatch.setattr(loop, "subprocess_exec", slow_start)
+    task = asyncio.ensure_future(call(tools, "Bash", {"command": "sleep 300 & echo $! > pid; wait"}))
+    await wait_for_file(ws / "pid")
+    task.cancel()
+    connected.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    started = pids(ws / "pid")
+    try:
+        assert await gone(started)
+    finally:
+        for pid in started:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
 async def test_background_jobs_holding_the_output_are_stopped_after_exit(ws: Path, tools) -> None:
     result = await call(tools, "Bash", {"command": "sleep 300 & echo $! > pid; echo quick"})
     assert not result.is_error

@@ -196,17 +196,28 @@ async def run_bash(ws: Workspace, args: BashInput, ctx: ToolContext) -> ToolResu
     ws.ensure_cwd()
     timeout_ms = ws.bash_timeout_ms if args.timeout_ms is None else min(args.timeout_ms, ws.bash_timeout_ms)
     loop = asyncio.get_running_loop()
-    transport, output = await loop.subprocess_exec(
-        lambda: _Output(loop, OUTPUT_LIMIT_BYTES),
-        "bash",
-        "-c",
-        args.command,
-        cwd=ws.cwd,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        start_new_session=True,
+    starting = asyncio.ensure_future(
+        loop.subprocess_exec(
+            lambda: _Output(loop, OUTPUT_LIMIT_BYTES),
+            "bash",
+            "-c",
+            args.command,
+            cwd=ws.cwd,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
     )
+    try:
+        transport, output = await asyncio.shield(starting)
+    except asyncio.CancelledError:
+        # the command already runs while its pipes are connected: stop its whole group once it is up
+        with contextlib.suppress(Exception):
+            started, _ = await starting
+            _signal(os.killpg, started.get_pid(), signal.SIGKILL)
+            started.close()
+        raise
     pgid = transport.get_pid()  # the session leader: its pid is the group id
     reader = transport.get_pipe_transport(1)
     pipe = reader.get_extra_info("pipe") if reader is not None else None
