@@ -199,6 +199,19 @@ async def test_edit_replaces_exactly_once_or_all(ws: Path, tools) -> None:
     assert "replaced 2 occurrences" in text(every) and target.read_text() == "a == 2\nb == 1\n"
 
 
+async def test_edit_of_a_crlf_file_with_the_lines_read_shows(ws: Path, tools) -> None:
+    """Read shows a CRLF file's lines without the CR, so the model copies LF text:
+    Edit matches it against the CRLF lines and keeps the file's line endings."""
+    target = ws / "dos.txt"
+    target.write_bytes(b"one\r\ntwo\r\nthree\r\n")
+    assert "\r" not in text(await call(tools, "Read", {"file_path": "dos.txt"}))
+    result = await call(
+        tools, "Edit", {"file_path": "dos.txt", "old_string": "one\ntwo", "new_string": "1\n2"}
+    )
+    assert not result.is_error, text(result)
+    assert target.read_bytes() == b"1\r\n2\r\nthree\r\n"
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -13,7 +13,9 @@ Inputs (paths relative to the workspace's ``cwd`` unless absolute, ``~`` expande
   translation), creating parent directories; only inside ``allowed_directories``.
 * ``Edit {file_path, old_string, new_string, replace_all?}`` -- replaces the
   exact text ``old_string`` of an existing UTF-8 file; without ``replace_all``
-  it must occur exactly once. Only inside ``allowed_directories``; files over
+  it must occur exactly once. In a file with CRLF line endings, line feeds in
+  ``old_string`` and ``new_string`` stand for CRLF when the text is not found
+  as given (``Read`` shows the lines without the CR). Only inside ``allowed_directories``; files over
   :data:`EDIT_MAX_BYTES` bytes are refused.
 * ``LS {path?}`` -- the entries of a directory (default the ``cwd``), sorted,
   directories with a trailing ``/``, links as ``name -> target``; at most
@@ -188,7 +190,12 @@ def edit_file(ws: Workspace, args: EditInput, ctx: ToolContext) -> str:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise Refusal(f"{target} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    count = text.count(args.old_string)
+    old, new = args.old_string, args.new_string
+    count = text.count(old)
+    if count == 0 and "\r\n" in text and "\n" in old and "\r\n" not in old:
+        # Read shows a CRLF file's lines without the CR: match the model's LF text against them
+        old, new = old.replace("\n", "\r\n"), new.replace("\n", "\r\n")
+        count = text.count(old)
     if count == 0:
         raise Refusal(
             f"old_string was not found in {target}; Read the file and copy the exact text, whitespace included"
@@ -198,9 +205,9 @@ def edit_file(ws: Workspace, args: EditInput, ctx: ToolContext) -> str:
             f"old_string occurs {count} times in {target}; include more surrounding text to make it "
             "unique, or set replace_all to replace every occurrence"
         )
-    new = text.replace(args.old_string, args.new_string).encode("utf-8")
+    data = text.replace(old, new).encode("utf-8")
     with open(target, "wb") as out:
-        out.write(new)
+        out.write(data)
     return f"Edited {target}: replaced {count} occurrence{'s' if count != 1 else ''}"
 
 
