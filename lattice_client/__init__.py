@@ -20,7 +20,7 @@ from .celery_config import make_celery_app, queue_name
 from .client import AsyncLatticeClient, AsyncRunHandle, CancelReport, LatticeClient, RunHandle, StatusReport
 from .errors import RunNotFoundError, RunStateError
 from .models import RunParent, RunRecord, RunResult, RunStatus
-from .runs import CompleteResult, RunStore
+from .runstore import CompleteResult, RunStore
 from .settings import LatticeSettings, get_settings
 
 __all__ = [

@@ -4,7 +4,7 @@ Design: DESIGN.md section 7; issue 6 item 6. Client commands (``submit``,
 ``wait``, ``events``, ``status``, ``inbox``, ``cancel``) use
 :class:`~lattice_client.client.LatticeClient` only. Worker-side commands
 (``worker``, ``drain``, ``demo``) import ``lattice_worker`` lazily, when they run;
-``flower`` replaces this process with ``celery -A lattice_worker.celery_app:app flower``.
+``flower`` replaces this process with ``celery -A lattice_worker.runtime.celery_app:app flower``.
 
 Settings come from the global options or ``LATTICE_*`` environment variables.
 Bad input or an unreachable Redis prints one ``error: ...`` line on stderr and
@@ -36,7 +36,7 @@ EXIT_ERROR = 1
 EXIT_TIMEOUT = 3
 """Exit code when ``--timeout`` passed before the run finished."""
 
-FLOWER_APP = "lattice_worker.celery_app:app"
+FLOWER_APP = "lattice_worker.runtime.celery_app:app"
 """The Celery app Flower monitors (the worker side's app, same settings)."""
 
 _STATUS_CHOICES = "pending, processing, done, failed, cancelled, read, parked or all"
@@ -478,7 +478,7 @@ def worker(
     with _guard():
         options.settings()  # validate before handing over
     options.export_env()
-    run_worker = _worker_function("lattice_worker.worker_main", "run_worker")
+    run_worker = _worker_function("lattice_worker.runtime.worker_main", "run_worker")
     with _guard():
         run_worker(team_ref, list(member or []), concurrency, list(ctx.args))
 
@@ -511,7 +511,7 @@ def drain(
     with _guard():
         options.settings()
     options.export_env()
-    run_drain = _worker_function("lattice_worker.drain_cli", "run_drain")
+    run_drain = _worker_function("lattice_worker.runtime.drain", "run_drain")
     with _guard():
         run_drain(team_ref, list(member or []), max_rounds, max_messages, out)
 

@@ -41,7 +41,7 @@ from lattice_mailbox import MessageStatus, TeamMessage, mailbox_from_url
 from .celery_config import RUN_LEAD_TASK, make_celery_app, queue_name
 from .errors import RunNotFoundError
 from .models import RunRecord, RunResult, RunStatus
-from .runs import RunStore, check_run_id, dumps, final_from_reply, result_from_reply
+from .runstore import RunStore, check_run_id, dumps, final_from_reply, result_from_reply
 from .settings import LatticeSettings, get_settings
 
 T = TypeVar("T")

@@ -1,7 +1,7 @@
 """``RedisMailbox``: the distributed mailbox store on ``redis.asyncio`` + Lua.
 
 Spec: AgentLattice "Durable mailbox storage" (``claimNext`` must be atomic on a
-distributed backend); design DESIGN.md section 5 (hash tags, leases, fencing,
+distributed backend); design docs/architecture.md (hash tags, leases, fencing,
 one Lua script per operation, bounded bodies).
 
 Key scheme
@@ -48,8 +48,9 @@ turned off on clients built here: the operations are not idempotent (a blind
 resend of ``claim_next`` would claim a second message), so a dropped connection
 surfaces as :class:`redis.exceptions.ConnectionError` and the caller decides.
 Each script is atomic, so a failed call never leaves a half-written message.
-Clients built here for ``redis://`` URLs use :class:`DirectWriteConnection`
-(no asyncio task per command; same timeouts).
+The hot ``EVALSHA`` calls of a store's own clients go over connections held
+between calls (:mod:`lattice_mailbox.held`: the one place below redis-py's
+command path, kept because it measurably shortens the handoff round trip).
 """
 
 from __future__ import annotations
@@ -66,11 +67,10 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import NoScriptError
 
 from .base import ClaimMissingError, ClaimTakenError, MailboxError
+from .held import HeldConnections
 from .message import MessageStatus, TeamMessage
 from .transitions import STATUS_ORDER, invalid_transition, sources_for
 from .validation import (
@@ -94,7 +94,6 @@ S = MessageStatus
 _STATUS_NAMES = " ".join(s.value for s in STATUS_ORDER)
 _REQUEUE_BATCH = 500
 _PIPELINE_CHUNK = 200
-_HELD_CONNECTIONS = 4  # connections a store keeps per event loop between its EVALSHA calls
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,43 +152,6 @@ class _Keys:
             claim=(name, queues["pending"], queues["processing"], leases, body, state),
             send=(name, f"{base}:seq".encode(), body, state, queues["pending"]),
         )
-
-
-class DirectWriteConnection(aioredis.Connection):
-    """redis-py's TCP connection without a task per command.
-
-    redis-py bounds every write by ``socket_timeout`` with ``asyncio.wait_for``,
-    which creates a task per command. A write into an empty transport buffer
-    hands the bytes to the kernel at once (``transport.write``); only bytes the
-    kernel did not take can make the writer wait. So when the buffer is empty
-    before and after the write, there is nothing to wait for and no task is
-    made; otherwise (bytes left, a closing transport, health checks, no
-    timeout...) redis-py's own path waits, with its timeout and error mapping.
-    Reads are untouched (bounded by ``socket_timeout`` as before).
-
-    The store's own clients for ``redis://`` URLs use it; any other
-    ``redis.asyncio`` client of a plain TCP URL can too
-    (``Redis.from_url(url, connection_class=DirectWriteConnection)``; not for
-    ``unix://`` or ``rediss://``, which need their own connection classes)."""
-
-    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-        writer = getattr(self, "_writer", None)
-        transport = getattr(writer, "transport", None)
-        if (
-            transport is None
-            or not self.is_connected
-            or self.health_check_interval
-            or not isinstance(command, list)
-            or transport.is_closing()
-            or transport.get_write_buffer_size()
-        ):
-            await super().send_packed_command(command, check_health)
-            return
-        assert writer is not None
-        writer.writelines(command)
-        if transport.is_closing() or transport.get_write_buffer_size():
-            # the kernel did not take everything (or the connection broke): wait as redis-py does
-            await super().send_packed_command([], check_health=False)
 
 
 def _text(value: Any) -> str:
@@ -269,8 +231,6 @@ class RedisMailbox(CheckedSend):
         if isinstance(url_or_client, str):
             self._url = url_or_client
             client_kwargs.setdefault("retry", Retry(NoBackoff(), 0))
-            if url_or_client.lower().startswith("redis://"):  # plain TCP (unix/TLS keep their classes)
-                client_kwargs.setdefault("connection_class", DirectWriteConnection)
             self._client_kwargs = client_kwargs
         elif isinstance(url_or_client, aioredis.Redis):
             self._client = url_or_client
@@ -279,10 +239,7 @@ class RedisMailbox(CheckedSend):
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aioredis.Redis] = (
             weakref.WeakKeyDictionary()
         )
-        # per loop: the client and the healthy connections _evalsha keeps between calls
-        self._held: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[aioredis.Redis, list[Any]]] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._held = HeldConnections()  # the connections _evalsha keeps between calls
         self._tag_keys: dict[str, _Keys] = {}
         self._box_keys: dict[str, tuple[_Keys, bytes]] = {}  # validated mailbox id -> keys, UTF-8 id
         # mailbox ids this object has added to the registry set (nothing removes a member
@@ -324,53 +281,12 @@ class RedisMailbox(CheckedSend):
         return found
 
     async def _evalsha(self, sha: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """``EVALSHA`` on the running loop's client.
-
-        On a client this store built (no retries, no response callback for
-        EVALSHA) the command goes straight over a connection of the client's
-        pool: what ``execute_command`` does for it minus its bookkeeping (metrics
-        hooks, a retry wrapper that never retries). Between calls the store keeps
-        a few healthy connections it took from the pool (the pool still counts
-        them as in use and closes them with the client) and checks one with the
-        pool's own ``ensure_connection`` before reusing it, as the pool does
-        before handing one out. A connection error or timeout disconnects the
-        connection (as there) and gives it back to the pool."""
+        """``EVALSHA`` on the running loop's client: on a client this store built
+        (no retries, no response callback for EVALSHA) over a connection held
+        between calls (:class:`~lattice_mailbox.held.HeldConnections`)."""
         if self._client is not None:  # a client passed in: its own settings apply
             return await self._client.evalsha(sha, len(keys), *keys, *args)
-        client = self.client()
-        pool = client.connection_pool
-        loop = asyncio.get_running_loop()
-        held = self._held.get(loop)
-        if held is None or held[0] is not client:
-            held = self._held[loop] = (client, [])
-        idle = held[1]
-        ensure = getattr(pool, "ensure_connection", None)
-        if idle and ensure is not None:
-            conn = idle.pop()
-            try:
-                await ensure(conn)
-            except BaseException:
-                await pool.release(conn)
-                raise
-        else:
-            conn = await pool.get_connection()
-        keep = False
-        try:
-            await conn.send_command("EVALSHA", sha, len(keys), *keys, *args)
-            result = await conn.read_response()
-            keep = True
-            return result
-        except ResponseError:  # a whole reply was read (NOSCRIPT, a script error): the connection is fine
-            keep = True
-            raise
-        except (RedisConnectionError, RedisTimeoutError):
-            await conn.disconnect()
-            raise
-        finally:
-            if keep and ensure is not None and len(idle) < _HELD_CONNECTIONS:
-                idle.append(conn)
-            else:
-                await pool.release(conn)
+        return await self._held.evalsha(self.client(), sha, keys, args)
 
     async def _eval(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         script = _SCRIPTS[name]
@@ -668,4 +584,4 @@ class RedisMailbox(CheckedSend):
             await client.aclose()
 
 
-__all__ = ["DirectWriteConnection", "RedisMailbox"]
+__all__ = ["RedisMailbox"]

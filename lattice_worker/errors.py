@@ -21,6 +21,25 @@ class ConfigError(LatticeError, ValueError):
     as ``create_agent``, ``tool``, ``agent_tool`` and ``create_team``."""
 
 
+class MissingExtraError(ConfigError, ImportError):
+    """An optional integration was asked for and its package is not installed.
+
+    ``extra`` names the ``agent-lattice`` extra that installs it (``langsmith``,
+    ``langfuse``, ``otel``...); the message says ``pip install "agent-lattice[<extra>]"``.
+    Also an :class:`ImportError`, so ``except ImportError`` catches it too.
+    """
+
+    def __init__(self, feature: str, package: str, extra: str, reason: str | None = None) -> None:
+        super().__init__(
+            f"{feature} needs the {package!r} package, which is not installed"
+            + (f" ({reason})" if reason else "")
+            + f': pip install "agent-lattice[{extra}]"'
+        )
+        self.feature = feature
+        self.package = package
+        self.extra = extra
+
+
 class APIError(LatticeError):
     """A provider request or response failed (HTTP error, malformed reply).
 
@@ -69,6 +88,7 @@ class MissingOutputError(LatticeError):
 __all__ = [
     "LatticeError",
     "ConfigError",
+    "MissingExtraError",
     "APIError",
     "ToolExecutionError",
     "MaxTurnsError",

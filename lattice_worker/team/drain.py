@@ -18,12 +18,12 @@ from ..tracing.base import TraceContext
 from .events import TeamMessageEvent
 from .ids import mailbox_id
 from .member_tools import EmitFn, emit_event
+from .shape import TeamShape
 from .work import WorkItemOutcome, run_work_item
 
 if TYPE_CHECKING:
     from ..agent.abort import AbortSignal
     from ..tracing.base import ContextTracer
-    from .team import Team
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ def _positive(where: str, name: str, value: Any) -> int:
 
 
 async def drain_team(
-    team: Team,
+    team: TeamShape,
     *,
     max_rounds: int = 10,
     max_messages: int = 100,

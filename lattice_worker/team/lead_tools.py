@@ -13,7 +13,7 @@ hands the sent message to a :class:`Dispatcher`: the in-process
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -22,12 +22,11 @@ from lattice_mailbox.message import TeamMessage
 
 from ..tools.tool import ToolContext, ToolDefinition, ToolResult
 from .agent_tool import format_task
+from .depth import DEPTH_METADATA_KEY, next_depth
 from .ids import lead_mailbox_id, mailbox_id, new_work_item_id
 from .member import TeamMember
 from .member_tools import TeamToolError
-
-if TYPE_CHECKING:
-    from .team import Team
+from .shape import TeamShape
 
 
 @runtime_checkable
@@ -107,8 +106,11 @@ def _description(team_name: str, member: TeamMember) -> str:
     return text
 
 
-async def _send_task(team: Team, member_name: str, data: MemberCallInput, ctx: ToolContext) -> TeamMessage:
-    """Put one task in ``member_name``'s mailbox (from the lead, a new work item id)."""
+async def _send_task(
+    team: TeamShape, member_name: str, data: MemberCallInput, ctx: ToolContext, depth: int
+) -> TeamMessage:
+    """Put one task in ``member_name``'s mailbox (from the lead, a new work item id);
+    ``depth``: the delegation depth the member will run at."""
     return await team.mailbox.send(
         lead_mailbox_id(team.name),
         mailbox_id(team.name, member_name),
@@ -122,11 +124,14 @@ async def _send_task(team: Team, member_name: str, data: MemberCallInput, ctx: T
             "team": team.name,
             "expected_output": data.expected_output,
             "acceptance_criteria": data.acceptance_criteria,
+            DEPTH_METADATA_KEY: depth,
         },
     )
 
 
-def make_member_tool(team: Team, member: TeamMember, dispatcher: Dispatcher | None = None) -> ToolDefinition:
+def make_member_tool(
+    team: TeamShape, member: TeamMember, dispatcher: Dispatcher | None = None
+) -> ToolDefinition:
     """The lead tool for one member (see :func:`make_lead_member_tools`)."""
     team_name = team.name
 
@@ -144,8 +149,9 @@ def make_member_tool(team: Team, member: TeamMember, dispatcher: Dispatcher | No
             )
         if not data.task.strip():
             raise TeamToolError("task must not be blank; nothing was sent")
+        depth = next_depth(f'member "{member.name}"', team.runner_options.max_delegate_depth)
         try:
-            message = await _send_task(team, member.name, data, ctx)
+            message = await _send_task(team, member.name, data, ctx, depth)
         except MessageTooLargeError as exc:
             raise TeamToolError(
                 f'the task for member "{member.name}" is too large for the team mailbox ({exc}). Nothing was '
@@ -169,12 +175,14 @@ def make_member_tool(team: Team, member: TeamMember, dispatcher: Dispatcher | No
     )
 
 
-def make_lead_member_tools(team: Team, dispatcher: Dispatcher | None = None) -> list[ToolDefinition]:
+def make_lead_member_tools(team: TeamShape, dispatcher: Dispatcher | None = None) -> list[ToolDefinition]:
     """One tool per member of ``team``, named exactly as the member (kind ``"agent_tool"``).
 
     Input ``{mode: "ask" | "handoff" | "observe", task, expected_output?,
     acceptance_criteria?: list[str]}``; a missing or blank ``task`` is an error
-    tool result and nothing is sent. ``handoff`` returns the receipt JSON
+    tool result and nothing is sent, as is a call beyond the team's
+    ``max_delegate_depth`` (:mod:`lattice_worker.team.depth`; the task message
+    carries the member's depth in ``metadata["delegate_depth"]``). ``handoff`` returns the receipt JSON
     (:func:`handoff_receipt`); ``ask`` returns the dispatcher's answer;
     ``observe`` is an error result ("unsupported").
 

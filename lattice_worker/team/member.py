@@ -31,6 +31,31 @@ RESERVED_MEMBER_NAMES = frozenset(
 )
 
 
+_TEAM_TYPES: list[type] = []
+"""The team classes (``team.py`` registers ``Team``; this module cannot import it)."""
+
+
+def register_team_type(cls: type) -> None:
+    """Make :func:`agent_kind` classify instances of ``cls`` as ``"team"``."""
+    if cls not in _TEAM_TYPES:
+        _TEAM_TYPES.append(cls)
+
+
+def agent_kind(agent: Any) -> MemberKind | None:
+    """:func:`member_kind` of ``agent``, or ``None`` where it raises."""
+    from ..agent.agent import Agent, is_agent_spec
+
+    if is_agent_spec(agent):
+        return "spec"
+    if isinstance(agent, tuple(_TEAM_TYPES)):
+        return "team"
+    if isinstance(agent, Agent):
+        return "agent"
+    if callable(getattr(agent, "prompt", None)) or callable(getattr(agent, "query", None)):
+        return "host"
+    return None
+
+
 def member_kind(agent: Any) -> MemberKind:
     """How the runtime drives ``agent``:
 
@@ -42,17 +67,9 @@ def member_kind(agent: Any) -> MemberKind:
 
     Raises :class:`ConfigError` for anything else.
     """
-    from ..agent.agent import Agent, is_agent_spec
-    from .team import Team
-
-    if is_agent_spec(agent):
-        return "spec"
-    if isinstance(agent, Team):
-        return "team"
-    if isinstance(agent, Agent):
-        return "agent"
-    if callable(getattr(agent, "prompt", None)) or callable(getattr(agent, "query", None)):
-        return "host"
+    kind = agent_kind(agent)
+    if kind is not None:
+        return kind
     raise ConfigError(
         f"team member agent must be an Agent, an AgentSpec, a Team or an object with prompt()/query(), "
         f"got {type(agent).__name__}"

@@ -21,7 +21,7 @@ from ..errors import ConfigError, LatticeError
 from .drain import DrainResult, drain_team
 from .ids import lead_mailbox_id, mailbox_id
 from .lead_tools import make_lead_member_tools
-from .member import TeamMember
+from .member import TeamMember, register_team_type
 from .member_tools import ensure_mailbox_tools, make_mailbox_tools
 from .runner import RunnerOptions, TeamRunner, runner_options
 
@@ -306,5 +306,7 @@ def create_team(
         raise ConfigError(f"{where}: {exc}") from None
     return team
 
+
+register_team_type(Team)
 
 __all__ = ["DrainResult", "Team", "create_team"]

@@ -138,6 +138,9 @@ class TraceContext:
     ``agent_session_id`` keeps the agent's own SDK session id when they differ.
     ``source`` is ``{"kind": "agent" | "team" | "team_member", "name": ..., ...}``.
     ``parent_run_id`` links a child run (a member's) to the run that started it.
+    ``remote_parent`` carries the parent's propagation headers (``dict[str, str]``,
+    see :func:`trace_carrier`) when the parent run was traced in another process:
+    a tracer that does not know ``parent_run_id`` continues the trace from them.
     """
 
     session_id: str
@@ -145,6 +148,7 @@ class TraceContext:
     agent_session_id: str | None = None
     parent_run_id: str | None = None
     run_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    remote_parent: dict[str, str] | None = None
 
 
 class TraceEmitter:
@@ -183,6 +187,8 @@ class TraceEmitter:
             event["parent_run_id"] = ctx.parent_run_id
         if ctx.agent_session_id is not None and ctx.agent_session_id != ctx.session_id:
             event["agent_session_id"] = ctx.agent_session_id
+        if ctx.remote_parent and type_ == "run_start":
+            event["remote_parent"] = dict(ctx.remote_parent)
         return event
 
     async def emit(self, type_: str, data: dict[str, Any]) -> None:
@@ -198,6 +204,26 @@ class TraceEmitter:
             logger.warning("context tracer failed on %s event; continuing", type_, exc_info=True)
 
 
+def trace_carrier(tracer: ContextTracer | None, run_id: str) -> dict[str, str]:
+    """The propagation headers of the open (or just ended) run ``run_id`` in
+    ``tracer``: a JSON-ready ``dict[str, str]`` (W3C ``traceparent`` for
+    OpenTelemetry, ``langsmith-trace`` for LangSmith, ``langfuse-traceparent``
+    for Langfuse...), to put in :attr:`TraceContext.remote_parent` of a child
+    run traced in another process. ``{}`` when the tracer does not propagate
+    (JSONL, custom sinks) or does not know the run. Never raises: a failing
+    tracer is logged and gives ``{}``.
+    """
+    carrier = getattr(tracer, "trace_carrier", None) if tracer is not None else None
+    if not callable(carrier):
+        return {}
+    try:
+        headers = carrier(run_id)
+    except Exception:
+        logger.warning("context tracer failed to give the trace carrier of run %s", run_id, exc_info=True)
+        return {}
+    return {str(k): str(v) for k, v in (headers or {}).items()}
+
+
 __all__ = [
     "EVENT_TYPES",
     "TRACE_VERSION",
@@ -208,4 +234,5 @@ __all__ = [
     "TraceEmitter",
     "define_context_tracer",
     "now_iso",
+    "trace_carrier",
 ]

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..errors import ConfigError
-from .base import ContextTracer, SeqCounter
+from .base import ContextTracer, SeqCounter, trace_carrier
 
 logger = logging.getLogger("lattice_worker.tracing")
 
@@ -50,6 +50,15 @@ class CompositeContextTracer:
         if event.get("seq") is None:
             event = {**event, "seq": self._seq.next()}
         await self._fan_out("on_event", (event,))
+
+    def trace_carrier(self, run_id: str) -> dict[str, str]:
+        """The propagation headers of run ``run_id`` from every child that gives
+        them (see :func:`~.base.trace_carrier`), merged in child order; the
+        built-in tracers use distinct header names, so nothing is overwritten."""
+        merged: dict[str, str] = {}
+        for tracer in self.tracers:
+            merged.update(trace_carrier(tracer, run_id))
+        return merged
 
     async def flush(self) -> None:
         """Call ``flush()`` on every child that has one; errors as in :meth:`on_event`."""

@@ -72,6 +72,61 @@ def test_g_flower_lists_the_workers_and_deliver_tasks(deployment: Deployment):
     assert flower.alive()
 
 
+def test_h_beside_an_all_queues_worker_two_member_workers_share_its_work_and_flower_shows_each_step(
+    deployment: Deployment,
+):
+    d = deployment
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    flower = d.start(
+        [LATTICE, "flower", "--address", "127.0.0.1", "--port", str(port)],
+        "flower",
+        env={"FLOWER_UNAUTHENTICATED_API": "true"},
+    )
+    wait_for(lambda: _get(f"{base}/healthcheck"), 45, "Flower to answer")
+    # the default layout: one worker consumes every queue; two more scale the member "worker"
+    everything = d.worker("tests.e2e.teams:team", "--concurrency", "1")
+    extra = [d.worker("tests.e2e.teams:team", "--member", "worker", "--concurrency", "1") for _ in range(2)]
+    nodes = [
+        wait_for(lambda p=p: _node_name(p.log()), 20, "a worker's node name") for p in [everything, *extra]
+    ]
+    # three work items of "worker" that each wait until three of them run at once:
+    # the run completes only when each of the three processes takes one
+    prompt = plan(*[("worker", "handoff", f"w{i} barrier=3") for i in range(3)])
+    handle = d.client.submit("tests.e2e.teams:team", prompt)
+    result = handle.wait(timeout=60)
+    assert result.status == "completed", result
+    assert (
+        result.result
+        == "final: done:worked[w0 barrier=3] | done:worked[w1 barrier=3] | done:worked[w2 barrier=3]"
+    )
+    pids = {entry.rsplit(":", 1)[1] for entry in d.redis.lrange(f"{d.prefix}:test:pids", 0, -1)}
+    assert len(pids) == 3, pids
+
+    def steps() -> dict | None:
+        response = _get(f"{base}/api/tasks")
+        if response is None or response.status_code != 200:
+            return None
+        tasks = [t for t in response.json().values() if t.get("state") == "SUCCESS"]
+        delivers = [t for t in tasks if t.get("name") == "lattice.deliver" and t.get("result") == "'done'"]
+        resumes = [t for t in tasks if t.get("name") == "lattice.resume_lead"]
+        leads = [t for t in tasks if t.get("name") == "lattice.run_lead"]
+        if len(delivers) >= 3 and resumes and leads:
+            return {"deliver": delivers, "resume_lead": resumes, "run_lead": leads}
+        return None
+
+    found = wait_for(steps, 30, "Flower's /api/tasks to show each step of the run")
+    # one lattice.deliver per handoff, each on its own worker, and the resume as a task of its own
+    assert {t["args"] for t in found["deliver"]} == {"['e2e::worker']"}
+    assert {t["worker"] for t in found["deliver"]} == set(nodes)
+    assert [t["args"] for t in found["resume_lead"]] == [f"['{handle.run_id}']"]
+    assert [t["worker"] for t in found["resume_lead"]] == [
+        nodes[0]
+    ]  # only that worker consumes the lead queue
+    assert [t["args"] for t in found["run_lead"]] == [f"['{handle.run_id}']"]
+    assert flower.alive()
+
+
 def _node_name(log: str) -> str | None:
     for line in log.splitlines():
         if line.strip().endswith(" ready.") and "lattice." in line:

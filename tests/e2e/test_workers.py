@@ -17,7 +17,7 @@ import pytest
 
 from examples.team import demo_prompt
 from lattice_client.celery_config import make_celery_app, queue_name
-from lattice_client.runs import RunStore
+from lattice_client.runstore import RunStore
 from lattice_client.settings import get_settings
 from tests.e2e.conftest import Deployment, wait_for
 from tests.e2e.teams import plan
@@ -68,6 +68,11 @@ def test_a_example_team_completes_on_one_worker_process_consuming_every_queue(de
     types = [e["type"] for e in events]
     assert types[-1] == "run_result"
     assert types.count("team_agent") == 4 and "team_message" in types
+    # every step was a Celery task of its own, through the broker (none ran inline)
+    worker.wait_log(r"lattice\.resume_lead\[[^\]]+\] succeeded")
+    log = worker.log()
+    assert len(re.findall(r"lattice\.run_lead\[[^\]]+\] succeeded", log)) == 1, log
+    assert len(re.findall(r"lattice\.deliver\[[^\]]+\] succeeded", log)) >= 2, log
 
 
 def test_b_two_workers_on_one_member_queue_overlap_that_members_work_items(deployment):

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from lattice_client.cli import EXIT_ERROR, EXIT_TIMEOUT, app
 from lattice_client.models import RunResult
-from lattice_client.runs import RunStore
+from lattice_client.runstore import RunStore
 from lattice_mailbox import RedisMailbox
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]

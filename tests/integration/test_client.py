@@ -557,7 +557,7 @@ def test_close_is_idempotent_and_calls_after_close_fail_clearly(prefix):
 
 def test_importing_lattice_client_never_imports_the_worker_side():
     code = (
-        "import sys, lattice_client, lattice_client.client, lattice_client.cli, lattice_client.runs\n"
+        "import sys, lattice_client, lattice_client.client, lattice_client.cli, lattice_client.runstore\n"
         "from lattice_client import LatticeClient\n"
         "LatticeClient(key_prefix='test-import').close()\n"
         "print('lattice_worker' in sys.modules, any(m.startswith('lattice_worker.') for m in sys.modules))\n"

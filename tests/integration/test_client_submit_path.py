@@ -129,12 +129,12 @@ def test_a_failed_publish_batch_is_sent_again_the_plain_way(prefix, raw, monkeyp
 
 
 def test_blocking_create_loads_an_unknown_script_and_refuses_a_duplicate(prefix, raw, monkeypatch):
-    from lattice_client import runs as runs_module
+    from lattice_client.runstore import scripts as runs_module
 
     # a create script the server has never seen (no SCRIPT FLUSH: the server is shared)
-    source = runs_module._SCRIPTS["create"] + f"\n-- {uuid.uuid4().hex}\n"
-    monkeypatch.setitem(runs_module._SCRIPTS, "create", source)
-    monkeypatch.setitem(runs_module._SHAS, "create", hashlib.sha1(source.encode()).hexdigest())
+    source = runs_module.SCRIPTS["create"] + f"\n-- {uuid.uuid4().hex}\n"
+    monkeypatch.setitem(runs_module.SCRIPTS, "create", source)
+    monkeypatch.setitem(runs_module.SHAS, "create", hashlib.sha1(source.encode()).hexdigest())
     store = RunStore(REDIS_URL, prefix=prefix)
     sync = redis.Redis.from_url(REDIS_URL, decode_responses=True)
     try:

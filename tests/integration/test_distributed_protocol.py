@@ -1,7 +1,7 @@
 """The distributed runtime's suspend/resume protocol, in-process, against the real Redis.
 
-The task *bodies* (``lead_run.run_lead``, ``member_run.deliver``,
-``lead_run.resume_lead``) run in the test's event loop; the tasks they would
+The task *bodies* (``lead_segment.run_lead``, ``member_step.deliver``,
+``lead_segment.resume_lead``) run in the test's event loop; the tasks they would
 enqueue are collected by a fake sender and run by the test ("the broker"), in
 order or concurrently. Every test has its own key prefix; its keys are deleted
 afterwards.
@@ -19,14 +19,14 @@ import pytest
 import redis
 
 from lattice_client.celery_config import DELIVER_TASK, RESUME_LEAD_TASK, RUN_LEAD_TASK
-from lattice_client.runs import RunStore
+from lattice_client.runstore import RunStore
 from lattice_client.settings import get_settings
 from lattice_mailbox.redis import RedisMailbox
-from lattice_worker import lead_run, member_run, reaper
 from lattice_worker.errors import ConfigError
-from lattice_worker.registry import TeamRegistry
+from lattice_worker.runtime import lead_dispatch, lead_segment, member_step, reaper, run_end
+from lattice_worker.runtime.context import WorkerContext
+from lattice_worker.runtime.registry import TeamRegistry
 from lattice_worker.team.reports import parse_report_message
-from lattice_worker.worker_context import WorkerContext
 from tests.e2e import teams
 from tests.e2e.teams import plan
 
@@ -62,11 +62,11 @@ class Broker:
 
     async def run_one(self, name: str, args: list[Any]) -> str:
         if name == RUN_LEAD_TASK:
-            out = await lead_run.run_lead(self.ctx, args[0])
+            out = await lead_segment.run_lead(self.ctx, args[0])
         elif name == DELIVER_TASK:
-            out = await member_run.deliver(self.ctx, args[0])
+            out = await member_step.deliver(self.ctx, args[0])
         elif name == RESUME_LEAD_TASK:
-            out = await lead_run.resume_lead(self.ctx, args[0])
+            out = await lead_segment.resume_lead(self.ctx, args[0])
         else:  # pragma: no cover
             raise AssertionError(name)
         self.log.append((name, args[0], out))
@@ -94,11 +94,11 @@ async def env(prefix):
     for ref in ("tests.e2e.teams:team", "tests.e2e.teams:session_team", "tests.e2e.teams:nested_team"):
         registry.load(ref)
     runs = RunStore(REDIS_URL, prefix)
+    broker = Broker(None)
     ctx = WorkerContext(
-        settings=settings, registry=registry, mailbox=mailbox, runs=runs, send_task=lambda *a: None
+        settings=settings, registry=registry, mailbox=mailbox, runs=runs, send_task=broker.send
     )
-    broker = Broker(ctx)
-    ctx.send_task = broker.send
+    broker.ctx = ctx
     yield ctx, broker
     await runs.aclose()
     await mailbox.aclose()
@@ -139,7 +139,7 @@ async def test_handoffs_suspend_then_resume_with_reports_in_handoff_order(env, r
     assert record.status.value == "completed"
     assert record.result.result == "final: done:worked[a] | done:worked[b]"
     # the lead saw one report message with both reports, in handoff order
-    history = [json.loads(x) for x in raw.lrange(ctx.history_key(run_id), 0, -1)]
+    history = [json.loads(x) for x in raw.lrange(ctx.keys.history(run_id), 0, -1)]
     reports = [parse_report_message(m) for m in history if parse_report_message(m)]
     assert [[e["member"] for e in r] for r in reports] == [["worker", "other"]]
     # every message of the run is done (tasks, replies consumed by the lead)
@@ -158,7 +158,7 @@ async def test_ask_result_fills_the_tool_result(env, raw, prefix):
     await broker.drain()
     record = await ctx.runs.get(run_id)
     assert record.result.result == "final: ask:worked[q1] | done:worked[h1]"
-    history = [json.loads(x) for x in raw.lrange(ctx.history_key(run_id), 0, -1)]
+    history = [json.loads(x) for x in raw.lrange(ctx.keys.history(run_id), 0, -1)]
     ask_blocks = [
         b
         for m in history
@@ -225,9 +225,9 @@ async def test_duplicate_doorbells_and_tasks_never_execute_twice(env, raw, prefi
     record = await ctx.runs.get(run_id)
     assert record.status.value == "completed"
     # more doorbells and a duplicated resume afterwards: all no-ops
-    assert await member_run.deliver(ctx, "e2e::worker") == "idle"
-    assert await lead_run.resume_lead(ctx, run_id) == "skipped"
-    assert await lead_run.run_lead(ctx, run_id) == "skipped"
+    assert await member_step.deliver(ctx, "e2e::worker") == "idle"
+    assert await lead_segment.resume_lead(ctx, run_id) == "skipped"
+    assert await lead_segment.run_lead(ctx, run_id) == "skipped"
     assert executions(raw, prefix, "once") == 1
     outcomes = [out for n, _, out in broker.log if n == RUN_LEAD_TASK]
     assert sorted(outcomes) == ["skipped", "suspended"]
@@ -244,7 +244,7 @@ async def test_cancelled_run_messages_are_cancelled_not_run(env, raw, prefix):
     [message] = await ctx.mailbox.inbox("e2e::worker", "all")
     assert message.status.value == "cancelled"
     assert (await ctx.runs.get(run_id)).status.value == "cancelled"
-    assert await lead_run.resume_lead(ctx, run_id) == "skipped"
+    assert await lead_segment.resume_lead(ctx, run_id) == "skipped"
 
 
 async def test_session_member_is_serial_and_keeps_its_history(env, raw, prefix):
@@ -262,7 +262,7 @@ async def test_session_member_is_serial_and_keeps_its_history(env, raw, prefix):
         "end:two",
     ]
     # the session's conversation holds both work items, persisted per mailbox
-    session = [json.loads(x) for x in raw.lrange(ctx.session_key("e2e_session::clerk"), 0, -1)]
+    session = [json.loads(x) for x in raw.lrange(ctx.keys.session("e2e_session::clerk"), 0, -1)]
     prompts = [m for m in session if m["role"] == "user" and isinstance(m["content"], str)]
     assert len(prompts) == 2
 
@@ -377,50 +377,38 @@ async def test_registry_loads_nested_teams_and_lists_queues(env, prefix):
         reg.load("not-registered")
 
 
-async def test_follow_ups_on_served_queues_run_inline(env, raw, prefix):
-    from lattice_worker.tasks import run_step
+async def test_every_follow_up_step_goes_through_the_broker(env, raw, prefix):
+    from lattice_worker.runtime.tasks import run_step
 
     ctx, broker = env
-    ctx.served_queues = frozenset(ctx.registry.queues(prefix, None))
-    try:
-        run_id = await submit(ctx, broker, "e2e", plan(("worker", "handoff", "a"), ("other", "ask", "b")))
-        broker.queue.pop(0)
-        # one task does the whole run: lead turn, both members, resume
-        assert await run_step(ctx, RUN_LEAD_TASK, run_id) == "suspended"
-        record = await ctx.runs.get(run_id)
-        assert record.status.value == "completed"
-        assert record.result.result == "final: ask:worked[b] | done:worked[a]"
-        # nothing was left to the queues: the step rang the doorbells and resumed itself
-        # (after a crash the reaper re-rings pending messages and re-enqueues stale resumes)
-        assert broker.queue == []
-        assert executions(raw, prefix, "a") == 1 and executions(raw, prefix, "b") == 1
-        # a step leaves its writes to the next inline step; the task writes them all by its end
-        types = [e["type"] for _, e in await ctx.runs.events(run_id, count=1000)]
-        assert types[-2:] == ["result", "run_result"] and types.count("run_status") == 1
-        assert types.index("run_status") < types.index("agent_message")  # suspended, then the members
-        assert raw.zscore(ctx.runs.leases_key, run_id) is None
-    finally:
-        ctx.served_queues = None
-
-
-async def test_inline_follow_ups_stop_at_the_budget(env, raw, prefix):
-    from lattice_worker.tasks import run_step
-
-    ctx, broker = env
-    ctx.served_queues = frozenset(ctx.registry.queues(prefix, None))
-    try:
-        run_id = await submit(ctx, broker, "e2e", plan(("worker", "handoff", "a"), ("other", "handoff", "b")))
-        broker.queue.pop(0)
-        await run_step(ctx, RUN_LEAD_TASK, run_id, max_inline=1)
-        assert executions(raw, prefix, "a") == 1 and executions(raw, prefix, "b") == 0
-        assert ctx.follow_ups == []
-        # the doorbell the step did not get to was enqueued when it stopped
-        assert [(n, a) for n, a, _ in broker.queue] == [(DELIVER_TASK, ["e2e::other"])]
-        ctx.served_queues = None  # another worker takes it from the queue
-        await broker.drain()
-        assert (await ctx.runs.get(run_id)).result.result == "final: done:worked[a] | done:worked[b]"
-    finally:
-        ctx.served_queues = None
+    run_id = await submit(ctx, broker, "e2e", plan(("worker", "handoff", "a"), ("other", "ask", "b")))
+    broker.queue.pop(0)
+    # the lead's task ends at the suspension: the doorbells are tasks of their own
+    assert await run_step(ctx, RUN_LEAD_TASK, run_id) == "suspended"
+    assert [(n, a) for n, a, _ in broker.queue] == [
+        (DELIVER_TASK, ["e2e::worker"]),
+        (DELIVER_TASK, ["e2e::other"]),
+    ]
+    assert executions(raw, prefix, "a") == 0 and executions(raw, prefix, "b") == 0
+    record = await ctx.runs.get(run_id)
+    assert record.status.value == "suspended"
+    # the step's writes are stored by the end of its task, before anyone takes the doorbells
+    types = [e["type"] for _, e in await ctx.runs.events(run_id, count=1000)]
+    assert types[-1] == "run_status" and "agent_message" not in types
+    # each member step enqueues nothing but, for the last one, the resume
+    name, args, _ = broker.queue.pop(0)
+    assert await run_step(ctx, name, args[0]) == "done"
+    assert broker.queue == [(DELIVER_TASK, ["e2e::other"], f"{prefix}.e2e.other")]
+    name, args, _ = broker.queue.pop(0)
+    assert await run_step(ctx, name, args[0]) == "done"
+    assert broker.queue == [(RESUME_LEAD_TASK, [run_id], f"{prefix}.e2e.lead")]
+    name, args, _ = broker.queue.pop(0)
+    assert await run_step(ctx, name, args[0]) == "completed"
+    record = await ctx.runs.get(run_id)
+    assert record.result.result == "final: ask:worked[b] | done:worked[a]"
+    assert broker.queue == []
+    assert executions(raw, prefix, "a") == 1 and executions(raw, prefix, "b") == 1
+    assert raw.zscore(ctx.runs.leases_key, run_id) is None
 
 
 async def test_a_child_run_stops_when_its_parent_run_was_cancelled(env, raw, prefix):
@@ -433,7 +421,7 @@ async def test_a_child_run_stops_when_its_parent_run_was_cancelled(env, raw, pre
         await broker.run_one(name, args)
     [child] = await ctx.runs.list_runs("e2e_eng")
     assert child.status.value == "suspended"
-    assert await lead_run.cancel_run(ctx, run_id, "stop") != []  # the eng message, as the client does
+    assert await run_end.cancel_run(ctx, run_id, "stop") != []  # the eng message, as the client does
     await broker.drain()
     assert (await ctx.runs.get(child.run_id)).status.value == "cancelled"
     assert (await ctx.runs.get(run_id)).status.value == "cancelled"
@@ -460,7 +448,7 @@ async def test_the_lease_is_renewed_while_the_member_works(env, raw, prefix):
 
     sweeper = asyncio.create_task(reaper_loop())
     try:
-        assert await member_run.deliver(ctx, "e2e::worker") == "done"
+        assert await member_step.deliver(ctx, "e2e::worker") == "done"
     finally:
         stop.set()
         await sweeper
@@ -478,7 +466,7 @@ async def test_a_member_that_lost_its_claim_is_aborted_and_its_outcome_discarded
     name, args, _ = broker.queue.pop(0)
     await broker.run_one(name, args)
     broker.queue.clear()
-    first = asyncio.create_task(member_run.deliver(ctx, "e2e::worker"))
+    first = asyncio.create_task(member_step.deliver(ctx, "e2e::worker"))
     await asyncio.sleep(0.1)  # the member is working (sleeping in its tool)
     # the store expires the claim (as if renewals had stalled) and another worker re-claims
     moved = await ctx.mailbox.requeue_expired(now_ms=2**50)
@@ -497,14 +485,14 @@ async def test_an_item_finished_before_its_run_registered_it_still_completes(env
     """Another worker's doorbell may claim a task message the moment it is sent,
     while the lead's tool batch is still running (before the item is in the wait set)."""
     ctx, broker = env
-    original = lead_run.dispatch_items
+    original = lead_dispatch.dispatch_items
 
     async def claimed_in_between(ctx_, run_id, team, items, **kwargs):
         for item in items:  # another worker got there first
-            assert await member_run.deliver(ctx_, item["mailbox_id"]) == "done"
+            assert await member_step.deliver(ctx_, item["mailbox_id"]) == "done"
         await original(ctx_, run_id, team, items, **kwargs)
 
-    monkeypatch.setattr(lead_run, "dispatch_items", claimed_in_between)
+    monkeypatch.setattr(lead_dispatch, "dispatch_items", claimed_in_between)
     run_id = await submit(ctx, broker, "e2e", plan(("worker", "handoff", "early"), ("other", "ask", "eager")))
     name, args, _ = broker.queue.pop(0)
     # the lead registers and suspends in one write, then finds both items already
@@ -525,7 +513,7 @@ async def test_reaper_re_enqueues_a_resume_left_behind_by_a_dead_worker(env, raw
     run_id = await submit(ctx, broker, "e2e", plan(("worker", "handoff", "a")))
     name, args, _ = broker.queue.pop(0)
     await broker.run_one(name, args)
-    await member_run.deliver(ctx, "e2e::worker")
+    await member_step.deliver(ctx, "e2e::worker")
     # the worker that was to resume the run died: the enqueued resume is gone
     assert [n for n, _, _ in broker.queue] == [DELIVER_TASK, RESUME_LEAD_TASK]
     broker.queue.clear()
@@ -562,7 +550,7 @@ class Gate:
 def frozen_leases(monkeypatch):
     """While ``state["frozen"]``, new lead leases never renew (their worker is
     stuck or dead); leases made afterwards renew normally."""
-    from lattice_worker.lead_lease import LeadLease
+    from lattice_worker.runtime.lead_lease import LeadLease
 
     state = {"frozen": True}
     original = LeadLease._run
@@ -579,14 +567,14 @@ def frozen_leases(monkeypatch):
 def hold_send(monkeypatch, gate: Gate, word: str, to_box: str | None = None) -> None:
     """Block the lead's member call whose task contains ``word`` (sent to
     ``to_box`` when given) before anything of it is written (journal, link, message)."""
-    original = lead_run.RunLinkingMailbox.send
+    original = lead_dispatch.RunLinkingMailbox.send
 
     async def send(self, from_, to, content, **kwargs):
         if word in content and to_box in (None, to):
             await gate.wait()
         return await original(self, from_, to, content, **kwargs)
 
-    monkeypatch.setattr(lead_run.RunLinkingMailbox, "send", send)
+    monkeypatch.setattr(lead_dispatch.RunLinkingMailbox, "send", send)
 
 
 async def expire_and_sweep(ctx: WorkerContext) -> reaper.SweepReport:
@@ -608,18 +596,18 @@ async def test_a_lead_turn_whose_worker_died_is_recovered_without_duplicating_me
     if death == "between_member_calls":  # a1 sent (journaled, not registered), b1 not yet
         hold_send(monkeypatch, gate, "b1")
     elif death == "before_registration":  # both sent, tool results stored, items not registered
-        original_dispatch = lead_run.dispatch_items
+        original_dispatch = lead_dispatch.dispatch_items
 
         async def dispatch(*args, **kwargs):
-            await args[0].flush_events()  # the tool results are stored (queued, they go with the next write)
+            await args[0].writer.flush()  # the tool results are stored (queued, they go with the next write)
             await gate.wait()
             return await original_dispatch(*args, **kwargs)
 
-        monkeypatch.setattr(lead_run, "dispatch_items", dispatch)
+        monkeypatch.setattr(lead_dispatch, "dispatch_items", dispatch)
     else:  # items registered, the run not suspended yet (the suspension goes with the
         # registration's write: the worker died before that part reached Redis)
         suspend_sha = ctx.runs.suspend_call("any")[0][1]
-        original_write = ctx.write
+        original_write = ctx.writer.write
 
         async def write(commands, **kwargs):
             held = [c for c in commands if c[:2] == ("evalsha", suspend_sha)]
@@ -629,14 +617,14 @@ async def test_a_lead_turn_whose_worker_died_is_recovered_without_duplicating_me
             await gate.wait()
             return replies + await original_write(held, **kwargs)
 
-        monkeypatch.setattr(ctx, "write", write)
+        monkeypatch.setattr(ctx.writer, "write", write)
     run_id = await submit(ctx, broker, "e2e", plan(("worker", "handoff", "a1"), ("other", "ask", "b1")))
     name, args, _ = broker.queue.pop(0)
     stale = asyncio.create_task(broker.run_one(name, args))
     await gate.reached.wait()
-    history_before = raw.llen(ctx.history_key(run_id))
+    history_before = raw.llen(ctx.keys.history(run_id))
     if death == "before_registration":  # the recovery finds the tool results stored
-        assert json.loads(raw.lindex(ctx.history_key(run_id), -1))["role"] == "user"
+        assert json.loads(raw.lindex(ctx.keys.history(run_id), -1))["role"] == "user"
     assert (await ctx.runs.get(run_id)).status.value == "running"
 
     report = await expire_and_sweep(ctx)
@@ -657,7 +645,7 @@ async def test_a_lead_turn_whose_worker_died_is_recovered_without_duplicating_me
     assert {m.status.value for m in await ctx.mailbox.inbox("e2e::lead", "all")} == {"done"}
     events = [e for _, e in await ctx.runs.events(run_id, count=1000)]
     assert {"type": "run_status", "status": "recovering", "run_id": run_id, "attempt": 2} in events
-    history = [json.loads(x) for x in raw.lrange(ctx.history_key(run_id), 0, -1)]
+    history = [json.loads(x) for x in raw.lrange(ctx.keys.history(run_id), 0, -1)]
     assert len(history) >= history_before
     # one assistant turn with the member calls, one tool_result message for it
     assert sum(1 for m in history if m["role"] == "assistant" and "tool_use" in json.dumps(m)) == 1
@@ -665,7 +653,7 @@ async def test_a_lead_turn_whose_worker_died_is_recovered_without_duplicating_me
     # the stale worker comes back: every write it tries is refused, nothing changes
     gate.release.set()
     assert await stale == "lost"
-    assert raw.lrange(ctx.history_key(run_id), 0, -1) == [
+    assert raw.lrange(ctx.keys.history(run_id), 0, -1) == [
         json.dumps(m, separators=(",", ":")) for m in history
     ]
     assert (await ctx.runs.get(run_id)).result == record.result
@@ -724,7 +712,7 @@ async def test_a_lead_that_keeps_dying_fails_past_max_attempts_and_its_sent_work
     assert (await expire_and_sweep(ctx)).recovered == [run_id]
     broker.queue.clear()
     gate.reached.clear()
-    second = asyncio.create_task(lead_run.resume_lead(ctx, run_id))  # dies at the same point
+    second = asyncio.create_task(lead_segment.resume_lead(ctx, run_id))  # dies at the same point
     await gate.reached.wait()
     report = await expire_and_sweep(ctx)
     assert (report.recovered, report.failed_runs) == ([], [run_id])
@@ -738,7 +726,7 @@ async def test_a_lead_that_keeps_dying_fails_past_max_attempts_and_its_sent_work
         "e2e::worker": [("cancelled", 0)],
         "e2e::other": [],
     }
-    assert await member_run.deliver(ctx, "e2e::worker") == "idle"
+    assert await member_step.deliver(ctx, "e2e::worker") == "idle"
     gate.release.set()
     assert await first == "lost" and await second == "lost"
     assert executions(raw, prefix, "a3") == 0 and executions(raw, prefix, "b3") == 0
@@ -803,7 +791,7 @@ async def test_a_child_run_failing_past_max_attempts_reports_the_failure_upstrea
     assert (await expire_and_sweep(ctx)).recovered == [child_id]
     broker.queue.clear()
     gate.reached.clear()
-    tasks.append(asyncio.create_task(lead_run.resume_lead(ctx, child_id)))
+    tasks.append(asyncio.create_task(lead_segment.resume_lead(ctx, child_id)))
     await gate.reached.wait()
     assert (await expire_and_sweep(ctx)).failed_runs == [child_id]
     assert (await ctx.runs.get(child_id)).status.value == "failed"
@@ -831,7 +819,7 @@ async def test_cancel_with_no_worker_online_closes_the_replies_waiting_for_the_l
     run_id = await submit(ctx, broker, "e2e", plan(("worker", "handoff", "r1"), ("other", "handoff", "r2")))
     name, args, _ = broker.queue.pop(0)
     assert await broker.run_one(name, args) == "suspended"
-    assert await member_run.deliver(ctx, "e2e::worker") == "done"  # its reply waits for the lead
+    assert await member_step.deliver(ctx, "e2e::worker") == "done"  # its reply waits for the lead
     [reply] = await ctx.mailbox.inbox("e2e::lead", "pending")
     broker.queue.clear()  # every worker is gone from here on
 
@@ -849,7 +837,7 @@ async def test_cancel_with_no_worker_online_closes_the_replies_waiting_for_the_l
     finally:
         await client.aclose()
     # a worker coming back finds nothing to run
-    assert await member_run.deliver(ctx, "e2e::other") == "idle"
+    assert await member_step.deliver(ctx, "e2e::other") == "idle"
     assert executions(raw, prefix, "r2") == 0
 
 
@@ -858,7 +846,7 @@ async def test_a_reply_sent_after_the_run_was_cancelled_is_closed_by_the_worker(
     run_id = await submit(ctx, broker, "e2e", plan(("worker", "handoff", "late sleep=0.4")))
     name, args, _ = broker.queue.pop(0)
     await broker.run_one(name, args)
-    member = asyncio.create_task(member_run.deliver(ctx, "e2e::worker"))
+    member = asyncio.create_task(member_step.deliver(ctx, "e2e::worker"))
     for _ in range(100):  # the member is working
         if raw.lrange(f"{prefix}:test:log", 0, -1):
             break
@@ -895,7 +883,7 @@ async def test_cancel_during_a_lead_turn_cancels_its_sent_tasks_and_stops_the_tu
     assert await lead == "cancelled"  # its next write was refused: it stopped
     assert await ctx.mailbox.inbox("e2e::other", "all") == []  # c2 was never sent
     assert (await ctx.mailbox.get(c1.id)).status.value == "cancelled"
-    assert await member_run.deliver(ctx, "e2e::worker") == "idle"
+    assert await member_step.deliver(ctx, "e2e::worker") == "idle"
     assert executions(raw, prefix, "c1") == 0
 
 
@@ -919,7 +907,7 @@ async def test_a_worker_dying_while_starting_a_child_run_loses_nothing(env, raw,
             return await original_create(*a, **kw)
 
         monkeypatch.setattr(ctx.runs, "create", create)
-        dead = asyncio.create_task(member_run.deliver(ctx, "e2e_company::eng"))
+        dead = asyncio.create_task(member_step.deliver(ctx, "e2e_company::eng"))
         await gate.reached.wait()
     else:  # the child run was created and enqueued, the claim not extended yet
         original = ctx.mailbox.extend_lease
@@ -932,7 +920,7 @@ async def test_a_worker_dying_while_starting_a_child_run_loses_nothing(env, raw,
             return await original(*a, **kw)
 
         monkeypatch.setattr(ctx.mailbox, "extend_lease", dies)
-        assert await member_run.deliver(ctx, "e2e_company::eng") == "child"
+        assert await member_step.deliver(ctx, "e2e_company::eng") == "child"
         [(task, _, _)] = broker.queue
         assert task == RUN_LEAD_TASK
     report = await expire_and_sweep(ctx)

@@ -13,14 +13,14 @@ import pytest
 import redis
 from rich.console import Console
 
-from lattice_client.runs import RunStore
+from lattice_client.runstore import RunStore
 from lattice_client.settings import get_settings
 from lattice_mailbox.redis import RedisMailbox
-from lattice_worker import lead_run
-from lattice_worker.drain_cli import run_drain
 from lattice_worker.errors import ConfigError
-from lattice_worker.registry import TeamRegistry
-from lattice_worker.worker_context import WorkerContext
+from lattice_worker.runtime import lead_segment
+from lattice_worker.runtime.context import WorkerContext
+from lattice_worker.runtime.drain import run_drain
+from lattice_worker.runtime.registry import TeamRegistry
 from tests.e2e.teams import plan
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
@@ -60,7 +60,7 @@ async def suspended_run(prefix: str, prompt: str) -> tuple[str, list]:
     )
     run_id = f"run_{uuid.uuid4().hex[:8]}"
     await runs.create(run_id, "e2e", prompt)
-    assert await lead_run.run_lead(ctx, run_id) == "suspended"
+    assert await lead_segment.run_lead(ctx, run_id) == "suspended"
     await runs.aclose()
     await mailbox.aclose()
     return run_id, rung
@@ -148,7 +148,7 @@ async def test_drain_by_a_name_only_a_running_worker_registered(prefix):
 
 def test_a_published_nested_team_name_drains_that_team_only(prefix):
     from lattice_mailbox.memory import MemoryMailbox
-    from lattice_worker.drain_cli import _targets, load_root
+    from lattice_worker.runtime.drain import _targets, load_root
 
     publish(
         prefix,

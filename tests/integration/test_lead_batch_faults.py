@@ -1,5 +1,5 @@
 """Faults around a lead tool batch's one-round-trip registration + suspension
-(``lead_run.dispatch_items(suspend=True)``), on the real Redis.
+(``lead_dispatch.dispatch_items(suspend=True)``), on the real Redis.
 
 * A script the server has not cached (after a restart or failover, scripts come
   back one by one) must not reorder the batch: the history write goes before
@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-import lattice_client.runs as runs_mod
+import lattice_client.runstore.scripts as runs_mod
 from lattice_client.errors import RunLeaseLostError
 from lattice_client.models import RunStatus
-from lattice_worker.lead_lease import FencedHistoryStore, LeadLease
-from lattice_worker.lead_run import DistributedLeadRuntime, dispatch_items
+from lattice_worker.runtime.lead_dispatch import DistributedLeadRuntime, dispatch_items
+from lattice_worker.runtime.lead_lease import FencedHistoryStore, LeadLease
 from tests.support.workers import worker_context
 
 CALL = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "ask_bob", "input": {}}]}
@@ -49,9 +49,9 @@ async def test_an_uncached_script_does_not_reorder_the_batch(
     # A different source (a unique trailing comment) is a script this server has
     # never seen: the state of a script cache after a restart, without flushing
     # the scripts other tests use.
-    source = runs_mod._SCRIPTS[uncached] + f"\n-- uncached {uuid.uuid4().hex}\n"
-    monkeypatch.setitem(runs_mod._SCRIPTS, uncached, source)
-    monkeypatch.setitem(runs_mod._SHAS, uncached, hashlib.sha1(source.encode()).hexdigest())
+    source = runs_mod.SCRIPTS[uncached] + f"\n-- uncached {uuid.uuid4().hex}\n"
+    monkeypatch.setitem(runs_mod.SCRIPTS, uncached, source)
+    monkeypatch.setitem(runs_mod.SHAS, uncached, hashlib.sha1(source.encode()).hexdigest())
     sent: list[Any] = []
     ctx = worker_context(prefix, send_task=lambda *args: sent.append(args))
     runs = ctx.runs
@@ -60,7 +60,9 @@ async def test_an_uncached_script_does_not_reorder_the_batch(
         start = await runs.begin_segment("r1", expect=RunStatus.QUEUED, lease_s=30)
         assert start is not None
         lease = LeadLease(runs, "r1", start, 30)
-        store = FencedHistoryStore(lease, ctx.client, ctx.history_key("r1"), ttl_seconds=60, writer=ctx)
+        store = FencedHistoryStore(
+            lease, ctx.client, ctx.keys.history("r1"), ttl_seconds=60, writer=ctx.writer
+        )
         await store.append(CALL)  # queued, as in the lead's query
         await store.append(RESULT)
 
@@ -68,7 +70,7 @@ async def test_an_uncached_script_does_not_reorder_the_batch(
 
         assert suspended is True
         assert raw.hget(runs.keys("r1").record, "status") == "suspended"
-        assert [json.loads(m) for m in raw.lrange(ctx.history_key("r1"), 0, -1)] == [CALL, RESULT]
+        assert [json.loads(m) for m in raw.lrange(ctx.keys.history("r1"), 0, -1)] == [CALL, RESULT]
         assert [args[1] for args in sent] == [["team::bob"]]  # the doorbell rang once
     finally:
         await runs.aclose()
@@ -91,10 +93,10 @@ async def test_a_segment_that_lost_its_lease_counts_no_usage(prefix: str, raw: A
 
         with pytest.raises(RunLeaseLostError):
             await runtime.after_tool_batch(outcome)
-        await ctx.flush_events()
+        await ctx.writer.flush()
 
         assert lease.lost
-        assert raw.hgetall(ctx.usage_key("r1")) == {}
+        assert raw.hgetall(ctx.keys.usage("r1")) == {}
         assert raw.smembers(runs.keys("r1").wait) == set()
     finally:
         await runs.aclose()

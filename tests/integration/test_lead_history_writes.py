@@ -1,7 +1,7 @@
 """A lead segment's history writes through the worker's writer, against the real Redis.
 
-``FencedHistoryStore(..., writer=ctx)``: appends and replacements are queued
-and go with the segment's next write, ``ctx.sync(token)``, a read, or after the
+``FencedHistoryStore(..., writer=ctx.writer)``: appends and replacements are queued
+and go with the segment's next write, ``ctx.writer.sync(token)``, a read, or after the
 writer's linger; every write stays fenced by the segment's lease.
 Every test has its own ``test-<uuid>`` key prefix; its keys are deleted afterwards.
 """
@@ -16,8 +16,8 @@ import redis
 
 from lattice_client.errors import RunLeaseLostError
 from lattice_client.models import RunStatus
-from lattice_worker.lead_lease import FencedHistoryStore, LeadLease
-from lattice_worker.worker_context import WorkerContext
+from lattice_worker.runtime.context import WorkerContext
+from lattice_worker.runtime.lead_lease import FencedHistoryStore, LeadLease
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
@@ -33,12 +33,12 @@ async def segment(ctx: WorkerContext, run_id: str = "r1") -> tuple[LeadLease, Fe
     start = await ctx.runs.begin_segment(run_id, expect=RunStatus.QUEUED, lease_s=30)
     assert start is not None
     lease = LeadLease(ctx.runs, run_id, start, 30)
-    store = FencedHistoryStore(lease, ctx.client, ctx.history_key(run_id), ttl_seconds=60, writer=ctx)
+    store = FencedHistoryStore(lease, ctx.client, ctx.keys.history(run_id), ttl_seconds=60, writer=ctx.writer)
     return lease, store
 
 
 def stored(raw: redis.Redis, ctx: WorkerContext, run_id: str = "r1") -> list[dict]:
-    return [json.loads(x) for x in raw.lrange(ctx.history_key(run_id), 0, -1)]
+    return [json.loads(x) for x in raw.lrange(ctx.keys.history(run_id), 0, -1)]
 
 
 async def test_writes_wait_for_the_segments_next_write_or_sync(ctx, raw):
@@ -46,13 +46,13 @@ async def test_writes_wait_for_the_segments_next_write_or_sync(ctx, raw):
     await store.append(USER)
     await store.append(CALL)
     assert stored(raw, ctx) == []  # queued: nothing was awaited since
-    await ctx.write([("get", "unrelated")])  # any write of the segment takes them along, first
+    await ctx.writer.write([("get", "unrelated")])  # any write of the segment takes them along, first
     assert stored(raw, ctx) == [USER, CALL]
     await store.append(RESULT)
     assert stored(raw, ctx) == [USER, CALL]
-    await ctx.sync(lease.token)
+    await ctx.writer.sync(lease.token)
     assert stored(raw, ctx) == [USER, CALL, RESULT]
-    assert 0 < raw.pttl(ctx.history_key("r1")) <= 60_000
+    assert 0 < raw.pttl(ctx.keys.history("r1")) <= 60_000
     await store.replace([USER])
     await store.append(CALL)
     assert stored(raw, ctx) == [USER, CALL, RESULT]
@@ -73,7 +73,7 @@ async def test_a_lost_lease_refuses_every_write_and_says_so(ctx, raw):
     raw.hset(ctx.runs.keys("r1").record, "lease_token", "someone-else")
     await store.append(RESULT)  # queued: the refusal comes with sync
     with pytest.raises(RunLeaseLostError):
-        await ctx.sync(lease.token)
+        await ctx.writer.sync(lease.token)
     assert lease.lost
     await store.replace([USER])
     with pytest.raises(RunLeaseLostError):
@@ -84,13 +84,13 @@ async def test_a_lost_lease_refuses_every_write_and_says_so(ctx, raw):
 async def test_preloaded_history_is_the_first_load_only(ctx, raw):
     await ctx.runs.create("r1", "team", "p")
     start = await ctx.runs.begin_segment(
-        "r1", expect=RunStatus.QUEUED, lease_s=30, history_key=ctx.history_key("r1")
+        "r1", expect=RunStatus.QUEUED, lease_s=30, history_key=ctx.keys.history("r1")
     )
     assert start is not None and start.history == []
     lease = LeadLease(ctx.runs, "r1", start, 30)
-    raw.rpush(ctx.history_key("r1"), json.dumps(USER), "not json")
+    raw.rpush(ctx.keys.history("r1"), json.dumps(USER), "not json")
     store = FencedHistoryStore(
-        lease, ctx.client, ctx.history_key("r1"), history=[json.dumps(CALL), "{bad"], writer=ctx
+        lease, ctx.client, ctx.keys.history("r1"), history=[json.dumps(CALL), "{bad"], writer=ctx.writer
     )
     assert await store.load() == [CALL]  # the elements given (malformed ones skipped)
     assert await store.load() == [USER]  # then the list itself
@@ -101,26 +101,26 @@ async def test_history_writes_queued_in_a_row_are_stored_as_one_in_order(ctx, ra
     other queued commands); the list ends up exactly as with separate writes."""
     lease, store = await segment(ctx)
     await store.append(USER)
-    await ctx.emit("r1", {"type": "system"})
-    ctx.queue_write([("set", f"{ctx.prefix}:marker", "1")])
+    await ctx.events.emit("r1", {"type": "system"})
+    ctx.writer.queue_write([("set", f"{ctx.prefix}:marker", "1")])
     await store.append(CALL)
     await store.append(RESULT)
-    await ctx.sync(lease.token)
+    await ctx.writer.sync(lease.token)
     assert stored(raw, ctx) == [USER, CALL, RESULT]
     assert raw.get(f"{ctx.prefix}:marker") == "1"
     await store.replace([USER])  # a replacement, then appends: the same list as written one by one
     await store.append(RESULT)
-    await ctx.write([("get", "unrelated")])
+    await ctx.writer.write([("get", "unrelated")])
     assert stored(raw, ctx) == [USER, RESULT]
     await store.append(CALL)
-    await ctx.write([("get", "unrelated")])  # a write waited for in between: not merged across it
+    await ctx.writer.write([("get", "unrelated")])  # a write waited for in between: not merged across it
     await store.append(RESULT)
-    await ctx.sync(lease.token)
+    await ctx.writer.sync(lease.token)
     assert stored(raw, ctx) == [USER, RESULT, CALL, RESULT]
     raw.hset(ctx.runs.keys("r1").record, "lease_token", "someone-else")
     await store.append(USER)
     await store.append(CALL)  # merged: refused together
     with pytest.raises(RunLeaseLostError):
-        await ctx.sync(lease.token)
+        await ctx.writer.sync(lease.token)
     assert stored(raw, ctx) == [USER, RESULT, CALL, RESULT]
     assert lease.lost

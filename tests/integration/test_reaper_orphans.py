@@ -19,14 +19,14 @@ import pytest
 import redis
 
 from lattice_client.celery_config import DELIVER_TASK, RESUME_LEAD_TASK
-from lattice_client.runs import RunStore
+from lattice_client.runstore import RunStore
 from lattice_client.settings import get_settings
 from lattice_mailbox.redis import RedisMailbox
-from lattice_worker import member_run, reaper
-from lattice_worker.registry import TeamRegistry
+from lattice_worker.runtime import member_step, reaper
+from lattice_worker.runtime.context import WorkerContext
+from lattice_worker.runtime.registry import TeamRegistry
 from lattice_worker.team.member_tools import MailboxToolState
 from lattice_worker.team.reports import parse_report_message
-from lattice_worker.worker_context import WorkerContext
 from tests.e2e.teams import plan
 from tests.integration.test_distributed_protocol import REDIS_URL, Broker, executions, submit
 
@@ -55,11 +55,11 @@ async def env(prefix):
     registry = TeamRegistry(mailbox)
     registry.load("tests.e2e.teams:team")
     runs = RunStore(REDIS_URL, prefix)
+    broker = Broker(None)
     ctx = WorkerContext(
-        settings=settings, registry=registry, mailbox=mailbox, runs=runs, send_task=lambda *a: None
+        settings=settings, registry=registry, mailbox=mailbox, runs=runs, send_task=broker.send
     )
-    broker = Broker(ctx)
-    ctx.send_task = broker.send
+    broker.ctx = ctx
     yield ctx, broker
     await runs.aclose()
     await mailbox.aclose()
@@ -86,11 +86,11 @@ async def dies_in_member_step(ctx: WorkerContext, monkeypatch: pytest.MonkeyPatc
 
     with monkeypatch.context() as patch:
         if target == "complete":
-            patch.setattr(member_run, "complete_work_item", killed)
+            patch.setattr(member_step, "complete_work_item", killed)
         else:
             patch.setattr(MailboxToolState, "_send_upstream", killed)
         with pytest.raises(Killed):
-            await member_run.deliver(ctx, "e2e::worker")
+            await member_step.deliver(ctx, "e2e::worker")
 
 
 async def sweep_after_a_lease(ctx: WorkerContext) -> reaper.SweepReport:
@@ -101,7 +101,7 @@ async def sweep_after_a_lease(ctx: WorkerContext) -> reaper.SweepReport:
 
 
 def lead_reports(raw: redis.Redis, ctx: WorkerContext, run_id: str) -> list[dict]:
-    history = [json.loads(x) for x in raw.lrange(ctx.history_key(run_id), 0, -1)]
+    history = [json.loads(x) for x in raw.lrange(ctx.keys.history(run_id), 0, -1)]
     return [e for m in history for e in parse_report_message(m)]
 
 
@@ -207,7 +207,7 @@ async def test_a_reaper_dying_after_sending_the_diagnostic_does_not_send_it_twic
 
     await asyncio.sleep(LEASE_S + 0.05)
     with monkeypatch.context() as patch:  # the reaper's worker dies before completing the item
-        patch.setattr(member_run, "complete_work_item", killed)
+        patch.setattr(reaper, "complete_work_item", killed)
         with pytest.raises(Killed):
             await reaper.sweep(ctx, force=True)
     [diagnostic] = await ctx.mailbox.inbox("e2e::lead", "all")
@@ -252,7 +252,7 @@ async def test_a_member_still_working_after_its_reply_completes_its_item(env, ra
         return sent
 
     monkeypatch.setattr(MailboxToolState, "reply", reply_then_work)
-    assert await member_run.deliver(ctx, "e2e::worker") == "done"
+    assert await member_step.deliver(ctx, "e2e::worker") == "done"
     [item] = await ctx.runs.items(run_id)
     assert item["state"] == "done" and item["outcome"]["status"] == "done"
     await broker.drain()

@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 
 from lattice_client.errors import RunNotFoundError, RunStateError
 from lattice_client.models import RunResult, RunStatus
-from lattice_client.runs import CompleteResult, RunStore
+from lattice_client.runstore import CompleteResult, RunStore
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(90)]
 

@@ -16,7 +16,7 @@ import pytest
 
 from lattice_client.errors import RunLeaseLostError
 from lattice_client.models import RunStatus
-from lattice_client.runs import RunStore
+from lattice_client.runstore import RunStore
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 

@@ -14,7 +14,7 @@ import uuid
 import pytest
 import redis
 
-from lattice_worker.worker_context import WorkerContext
+from lattice_worker.runtime.context import WorkerContext
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
@@ -29,26 +29,26 @@ async def test_flush_writes_every_queued_event_in_order(ctx):
     await ctx.runs.create("r1", "team", "prompt")
     await ctx.runs.create("r2", "team", "prompt")
     for i in range(5):
-        await ctx.emit("r1", {"type": f"e{i}"})
-        await ctx.emit("r2", {"type": f"f{i}"})
-    await ctx.flush_events()
+        await ctx.events.emit("r1", {"type": f"e{i}"})
+        await ctx.events.emit("r2", {"type": f"f{i}"})
+    await ctx.writer.flush()
     assert await _types(ctx, "r1") == ["e0", "e1", "e2", "e3", "e4"]
     assert await _types(ctx, "r2") == ["f0", "f1", "f2", "f3", "f4"]
-    await ctx.flush_events()  # nothing queued: returns, writes nothing more
+    await ctx.writer.flush()  # nothing queued: returns, writes nothing more
     assert await _types(ctx, "r1") == ["e0", "e1", "e2", "e3", "e4"]
 
 
 async def test_queued_events_are_written_without_a_flush(ctx):
     await ctx.runs.create("r1", "team", "prompt")
-    await ctx.emit("r1", {"type": "lonely"})
+    await ctx.events.emit("r1", {"type": "lonely"})
     for _ in range(100):  # the writer's linger is far shorter than this loop's 5 s
         if await _types(ctx, "r1") == ["lonely"]:
             break
         await asyncio.sleep(0.05)
     assert await _types(ctx, "r1") == ["lonely"]
     # a later event starts a new batch
-    await ctx.emit("r1", {"type": "second"})
-    await ctx.flush_events()
+    await ctx.events.emit("r1", {"type": "second"})
+    await ctx.writer.flush()
     assert await _types(ctx, "r1") == ["lonely", "second"]
 
 
@@ -57,13 +57,13 @@ async def test_concurrent_flushes_and_emits_lose_nothing(ctx):
 
     async def producer(name: str) -> None:
         for i in range(20):
-            await ctx.emit("r1", {"type": f"{name}{i}"})
+            await ctx.events.emit("r1", {"type": f"{name}{i}"})
             if i % 7 == 0:
-                await ctx.flush_events()
+                await ctx.writer.flush()
             await asyncio.sleep(0)
 
     await asyncio.gather(producer("a"), producer("b"), producer("c"))
-    await ctx.flush_events()
+    await ctx.writer.flush()
     types = await _types(ctx, "r1")
     assert sorted(types) == sorted(f"{n}{i}" for n in "abc" for i in range(20))
     for name in "abc":  # each producer's events keep their order
@@ -72,59 +72,61 @@ async def test_concurrent_flushes_and_emits_lose_nothing(ctx):
 
 async def test_add_usage_flushes_the_queued_events_and_sums_segments(ctx, raw):
     await ctx.runs.create("r1", "team", "prompt")
-    await ctx.emit("r1", {"type": "assistant"})
-    assert await ctx.add_usage("r1", {"input_tokens": 0, "output_tokens": 0}) == {}
-    assert not raw.exists(ctx.usage_key("r1"))  # an all-zero segment writes nothing
-    assert await ctx.add_usage("r1", {"input_tokens": 3, "output_tokens": 2, "flag": True}) == {}
+    await ctx.events.emit("r1", {"type": "assistant"})
+    assert await ctx.usage.add("r1", {"input_tokens": 0, "output_tokens": 0}) == {}
+    assert not raw.exists(ctx.keys.usage("r1"))  # an all-zero segment writes nothing
+    assert await ctx.usage.add("r1", {"input_tokens": 3, "output_tokens": 2, "flag": True}) == {}
     assert await _types(ctx, "r1") == ["assistant"]  # written with the usage
-    await ctx.emit("r1", {"type": "result"})
-    total = await ctx.add_usage("r1", {"input_tokens": 4, "output_tokens": 0, "cache": 0}, total=True)
+    await ctx.events.emit("r1", {"type": "result"})
+    total = await ctx.usage.add("r1", {"input_tokens": 4, "output_tokens": 0, "cache": 0}, total=True)
     assert total == {"input_tokens": 7, "output_tokens": 2, "cache": 0}
     assert await _types(ctx, "r1") == ["assistant", "result"]
-    assert 0 < raw.ttl(ctx.usage_key("r1"))
+    assert 0 < raw.ttl(ctx.keys.usage("r1"))
 
 
 async def test_add_usage_raises_a_failed_write_and_the_events_still_land(ctx, raw):
     await ctx.runs.create("r1", "team", "prompt")
-    raw.set(ctx.usage_key("r1"), "not a hash")
-    await ctx.emit("r1", {"type": "assistant"})
+    raw.set(ctx.keys.usage("r1"), "not a hash")
+    await ctx.events.emit("r1", {"type": "assistant"})
     with pytest.raises(redis.exceptions.ResponseError, match="WRONGTYPE"):
-        await ctx.add_usage("r1", {"input_tokens": 1}, total=True)
+        await ctx.usage.add("r1", {"input_tokens": 1}, total=True)
     assert await _types(ctx, "r1") == ["assistant"]
-    await ctx.emit("r1", {"type": "after"})  # the writer goes on
-    await ctx.flush_events()
+    await ctx.events.emit("r1", {"type": "after"})  # the writer goes on
+    await ctx.writer.flush()
     assert await _types(ctx, "r1") == ["assistant", "after"]
 
 
 async def test_queued_writes_go_with_the_next_flush_and_sync_raises_their_failure_once(ctx, raw):
     key = f"{ctx.prefix}:test:list"
-    ctx.queue_write([("rpush", key, "a")], fence="seg-1")
-    ctx.queue_write([("rpush", key, "b")], fence="seg-1")
-    await ctx.sync("seg-1")
+    ctx.writer.queue_write([("rpush", key, "a")], fence="seg-1")
+    ctx.writer.queue_write([("rpush", key, "b")], fence="seg-1")
+    await ctx.writer.sync("seg-1")
     assert raw.lrange(key, 0, -1) == ["a", "b"]
     # a failing queued write: logged, kept for sync() of its fence, mapped by on_error
     raw.set(f"{ctx.prefix}:test:str", "x")
-    ctx.queue_write(
+    ctx.writer.queue_write(
         [("rpush", f"{ctx.prefix}:test:str", "c")],
         fence="seg-2",
         on_error=lambda exc: RuntimeError(f"mapped: {exc}"),
     )
-    ctx.queue_write([("rpush", key, "d")], fence="seg-2")  # the rest of the batch is written
-    await ctx.sync("seg-1")  # another fence: nothing to raise
+    ctx.writer.queue_write([("rpush", key, "d")], fence="seg-2")  # the rest of the batch is written
+    await ctx.writer.sync("seg-1")  # another fence: nothing to raise
     with pytest.raises(RuntimeError, match="mapped: .*WRONGTYPE"):
-        await ctx.sync("seg-2")
-    await ctx.sync("seg-2")  # raised once
+        await ctx.writer.sync("seg-2")
+    await ctx.writer.sync("seg-2")  # raised once
     assert raw.lrange(key, 0, -1) == ["a", "b", "d"]
 
 
 async def test_write_returns_replies_after_the_queued_ones_and_raises_errors(ctx, raw):
     key = f"{ctx.prefix}:test:list"
-    ctx.queue_write([("rpush", key, "queued")])
-    replies = await ctx.write([("rpush", key, "now"), ("lrange", key, 0, -1)])
+    ctx.writer.queue_write([("rpush", key, "queued")])
+    replies = await ctx.writer.write([("rpush", key, "now"), ("lrange", key, 0, -1)])
     assert replies == [2, [b"queued", b"now"]]
     raw.set(f"{ctx.prefix}:test:str", "x")
     with pytest.raises(ValueError, match="WRONGTYPE"):
-        await ctx.write([("rpush", f"{ctx.prefix}:test:str", "c")], on_error=lambda exc: ValueError(str(exc)))
+        await ctx.writer.write(
+            [("rpush", f"{ctx.prefix}:test:str", "c")], on_error=lambda exc: ValueError(str(exc))
+        )
 
 
 async def test_writes_of_a_script_the_server_lacks_are_loaded_and_sent_again(ctx, raw):
@@ -132,23 +134,23 @@ async def test_writes_of_a_script_the_server_lacks_are_loaded_and_sent_again(ctx
     # a script this server has never seen (unique text): the first EVALSHA is refused with NOSCRIPT
     source = f"-- {uuid.uuid4().hex}\nreturn redis.call('RPUSH', KEYS[1], ARGV[1])"
     sha = hashlib.sha1(source.encode()).hexdigest()
-    ctx.queue_write([("evalsha", sha, 1, key, "queued")], scripts=(source,), fence="seg")
-    assert await ctx.write([("evalsha", sha, 1, key, "now")], scripts=(source,)) == [2]
-    await ctx.sync("seg")
+    ctx.writer.queue_write([("evalsha", sha, 1, key, "queued")], scripts=(source,), fence="seg")
+    assert await ctx.writer.write([("evalsha", sha, 1, key, "now")], scripts=(source,)) == [2]
+    await ctx.writer.sync("seg")
     assert raw.lrange(key, 0, -1) == ["queued", "now"]
 
 
 async def test_add_usage_with_known_totals_queues_the_increments_and_reads_nothing(ctx, raw):
     await ctx.runs.create("r1", "team", "prompt")
-    raw.hset(ctx.usage_key("r1"), mapping={"input_tokens": 10, "output_tokens": 1})
+    raw.hset(ctx.keys.usage("r1"), mapping={"input_tokens": 10, "output_tokens": 1})
     known = {"input_tokens": 10, "output_tokens": 1}  # as read when the segment started
-    assert await ctx.add_usage("r1", {"input_tokens": 5, "output_tokens": 0}, known=known, fence="seg") == {}
-    assert raw.hget(ctx.usage_key("r1"), "input_tokens") == "10"  # queued
-    total = await ctx.add_usage("r1", {"input_tokens": 1, "cache": 0}, total=True, known=known, fence="seg")
+    assert await ctx.usage.add("r1", {"input_tokens": 5, "output_tokens": 0}, known=known, fence="seg") == {}
+    assert raw.hget(ctx.keys.usage("r1"), "input_tokens") == "10"  # queued
+    total = await ctx.usage.add("r1", {"input_tokens": 1, "cache": 0}, total=True, known=known, fence="seg")
     assert total == {"input_tokens": 16, "output_tokens": 1, "cache": 0}
     assert known == {"input_tokens": 16, "output_tokens": 1}
-    await ctx.sync("seg")
-    assert raw.hgetall(ctx.usage_key("r1")) == {"input_tokens": "16", "output_tokens": "1"}
+    await ctx.writer.sync("seg")
+    assert raw.hgetall(ctx.keys.usage("r1")) == {"input_tokens": "16", "output_tokens": "1"}
 
 
 async def test_event_models_are_stored_as_their_json_and_stream_deltas_are_not(ctx):
@@ -163,12 +165,12 @@ async def test_event_models_are_stored_as_their_json_and_stream_deltas_are_not(c
         {"type": "run_status", "status": "suspended", "run_id": "r1"},
     ]
     for event in events:
-        await ctx.emit("r1", event)
-    await ctx.emit("r1", StreamEvent(session_id="s", event={"type": "content_block_delta"}))
-    await ctx.emit(
+        await ctx.events.emit("r1", event)
+    await ctx.events.emit("r1", StreamEvent(session_id="s", event={"type": "content_block_delta"}))
+    await ctx.events.emit(
         "r1", AgentMessageEvent(team="t", member="m", mailbox="t::m", message={"type": "stream_event"})
     )
-    await ctx.flush_events()
+    await ctx.writer.flush()
     stored = [e for _, e in await ctx.runs.events("r1", count=100)]
     expected = [e if isinstance(e, dict) else e.model_dump(mode="json") for e in events]
     assert stored == expected
@@ -178,29 +180,29 @@ async def test_concurrent_writes_go_in_queue_order_and_each_gets_its_own_replies
     """Writes from several tasks at once: one batch in flight at a time, in the
     order they were queued; every caller gets the replies of its own commands."""
     key = f"{ctx.prefix}:test:list"
-    ctx.queue_write([("rpush", key, "queued")])
+    ctx.writer.queue_write([("rpush", key, "queued")])
 
     async def push(i: int) -> list:
-        return await ctx.write([("rpush", key, str(i)), ("llen", key)])
+        return await ctx.writer.write([("rpush", key, str(i)), ("llen", key)])
 
     replies = await asyncio.gather(*(push(i) for i in range(20)))
     assert [r[0] for r in replies] == [i + 2 for i in range(20)]  # RPUSH answers the new length
     assert all(r[1] >= r[0] for r in replies)
     assert raw.lrange(key, 0, -1) == ["queued"] + [str(i) for i in range(20)]
-    await ctx.emit("r0", {"type": "x"})  # unknown run: the events are reported lost, nothing hangs
-    await ctx.flush_events()
+    await ctx.events.emit("r0", {"type": "x"})  # unknown run: the events are reported lost, nothing hangs
+    await ctx.writer.flush()
 
 
 async def test_the_writer_reconnects_after_the_server_closed_its_connection(ctx, raw):
     key = f"{ctx.prefix}:test:list"
-    [writer_id] = await ctx.write([("client_id",)])
+    [writer_id] = await ctx.writer.write([("client_id",)])
     raw.client_kill_filter(_id=writer_id)
     try:  # a write may fail with the closed connection (as with redis-py's own pipelines)...
-        await ctx.write([("rpush", key, "first")])
+        await ctx.writer.write([("rpush", key, "first")])
     except redis.exceptions.ConnectionError:
         pass
     # ...the next ones go through a new connection
-    [length] = await ctx.write([("rpush", key, "after")])
+    [length] = await ctx.writer.write([("rpush", key, "after")])
     assert raw.lrange(key, 0, -1)[-1] == "after" and length >= 1
-    [new_id] = await ctx.write([("client_id",)])
+    [new_id] = await ctx.writer.write([("client_id",)])
     assert new_id != writer_id

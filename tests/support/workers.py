@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from lattice_client.runs import RunStore
+from lattice_client.runstore import RunStore
 from lattice_client.settings import get_settings
-from lattice_worker.worker_context import WorkerContext
+from lattice_worker.runtime.context import WorkerContext
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 

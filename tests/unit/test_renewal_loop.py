@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from lattice_worker.leases import RenewalLoop
+from lattice_worker.runtime.leases import RenewalLoop
 
 
 class Counting(RenewalLoop):

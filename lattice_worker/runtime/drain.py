@@ -1,0 +1,192 @@
+"""``lattice drain TEAM_REF``: process member mailboxes by hand against the live Redis mailbox.
+
+Spec: AgentLattice "Manual draining" (each member claims from its *own*
+mailbox and is prompted; nothing is rerouted); docs/architecture.md. Unlike
+``Team.drain`` (in-process, embedded mailbox), this drives the distributed
+runtime's own member step (:func:`lattice_worker.runtime.member_step.process_claimed`)
+in this process: claims carry a lease renewed while the member works, the
+outcome completes the work item in the run store, and a run whose last item
+completes gets its ``resume_lead`` task (and newly allowed items their
+doorbells) exactly as if a worker had done it -- so waiting runs resume on
+the workers. A rich progress display shows what is processed.
+
+Each round visits every selected member mailbox once and claims at most one
+message from it; draining stops after ``max_rounds`` rounds, after
+``max_messages`` messages, or after a round that found nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import redis
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
+
+from lattice_client.celery_config import make_celery_app
+from lattice_client.runstore import RunStore
+from lattice_client.settings import get_settings
+
+from ..errors import ConfigError
+from ..team.drain import DrainResult
+from ..team.member import TeamMember
+from ..team.team import Team
+from .context import WorkerContext, default_worker_id
+from .member_step import process_claimed
+from .process import make_mailbox
+from .registry import TeamRegistry, member_mode, teams_key
+
+
+@dataclass
+class _Target:
+    team: Team
+    member: TeamMember
+
+    @property
+    def mailbox_id(self) -> str:
+        return self.team.mailbox_id(self.member.name)
+
+
+def _targets(registry: TeamRegistry, root: Team, members: Sequence[str]) -> list[_Target]:
+    teams = [root] + registry.descendants(root.name)
+    targets = [_Target(t, m) for t in teams for m in t.members]
+    if members:
+        known = {t.member.name for t in targets}
+        missing = [m for m in members if m not in known]
+        if missing:
+            raise ConfigError(
+                f"unknown member(s) {', '.join(missing)}; members: {', '.join(sorted(known)) or '(none)'}"
+            )
+        targets = [t for t in targets if t.member.name in members]
+    return targets
+
+
+async def drain_async(
+    ctx: WorkerContext, targets: list[_Target], max_rounds: int, max_messages: int, console: Console
+) -> DrainResult:
+    """Drain ``targets`` (see the module doc); returns ``DrainResult(processed,
+    failed, rounds)`` where ``rounds`` counts the rounds that processed a message."""
+    processed = failed = rounds = passes = 0
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[last]}"),
+        console=console,
+        transient=False,
+    ) as progress:
+        bar = progress.add_task("draining", total=max_messages, last="")
+        while passes < max_rounds and processed < max_messages:
+            passes += 1
+            found = False
+            for target in targets:
+                if processed >= max_messages:
+                    break
+                mode = member_mode(target.member)
+                message = await ctx.mailbox.claim_next(
+                    target.mailbox_id,
+                    lease_s=ctx.settings.lease_seconds,
+                    worker_id=ctx.worker_id,
+                    max_in_flight=1 if mode == "session" else None,
+                )
+                if message is None:
+                    continue
+                found = True
+                progress.update(bar, last=f"{target.mailbox_id}: {message.id}")
+                status = await process_claimed(ctx, target.team, target.member, message)
+                processed += 1
+                if status in ("failed", "lost", "cancelled"):
+                    failed += 1
+                progress.update(bar, advance=1, last=f"{target.mailbox_id}: {message.id} -> {status}")
+                console.print(f"  {escape(target.mailbox_id)}  {escape(message.id)}  -> {escape(status)}")
+            if not found:
+                break
+            rounds += 1
+        progress.update(bar, total=max(processed, 1) if processed < max_messages else max_messages)
+    return DrainResult(processed=processed, failed=failed, rounds=rounds)
+
+
+def load_root(registry: TeamRegistry, team_ref: str, broker_url: str, prefix: str) -> Team:
+    """The team ``lattice drain`` works on: a reference, a name registered in
+    this process, or -- failing both -- a name a running worker published in
+    the Redis hash ``<prefix>:teams`` (its reference is imported here, see
+    :meth:`TeamRegistry.load_published`). Raises :class:`ConfigError`."""
+    try:
+        return registry.load(team_ref)
+    except ConfigError:
+        if not isinstance(team_ref, str) or ":" in team_ref or not team_ref.strip():
+            raise
+    client = redis.Redis.from_url(broker_url, decode_responses=True)
+    try:
+        published = client.hgetall(teams_key(prefix))
+    finally:
+        client.close()
+    return registry.load_published(team_ref, published)
+
+
+def run_drain(
+    team_ref: str,
+    members: Sequence[str] | None,
+    max_rounds: int,
+    max_messages: int,
+    console: Console | None = None,
+) -> DrainResult:
+    """Body of ``lattice drain``.
+
+    Args:
+        team_ref: ``"package.module:attribute"`` or a team name (registered in
+            this process, or by a running worker in ``<prefix>:teams``).
+        members: member names to drain (empty = every member of the team and its nested teams).
+        max_rounds: passes over the members (>= 1).
+        max_messages: messages to process at most (>= 1).
+        console: a rich ``Console`` for the progress display (default stdout).
+
+    Raises :class:`ConfigError` for a bad reference, an unknown member or a
+    limit below 1. Returns the :class:`~lattice_worker.team.drain.DrainResult`.
+    """
+    for label, value in (("max_rounds", max_rounds), ("max_messages", max_messages)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{label} must be a positive integer, got {value!r}")
+    console = console or Console()
+    settings = get_settings()
+    registry = TeamRegistry(make_mailbox(settings))
+    root = load_root(registry, team_ref, settings.broker_url, settings.key_prefix)
+    targets = _targets(registry, root, list(members or []))
+    celery = make_celery_app(settings)
+
+    def send(name: str, args: list, queue: str) -> None:
+        celery.send_task(name, args=args, queue=queue)
+
+    async def main() -> DrainResult:
+        runs = RunStore(settings.broker_url, settings.key_prefix, max_events=settings.max_run_events)
+        ctx = WorkerContext(
+            settings=settings,
+            registry=registry,
+            mailbox=registry.mailbox,
+            runs=runs,
+            send_task=send,
+            worker_id=f"drain:{default_worker_id()}",
+        )
+        try:
+            return await drain_async(ctx, targets, max_rounds, max_messages, console)
+        finally:
+            await ctx.aclose()  # what is queued is written first
+            aclose = getattr(registry.mailbox, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    try:
+        result = asyncio.run(main())
+    finally:
+        celery.close()
+    console.print(
+        f"[bold]drained[/bold] {result.processed} message(s), {result.failed} failed, in {result.rounds} round(s)"
+    )
+    return result
+
+
+__all__ = ["drain_async", "load_root", "run_drain"]

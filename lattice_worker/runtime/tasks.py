@@ -1,0 +1,105 @@
+"""The Celery tasks: ``lattice.run_lead``, ``lattice.deliver``, ``lattice.resume_lead``.
+
+Each task is a thin synchronous wrapper that runs its async body on the
+worker process's event loop (:func:`lattice_worker.runtime.loops.run`) with
+this thread's :class:`~lattice_worker.runtime.context.WorkerContext`:
+
+* ``lattice.run_lead(run_id)`` -> :func:`lattice_worker.runtime.lead_segment.run_lead`
+  (only from ``queued``; a duplicate is a no-op);
+* ``lattice.deliver(mailbox_id)`` -> :func:`lattice_worker.runtime.member_step.deliver`
+  (the doorbell; nothing to claim is a no-op);
+* ``lattice.resume_lead(run_id)`` -> :func:`lattice_worker.runtime.lead_segment.resume_lead`
+  (once per suspension).
+
+No task waits for another: each ends after its own step and enqueues the
+next steps (doorbells, the resume, child runs) as Celery tasks of their own,
+even on a queue this worker consumes: every step shows in Flower with its
+state, and any worker on the step's queue may take it.
+A Redis connection failure is retried by Celery (every body is idempotent up
+to its first state change). Each task returns a short word saying what
+happened (``"idle"``, ``"skipped"``, ``"suspended"``, ``"done"``...), visible
+in Flower and the worker log.
+
+:func:`register` adds the tasks to a Celery app (``celery_app`` does, for its ``app``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from lattice_client.celery_config import DELIVER_TASK, RESUME_LEAD_TASK, RUN_LEAD_TASK
+
+from . import lead_segment, loops, member_step, process
+from .context import WorkerContext
+
+logger = logging.getLogger("lattice_worker.runtime.tasks")
+
+_BODIES: dict[str, Callable[[WorkerContext, str], Awaitable[str]]] = {
+    RUN_LEAD_TASK: lead_segment.run_lead,
+    DELIVER_TASK: member_step.deliver,
+    RESUME_LEAD_TASK: lead_segment.resume_lead,
+}
+
+
+async def run_step(ctx: WorkerContext, task: str, arg: str) -> str:
+    """Run the body of ``task`` on ``arg``; its queued writes are written before
+    the task ends (the steps it enqueued may already be running elsewhere and
+    find them). Returns the body's outcome word."""
+    try:
+        return await _BODIES[task](ctx, arg)
+    finally:
+        await ctx.writer.flush()
+
+
+_RETRY = {
+    # registered on this app only: Celery would otherwise add "shared" tasks to every app
+    # created in the process (the client's apps only send tasks by name)
+    "shared": False,
+    "autoretry_for": (RedisConnectionError, RedisTimeoutError),
+    "retry_backoff": True,
+    "retry_backoff_max": 10,
+    "max_retries": 5,
+}
+
+
+def _bad_arg(task: str, name: str, value: object) -> str:
+    logger.error("%s: %s must be a non-empty string, got %r; ignored", task, name, value)
+    return "invalid"
+
+
+def run_lead(run_id: str) -> str:
+    """Start the lead of run ``run_id`` (see :func:`lattice_worker.runtime.lead_segment.run_lead`)."""
+    if not isinstance(run_id, str) or not run_id:
+        return _bad_arg(RUN_LEAD_TASK, "run_id", run_id)
+    return loops.run(run_step(process.context(), RUN_LEAD_TASK, run_id))
+
+
+def deliver(mailbox_id: str) -> str:
+    """The doorbell of ``mailbox_id`` (see :func:`lattice_worker.runtime.member_step.deliver`)."""
+    if not isinstance(mailbox_id, str) or not mailbox_id:
+        return _bad_arg(DELIVER_TASK, "mailbox_id", mailbox_id)
+    return loops.run(run_step(process.context(), DELIVER_TASK, mailbox_id))
+
+
+def resume_lead(run_id: str) -> str:
+    """Resume run ``run_id`` (see :func:`lattice_worker.runtime.lead_segment.resume_lead`)."""
+    if not isinstance(run_id, str) or not run_id:
+        return _bad_arg(RESUME_LEAD_TASK, "run_id", run_id)
+    return loops.run(run_step(process.context(), RESUME_LEAD_TASK, run_id))
+
+
+def register(app: Any) -> dict[str, Any]:
+    """Register the three tasks on the Celery ``app`` (with Celery's retry of
+    Redis connection errors); returns ``{task name: task}``."""
+    return {
+        name: app.task(name=name, **_RETRY)(fn)
+        for name, fn in ((RUN_LEAD_TASK, run_lead), (DELIVER_TASK, deliver), (RESUME_LEAD_TASK, resume_lead))
+    }
+
+
+__all__ = ["deliver", "register", "resume_lead", "run_lead", "run_step"]
