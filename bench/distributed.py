@@ -9,7 +9,14 @@
    sequentially against one worker process (``--concurrency 1``), interleaved
    run by run after a warm-up; printed as medians in milliseconds and the
    ratio handoff / no-op.
-2. **Throughput scaling** (target >= 0.8 of linear). 200 independent runs of
+2. **The tool journal's cost** (target <= 1.25x). The same handoff round trip
+   with a member that calls one tool (unguarded, so journaled: recorded
+   ``started`` before the handler, ``completed`` after, its history persisted
+   per work item; ``docs/tool-effects.md``) before replying, on a worker with
+   the journal (the default) beside one without it (``LATTICE_TOOL_JOURNAL=0``),
+   each under its own key prefix, interleaved run by run. Printed: medians and
+   the ratio journaled / not journaled.
+3. **Throughput scaling** (target >= 0.8 of linear). 200 independent runs of
    the same team, every model call sleeping 100 ms (simulated model latency),
    all submitted at once, on 1, 2 and 4 worker processes (``lattice worker``,
    ``--concurrency 1`` each). Printed: runs per second for each and the
@@ -42,7 +49,7 @@ from celery import Celery
 
 from lattice_client.celery_config import make_celery_app
 from lattice_client.settings import get_settings
-from lattice_worker import AssistantModelMessage, ScriptedModelClient, define_agent
+from lattice_worker import AssistantModelMessage, ScriptedModelClient, define_agent, tool
 from lattice_worker.team import create_team, team_member
 from lattice_worker.team.reports import parse_report_message
 
@@ -94,6 +101,33 @@ bench_team = create_team(
         )
     ],
 )
+
+
+async def scribe_model(request: Any) -> AssistantModelMessage:
+    """Call ``note`` once, then reply with its result."""
+    await _latency()
+    if len(request.messages) == 1:
+        return _tool_use("note", {"text": "x"}, "toolu_note")
+    return _tool_use("team_reply", {"content": "echoed"}, "toolu_reply")
+
+
+@tool
+def note(text: str) -> str:
+    """Take a note (an unguarded tool: the journal records it)."""
+    return f"noted {text}"
+
+
+bench_tool_team = create_team(
+    name="bench_tool",
+    lead=define_agent(name="lead", model_client=ScriptedModelClient(lead_model), max_turns=4),
+    members=[
+        team_member(
+            name="echo",
+            agent=define_agent(name="scribe", model_client=ScriptedModelClient(scribe_model), tools=[note]),
+        )
+    ],
+)
+TOOL_TEAM_REF = "distributed:bench_tool_team"
 
 # --------------------------------------------------------------------------- the baseline (a Celery no-op)
 
@@ -170,21 +204,24 @@ class Bench:
         os.environ["LATTICE_BROKER_URL"] = self.broker
         self.procs: list[Proc] = []
         self.started = 0
+        self.extra_prefixes: list[str] = []
 
-    def start(self, argv: list[str], latency: float = 0.0) -> Proc:
-        env = {**self.env, "BENCH_MODEL_LATENCY": str(latency)}
+    def start(self, argv: list[str], latency: float = 0.0, env: dict[str, str] | None = None) -> Proc:
+        env = {**self.env, "BENCH_MODEL_LATENCY": str(latency), **(env or {})}
         self.started += 1
         proc = Proc(argv, env, self.logs / f"p{self.started}.log")
         self.procs.append(proc)
         return proc
 
-    def lattice_worker(self, latency: float) -> Proc:
+    def lattice_worker(
+        self, latency: float, team_ref: str = TEAM_REF, env: dict[str, str] | None = None
+    ) -> Proc:
         lattice = str(Path(sys.executable).with_name("lattice"))
         return self.start(
             [
                 lattice,
                 "worker",
-                TEAM_REF,
+                team_ref,
                 "--concurrency",
                 "1",
                 "--without-mingle",
@@ -193,6 +230,7 @@ class Bench:
                 "INFO",
             ],
             latency,
+            env,
         )
 
     def noop_worker(self) -> Proc:
@@ -213,7 +251,9 @@ class Bench:
         self.stop_all()
         client = redis.Redis.from_url(self.broker)
         try:
-            keys = list(client.scan_iter(match=f"{self.prefix}:*", count=1000))
+            keys = []
+            for prefix in [self.prefix, *self.extra_prefixes]:
+                keys += list(client.scan_iter(match=f"{prefix}:*", count=1000))
             keys += list(client.scan_iter(match="celery-task-meta-*", count=1000))
             for i in range(0, len(keys), 500):
                 client.delete(*keys[i : i + 500])
@@ -253,6 +293,41 @@ def round_trips(bench: Bench, count: int, warmup: int) -> tuple[list[float], lis
         sender.close()
         bench.stop_all()
     return ours, base
+
+
+def journal_round_trips(bench: Bench, count: int, warmup: int) -> tuple[list[float], list[float]]:
+    """Handoff round trips of the tool team with the journal (``bench``'s prefix)
+    and without it (a second prefix), interleaved run by run."""
+    from lattice_client import LatticeClient
+
+    other = f"{bench.prefix}-nojournal"
+    journaled = bench.lattice_worker(0.0, TOOL_TEAM_REF, {"LATTICE_TOOL_JOURNAL": "1"})
+    plain = bench.lattice_worker(
+        0.0, TOOL_TEAM_REF, {"LATTICE_TOOL_JOURNAL": "0", "LATTICE_KEY_PREFIX": other}
+    )
+    journaled.wait_ready()
+    plain.wait_ready()
+    clients = [
+        LatticeClient(broker_url=bench.broker, key_prefix=bench.prefix),
+        LatticeClient(broker_url=bench.broker, key_prefix=other),
+    ]
+    times: list[list[float]] = [[], []]
+    try:
+        for i in range(warmup + count):
+            for side, client in enumerate(clients):
+                t0 = time.perf_counter()
+                result = client.submit(TOOL_TEAM_REF, f"task {i}").wait(timeout=30)
+                elapsed = time.perf_counter() - t0
+                if result.result != "answer: echoed":
+                    raise RuntimeError(f"unexpected result {result}")
+                if i >= warmup:
+                    times[side].append(elapsed)
+    finally:
+        for client in clients:
+            client.close()
+        bench.stop_all()
+        bench.extra_prefixes.append(other)
+    return times[0], times[1]
 
 
 def throughput(bench: Bench, workers: int, runs: int, latency: float) -> float:
@@ -306,8 +381,23 @@ def main(argv: list[str] | None = None) -> int:
         )
 
         print()
+        with_journal, without = journal_round_trips(bench, args.round_trips, args.warmup)
+        m_with, m_without = statistics.median(with_journal), statistics.median(without)
+        print("2. the tool journal: handoff round trip whose member calls one (journaled) tool")
         print(
-            f"2. throughput: {args.runs} runs, {args.latency * 1000:.0f} ms per model call (3 calls per run)"
+            f"   with the journal      median {m_with * 1000:8.2f} ms   p90 {_p90(with_journal) * 1000:8.2f} ms"
+        )
+        print(
+            f"   without (base)        median {m_without * 1000:8.2f} ms   p90 {_p90(without) * 1000:8.2f} ms"
+        )
+        ratio = m_with / m_without
+        print(
+            f"   ratio journaled / not: {ratio:.2f}x   (target <= 1.25x: {'met' if ratio <= 1.25 else 'NOT met'})"
+        )
+
+        print()
+        print(
+            f"3. throughput: {args.runs} runs, {args.latency * 1000:.0f} ms per model call (3 calls per run)"
         )
         rates: dict[int, float] = {}
         for n in counts:

@@ -27,6 +27,8 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
+from .decisions_cli import register as register_decision_commands
+from .decisions_cli import waits_table
 from .settings import LatticeSettings, get_settings
 from .tables import inbox_table, mailboxes_table, runs_table
 
@@ -349,7 +351,10 @@ def status(
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="How many recent runs to list.")] = 10,
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
-    """Show message counts per mailbox (pending, processing, done, ...) and the most recent runs.
+    """Show mailbox message counts, recent runs and the tool calls waiting for a person.
+
+    Counts per mailbox and status (pending, processing, done, ..., parked), the
+    most recent runs, then any parked calls and pending approvals.
 
     Tables fit the terminal width; in a narrow one the least useful columns are
     hidden (a note says which) and --json shows everything.
@@ -374,6 +379,16 @@ def status(
         out.print(runs_table("recent runs", report.runs, out.width))
     else:
         out.print("no runs yet", markup=False)
+    if report.parked:
+        out.print(
+            waits_table("parked calls (lattice resolve ID)", report.parked, out.width, id_field="message_id")
+        )
+    if report.approvals:
+        out.print(
+            waits_table(
+                "pending approvals (lattice approve ID)", report.approvals, out.width, id_field="call_id"
+            )
+        )
 
 
 @app.command()
@@ -584,6 +599,9 @@ def flower(
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(argv[0], argv)
+
+
+register_decision_commands(app, client=_client, options=_options, guard=_guard, fail=_fail, out=out)
 
 
 def main() -> None:  # pragma: no cover - console entry point alternative

@@ -39,6 +39,7 @@ from redis import Redis as SyncRedis
 from lattice_mailbox import MessageStatus, TeamMessage, mailbox_from_url
 
 from .celery_config import RUN_LEAD_TASK, make_celery_app, queue_name
+from .decisions import DecisionsMixin, ParkedCall, PendingApproval, SyncDecisionsMixin
 from .errors import RunNotFoundError
 from .models import RunRecord, RunResult, RunStatus
 from .runstore import RunStore, check_run_id, dumps, final_from_reply, result_from_reply
@@ -93,12 +94,15 @@ class StatusReport(BaseModel):
     """Mailbox counts and recent runs, as :meth:`AsyncLatticeClient.status` returns them.
 
     ``mailboxes``: mailbox id -> {status value -> number of messages};
-    ``runs``: the most recent runs, newest first.
+    ``runs``: the most recent runs, newest first; ``parked`` / ``approvals``:
+    the tool calls waiting for a person (oldest first).
     """
 
     team: str | None = None
     mailboxes: dict[str, dict[str, int]] = Field(default_factory=dict)
     runs: list[RunRecord] = Field(default_factory=list)
+    parked: list[ParkedCall] = Field(default_factory=list)
+    approvals: list[PendingApproval] = Field(default_factory=list)
 
 
 def _resolve_settings(
@@ -138,8 +142,11 @@ class AsyncRunHandle:
         return await self._client.cancel(self.run_id)
 
 
-class AsyncLatticeClient:
+class AsyncLatticeClient(DecisionsMixin):
     """Submit runs to a team of Celery workers and follow them (asyncio).
+
+    Tool calls that wait for a person: :meth:`parked`, :meth:`resolve`,
+    :meth:`approvals`, :meth:`approve`, :meth:`deny` (:mod:`lattice_client.decisions`).
 
     Arguments override the settings (``LATTICE_*`` environment variables, see
     :class:`~lattice_client.settings.LatticeSettings`): ``broker_url`` (Redis),
@@ -513,7 +520,8 @@ class AsyncLatticeClient:
 
     async def status(self, team: str | None = None, *, limit: int = 20) -> StatusReport:
         """Per-status message counts of every ``<team>::*`` mailbox (every mailbox
-        when ``team`` is ``None``) and the ``limit`` most recent runs. ``team``
+        when ``team`` is ``None``), the ``limit`` most recent runs and the tool
+        calls waiting for a person. ``team``
         may also be a ``"package.module:attribute"`` reference (resolved as in
         :meth:`resolve_team`)."""
         if team and ":" in team and "::" not in team:
@@ -523,7 +531,8 @@ class AsyncLatticeClient:
         ids = await mailbox.mailbox_ids(prefix)
         counts = {mailbox_id: await mailbox.counts(mailbox_id) for mailbox_id in ids}
         runs = await self.runs.list_runs(team, limit=limit)
-        return StatusReport(team=team, mailboxes=counts, runs=runs)
+        parked, approvals = await self.parked(team), await self.approvals(team)
+        return StatusReport(team=team, mailboxes=counts, runs=runs, parked=parked, approvals=approvals)
 
     async def inbox(self, mailbox_id: str, status: MessageStatus | str = "pending") -> list[TeamMessage]:
         """Messages of one mailbox (``"<team>::<member>"``) with ``status`` (a
@@ -686,7 +695,7 @@ class RunHandle:
         return self._client.cancel(self.run_id)
 
 
-class LatticeClient:
+class LatticeClient(SyncDecisionsMixin):
     """The blocking client: the :class:`AsyncLatticeClient` API without ``await``.
 
     Runs the async client on a private event loop in a background thread, so it
