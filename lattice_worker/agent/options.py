@@ -106,6 +106,25 @@ class WorkspaceOptions(BaseModel):
     bash_timeout_ms: PositiveInt | None = None
 
 
+def _workspace_options(value: Mapping[str, Any]) -> WorkspaceOptions:
+    """``workspace`` given as a dict: paths may be ``os.PathLike``; a ``ValueError``
+    says which key is wrong (the union's own error would only say "not a string")."""
+    given = dict(value)
+    if isinstance(given.get("cwd"), os.PathLike):
+        given["cwd"] = os.fspath(given["cwd"])
+    if isinstance(given.get("allowed_directories"), list | tuple):
+        given["allowed_directories"] = [
+            os.fspath(d) if isinstance(d, os.PathLike) else d for d in given["allowed_directories"]
+        ]
+    try:
+        return WorkspaceOptions.model_validate(given)
+    except ValidationError as exc:
+        problems = [
+            f"{'.'.join(str(part) for part in e['loc'])}: {e['msg']}" for e in exc.errors(include_url=False)
+        ]
+        raise ValueError("; ".join(problems)) from None
+
+
 def _check_thinking(value: Any) -> dict[str, Any] | None:
     if value is None:
         return None
@@ -271,6 +290,10 @@ class AgentOptions(BaseModel):
             return os.fspath(v)
         if v is True:
             raise ValueError("True is not a workspace")
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            raise ValueError("a number is not a workspace")  # 0 == False would make a bare agent
+        if isinstance(v, Mapping):
+            return _workspace_options(v)
         return v
 
     @field_validator("skills", mode="before")

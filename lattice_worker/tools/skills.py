@@ -96,7 +96,7 @@ def load_skill(path: str | os.PathLike[str]) -> SkillDefinition:
         text = file.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{where}: cannot read {file}: {exc}") from None
-    lines = text.splitlines()
+    lines = text.replace("\r\n", "\n").split("\n")  # not splitlines(): a form feed in the body is text
     if not lines or lines[0].strip() != "---":
         raise ConfigError(f"{where}: {file} does not start with YAML front matter (a '---' line)")
     end = next((i for i in range(1, len(lines)) if lines[i].strip() == "---"), None)
@@ -135,6 +135,23 @@ def _keywords(text: str) -> set[str]:
     return {w for w in _words(text) if len(w) >= 3 and w not in _STOPWORDS}
 
 
+def _prompt_index(prompt: str) -> tuple[str, set[str]]:
+    """The prompt's words once: joined by single spaces (with a space at each end, to
+    find a name's words in a row) and as a set (to find description keywords)."""
+    words = _words(prompt)
+    return f" {' '.join(words)} ", set(words)
+
+
+def _matches(definition: SkillDefinition, joined: str, present: set[str]) -> bool:
+    name = _words(definition.name)
+    if name and f" {' '.join(name)} " in joined:
+        return True
+    keywords = _keywords(definition.description)
+    if not keywords:
+        return False
+    return len(keywords & present) >= min(2, len(keywords))
+
+
 def skill_matches(definition: SkillDefinition, prompt: str) -> bool:
     """True when ``prompt`` names the skill or speaks of what it describes.
 
@@ -145,22 +162,16 @@ def skill_matches(definition: SkillDefinition, prompt: str) -> bool:
     has fewer than two); keywords are words of three letters or more that are
     not common English words (``and``, ``the``, ``with`` ...).
     """
-    words = _words(prompt)
-    name = _words(definition.name)
-    if name and any(words[i : i + len(name)] == name for i in range(len(words) - len(name) + 1)):
-        return True
-    keywords = _keywords(definition.description)
-    if not keywords:
-        return False
-    found = keywords & set(words)
-    return len(found) >= min(2, len(keywords))
+    return _matches(definition, *_prompt_index(prompt))
 
 
 def match_skills(skills: Iterable[SkillDefinition], prompt: str) -> list[SkillDefinition]:
-    """The skills of ``skills`` that ``prompt`` matches (:func:`skill_matches`), in order."""
+    """The skills of ``skills`` that ``prompt`` matches (:func:`skill_matches`), in
+    order; the prompt is split into words once, however many skills there are."""
     if not prompt:
         return []
-    return [s for s in skills if skill_matches(s, prompt)]
+    index = _prompt_index(prompt)
+    return [s for s in skills if _matches(s, *index)]
 
 
 def skills_prompt_section(skills: Iterable[SkillDefinition]) -> str | None:

@@ -93,6 +93,13 @@ def test_workspace_as_a_path_and_as_options(
     assert by_options.workspace.cwd == str(tmp_path / "proj")
     assert by_options.workspace.allowed_directories == (str(tmp_path / "out"),)
     assert by_options.workspace.bash_timeout_ms == 5000
+    with_paths = create_agent(  # Path objects inside the dict too, as at the top level
+        workspace={"cwd": tmp_path / "proj", "allowed_directories": [tmp_path / "out"]},
+        model_client=ScriptedModelClient([]),
+    )
+    assert with_paths.workspace is not None
+    assert with_paths.workspace.cwd == str(tmp_path / "proj")
+    assert with_paths.workspace.allowed_directories == (str(tmp_path / "out"),)
     assert not (home / ".agent").exists() and not (tmp_path / "proj").exists()
 
 
@@ -123,6 +130,11 @@ def test_the_system_prompt_says_where_the_workspace_is(home: Path, tmp_path: Pat
     assert f"Your workspace is {tmp_path / 'w'}." in prompt
     assert f"only inside {tmp_path / 'w'}, {tmp_path / 'shared'}" in prompt
     assert "name the important paths" in prompt
+    read_only = create_agent(
+        workspace={"cwd": str(tmp_path / "w"), "allowed_directories": []},
+        model_client=ScriptedModelClient([]),
+    )._system_prompt()
+    assert read_only is not None and "You may not change any files; you may read any file" in read_only
 
 
 async def test_the_model_request_carries_the_tools_and_the_workspace_section(home: Path) -> None:
@@ -195,9 +207,18 @@ def test_a_name_that_cannot_be_a_directory_is_refused(home: Path, factory, name:
     ("workspace", "message"),
     [
         (True, 'option "workspace" expects'),
-        ({"cwd": "x", "bash_timeout_ms": 0}, 'option "workspace"'),
-        ({"cwd": "x", "extra": 1}, 'option "workspace"'),
-        ({"allowed_directories": []}, 'option "workspace"'),
+        (0, 'option "workspace" expects.*a number is not a workspace'),  # not a bare agent: 0 == False
+        (0.0, "a number is not a workspace"),
+        # the error names what is wrong inside the dict
+        ({"cwd": "x", "bash_timeout_ms": 0}, r"\(bash_timeout_ms: Input should be greater than 0\)"),
+        ({"cwd": "x", "extra": 1}, r"\(extra: Extra inputs are not permitted\)"),
+        ({"allowed_directories": []}, r"\(cwd: Field required\)"),
+        (
+            {"cwd": "x", "allowed_directories": "/tmp"},
+            r"\(allowed_directories: Input should be a valid list\)",
+        ),
+        ("/tmp/a\0b", 'option "cwd" expects a directory path without NUL characters'),
+        ({"cwd": "x", "allowed_directories": ["/tmp/\0"]}, "without NUL characters"),
     ],
 )
 def test_bad_workspace_options(home: Path, workspace, message: str) -> None:

@@ -151,11 +151,63 @@ async def test_cancelling_the_call_leaves_nothing_running(ws: Path, tools) -> No
     assert await gone(pids(ws / "pid"))
 
 
+async def test_cancelling_while_the_command_starts_leaves_nothing_running(
+    ws: Path, tools, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The command runs before asyncio has connected its pipes; a cancel landing in
+    that window (a loaded machine makes it wide) must still stop the whole group."""
+    loop = asyncio.get_running_loop()
+    connected = asyncio.Event()
+    real = loop.subprocess_exec
+
+    async def slow_start(*args, **kwargs):
+        started = await real(*args, **kwargs)
+        await connected.wait()  # the pipes take their time
+        return started
+
+    monkeypatch.setattr(loop, "subprocess_exec", slow_start)
+    task = asyncio.ensure_future(call(tools, "Bash", {"command": "sleep 300 & echo $! > pid; wait"}))
+    await wait_for_file(ws / "pid")
+    task.cancel()
+    connected.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    started = pids(ws / "pid")
+    try:
+        assert await gone(started)
+    finally:
+        for pid in started:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
 async def test_background_jobs_holding_the_output_are_stopped_after_exit(ws: Path, tools) -> None:
     result = await call(tools, "Bash", {"command": "sleep 300 & echo $! > pid; echo quick"})
     assert not result.is_error
     assert text(result).startswith("quick\nBackground processes still writing to the output were stopped")
     assert await gone(pids(ws / "pid"))
+
+
+@pytest.mark.parametrize(
+    ("command", "ending"),
+    [
+        ("setsid sleep 300 & echo $! > pid; wait", "Timed out after 1000 ms"),  # timeout
+        ("setsid sleep 300 & echo $! > pid", "Background processes still writing to the output were stopped"),
+    ],
+)
+async def test_a_process_that_left_the_group_but_holds_the_output_is_stopped(
+    ws: Path, tools, command: str, ending: str
+) -> None:
+    """setsid puts a child in a session (and group) of its own: killing the group
+    misses it, yet it still holds the output open."""
+    result = await call(tools, "Bash", {"command": command, "timeout_ms": 1000})
+    pid = pids(ws / "pid")[0]
+    try:
+        assert ending in text(result), text(result)
+        assert await gone([pid])
+    finally:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
 
 
 async def test_a_detached_background_job_keeps_running(ws: Path, tools) -> None:
@@ -189,8 +241,14 @@ ESCAPES = [
     "install seed.txt {out}/a",
     "install -d {out}/dir",
     "ln -s seed.txt {out}/a",
+    "ln {out}/keep.txt hard && echo x >> hard",  # a hard link makes the outside file writable from here
     "rm {out}/keep.txt",
     "rm -rf {out}",
+    "rm -rf link/",  # the trailing slash makes rm follow the link: it empties the outside directory
+    "rm -rf */",  # ... and so does a pattern the shell expands to link/
+    "rm -rf ./l*/",
+    "cp seed.txt */",
+    "rm -rf {{nothing,link}}/",
     "mkdir {out}/dir",
     "touch {out}/a",
     "dd if=seed.txt of={out}/a",
@@ -210,6 +268,53 @@ ESCAPES = [
     "echo x > $OUTSIDE_DIR/a",
     "echo x > {out}/a # a comment",
     "cat > {out}/a <<'EOF'\nit's a here-document\nEOF",
+    # short option clusters that end in -t DIR
+    "cp -rt {out} seed.txt",
+    "cp -rvt{out} seed.txt",
+    "mv -ft {out} seed.txt",
+    "install -Dt {out} seed.txt",
+    "ln -st {out} seed.txt",
+    # the -c of a shell among its other options
+    "bash -lc 'touch {out}/a'",
+    "sh -ec 'touch {out}/a'",
+    "bash -o pipefail -xc 'touch {out}/a'",
+    "bash -c -- 'touch {out}/a'",
+    # reserved words and groups before a command
+    "{{ touch {out}/a; }}",
+    "! touch {out}/a",
+    "if true; then touch {out}/a; fi",
+    "if false; then :; else rm {out}/keep.txt; fi",
+    "while true; do touch {out}/a; break; done",
+    "until false; do touch {out}/a; break; done",
+    "clean() {{ rm {out}/keep.txt; }}; clean",
+    # /dev/fd/N is safe, /dev/fd/.. is not
+    "echo x > /dev/fd/../../..{out}/a",
+    # command substitution inside double quotes runs too
+    'echo "$(touch {out}/a)"',
+    'x="`rm {out}/keep.txt`"',
+    'echo "nested $(echo "$(touch {out}/a)")"',
+    "cat <<EOF > inside.txt\nit's $(rm {out}/keep.txt)\nEOF",  # an unquoted here-document is expanded
+    "cat <<-EOF > inside.txt\n\t`touch {out}/a`\n\tEOF",
+    # wrappers that run the command after their own arguments
+    "timeout 5 touch {out}/a",
+    "timeout -s KILL -k 1 5 rm {out}/keep.txt",
+    "setsid touch {out}/a",
+    "stdbuf -o0 cp seed.txt {out}/a",
+    "xargs -a /dev/null -n 1 touch {out}/a",
+    # more commands that write their operands
+    "rsync seed.txt {out}/a",
+    "rsync -a --exclude x seed.txt {out}/",
+    "chmod 000 {out}/keep.txt",
+    "chmod -w {out}/keep.txt",
+    "chown -R root {out}",
+    "find {out} -delete",
+    "find -L {out} -name keep.txt -delete",
+    "find link/ -delete",
+    "find -L link -delete",
+    "find {out} -name keep.txt -exec rm {{}} \\;",
+    "find . {out} -name '*.txt' -exec rm -f {{}} +",
+    "find . -name seed.txt -exec mv {{}} {out}/ ';'",
+    "find . -fprint {out}/list",
 ]
 
 
@@ -230,6 +335,17 @@ async def test_shell_writes_outside_are_refused_and_nothing_runs(
     assert snapshot(ws) == before_ws  # the command did not run at all
 
 
+@pytest.mark.parametrize("command", ["echo x >> hard", "cp seed.txt hard", "echo x | tee -a hard"])
+async def test_writes_through_a_hard_link_to_an_outside_file_are_refused(
+    ws: Path, outside: Path, tools, command: str
+) -> None:
+    os.link(outside / "keep.txt", ws / "hard")
+    result = await call(tools, "Bash", {"command": command})
+    assert result.is_error and f"{ws / 'hard'} has 2 hard links" in text(result), text(result)
+    assert snapshot(outside) == {"keep.txt": b"keep\n"}
+    assert not (await call(tools, "Bash", {"command": "rm hard && ln -s seed.txt soft"})).is_error
+
+
 @pytest.mark.parametrize(
     "command",
     [
@@ -245,6 +361,21 @@ async def test_shell_writes_outside_are_refused_and_nothing_runs(
         "rm link",
         "echo 'x > {out}/a'",
         "cat <<'EOF' > inside.txt\nwrite > {out}/a stays text\nEOF",
+        "cp -rt . {out}/keep.txt",
+        "bash -ec 'echo ok > inside.txt'",
+        "if true; then echo ok > inside.txt; fi",
+        'echo "$(cat {out}/keep.txt)" > inside.txt',
+        "echo '$(touch {out}/a)' \"`echo it is inside`\" > inside.txt",
+        "echo x > /dev/fd/2",
+        "rm -f *.txt && mkdir -p d1 d2 && rm -rf d*/ {{d1,d2}}",
+        "cat <<'EOF' > inside.txt\n$(rm {out}/keep.txt) stays text\nEOF",
+        'cat <<"EOF" > inside.txt\n`touch {out}/a` stays text\nEOF',
+        "timeout 5 cat {out}/keep.txt",
+        "rsync -a {out}/ copy/",
+        "chmod +x seed.txt && chmod -R u+w .",
+        "find . -name '*.tmp' -delete",
+        "find link -delete",  # removes the link only
+        "find {out} -name '*.txt' -exec cat {{}} + -exec cp {{}} . \\;",
     ],
 )
 async def test_writes_inside_and_reads_outside_are_allowed(

@@ -6,12 +6,14 @@ written outside."""
 from __future__ import annotations
 
 import os
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
 from lattice_worker import ConfigError, create_builtin_tools
 from lattice_worker.tools.builtin.files import READ_DEFAULT_LINES, READ_MAX_LINE_CHARS
+from lattice_worker.tools.builtin.policy import open_for_reading, read_head
 from tests.support.tools import by_name, call, snapshot, text
 
 
@@ -109,6 +111,21 @@ async def test_read_bounds_long_files_and_long_lines(ws: Path, tools) -> None:
     assert wide.endswith("[... line cut: 123 characters]") and wide.count("y") == READ_MAX_LINE_CHARS
 
 
+async def test_read_of_a_huge_line_holds_only_a_bounded_piece_in_memory(ws: Path, tools) -> None:
+    (ws / "one.txt").write_bytes(b"x" * 20_000_000 + b"\nsecond\n")  # a dump without line breaks
+    tracemalloc.start()
+    try:
+        result = await call(tools, "Read", {"file_path": "one.txt"})
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert text(result).splitlines() == [
+        f"     1\t{'x' * READ_MAX_LINE_CHARS} [... line cut: {20_000_000 - READ_MAX_LINE_CHARS} characters]",
+        "     2\tsecond",
+    ]
+    assert peak < 2_000_000, peak  # not the 20 MB line (let alone its decoded copy)
+
+
 async def test_read_reads_outside_the_allowed_directories(outside: Path, tools) -> None:
     result = await call(tools, "Read", {"file_path": str(outside / "keep.txt")})
     assert not result.is_error and "outside data" in text(result)
@@ -157,6 +174,13 @@ async def test_write_creates_parents_and_overwrites(ws: Path, tools) -> None:
     assert text(again).startswith("Overwrote ") and (ws / "a/b/c.txt").read_text() == "new"
 
 
+async def test_write_of_text_utf8_cannot_encode_is_refused_and_keeps_the_file(ws: Path, tools) -> None:
+    (ws / "keep.txt").write_text("precious\n")
+    result = await call(tools, "Write", {"file_path": "keep.txt", "content": "a\ud800b"})
+    assert result.is_error and "cannot be written as UTF-8" in text(result) and "position 1" in text(result)
+    assert (ws / "keep.txt").read_text() == "precious\n"
+
+
 async def test_write_to_a_directory_is_refused(ws: Path, tools) -> None:
     (ws / "d").mkdir()
     result = await call(tools, "Write", {"file_path": "d", "content": "x"})
@@ -175,6 +199,19 @@ async def test_edit_replaces_exactly_once_or_all(ws: Path, tools) -> None:
     assert "replaced 2 occurrences" in text(every) and target.read_text() == "a == 2\nb == 1\n"
 
 
+async def test_edit_of_a_crlf_file_with_the_lines_read_shows(ws: Path, tools) -> None:
+    """Read shows a CRLF file's lines without the CR, so the model copies LF text:
+    Edit matches it against the CRLF lines and keeps the file's line endings."""
+    target = ws / "dos.txt"
+    target.write_bytes(b"one\r\ntwo\r\nthree\r\n")
+    assert "\r" not in text(await call(tools, "Read", {"file_path": "dos.txt"}))
+    result = await call(
+        tools, "Edit", {"file_path": "dos.txt", "old_string": "one\ntwo", "new_string": "1\n2"}
+    )
+    assert not result.is_error, text(result)
+    assert target.read_bytes() == b"1\r\n2\r\nthree\r\n"
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -185,6 +222,11 @@ async def test_edit_replaces_exactly_once_or_all(ws: Path, tools) -> None:
         ({"file_path": "code.py", "old_string": "x", "new_string": "x"}, "are the same"),
         ({"file_path": "blob.bin", "old_string": "a", "new_string": "b"}, "is a binary file"),
         ({"file_path": "latin1.txt", "old_string": "a", "new_string": "b"}, "is not UTF-8 text"),
+        # a lone surrogate (valid JSON: "\ud800") cannot be encoded: the file must survive
+        (
+            {"file_path": "code.py", "old_string": "x = 1", "new_string": "\ud800"},
+            "cannot be written as UTF-8",
+        ),
     ],
 )
 async def test_edit_refusals_change_nothing(ws: Path, tools, args: dict, message: str) -> None:
@@ -233,6 +275,26 @@ async def test_edit_outside_allowed_directories_is_refused(ws: Path, outside: Pa
             tools, "Edit", {"file_path": path, "old_string": "outside", "new_string": "pwned"}
         )
         assert result.is_error and "outside the allowed directories" in text(result), path
+    assert snapshot(outside) == {"keep.txt": b"outside data\n"}
+
+
+async def test_a_hard_link_to_a_file_outside_is_not_written_through(ws: Path, outside: Path, tools) -> None:
+    os.link(
+        outside / "keep.txt", ws / "hard"
+    )  # e.g. made by an earlier Bash call: ln ../outside/keep.txt hard
+    for name, args in [
+        ("Write", {"file_path": "hard", "content": "pwned"}),
+        ("Edit", {"file_path": "hard", "old_string": "outside", "new_string": "pwned"}),
+    ]:
+        result = await call(tools, name, args)
+        assert result.is_error, name
+        message = text(result)
+        assert message.startswith(f"{name}: {ws / 'hard'} has 2 hard links") and "is refused" in message, (
+            message
+        )
+    assert snapshot(outside) == {"keep.txt": b"outside data\n"}
+    os.unlink(ws / "hard")  # the way out the message names: a file of its own
+    assert not (await call(tools, "Write", {"file_path": "hard", "content": "mine"})).is_error
     assert snapshot(outside) == {"keep.txt": b"outside data\n"}
 
 
@@ -287,6 +349,15 @@ async def test_a_missing_cwd_is_an_error_not_created(tmp_path: Path) -> None:
     result = await call(tools, "LS", {})
     assert result.is_error and "absent" in text(result)
     assert not (tmp_path / "absent").exists()
+
+
+def test_files_are_opened_without_waiting_for_data(ws: Path) -> None:
+    """Some pseudo-files are regular files that block a read until data comes
+    (/proc/kmsg as root): Read and Grep open with O_NONBLOCK. A FIFO without a
+    writer shows it: a plain open for reading would wait for one for good."""
+    os.mkfifo(ws / "pipe")
+    with open_for_reading(str(ws / "pipe")) as raw:
+        assert read_head(raw) == b""
 
 
 async def test_devices_and_fifos_are_refused_not_waited_on(ws: Path, tools) -> None:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
 from lattice_worker import AbortController, create_builtin_tools
+from lattice_worker.tools.builtin import search
 from lattice_worker.tools.builtin.policy import MAX_OUTPUT_CHARS
 from lattice_worker.tools.builtin.search import GLOB_MAX_RESULTS, GREP_MAX_LINE_CHARS, GREP_MAX_LINES
 from tests.support.tools import call, text
@@ -130,6 +132,32 @@ async def test_grep_bounds_its_output(tmp_path: Path) -> None:
     shown = len(lines) - 2
     assert len(out) < MAX_OUTPUT_CHARS + 500 and shown < 300  # bounded in characters, on line boundaries
     assert lines[-2] == f"[... {300 - shown} more matching lines not shown; narrow the search]"
+
+
+async def test_grep_searches_a_huge_line_in_bounded_pieces(tmp_path: Path) -> None:
+    (tmp_path / "one.txt").write_bytes(b"x" * 20_000_000 + b"NEEDLE\nNEEDLE again\n")
+    tools = create_builtin_tools(cwd=tmp_path)
+    tracemalloc.start()
+    try:
+        out = text(await call(tools, "Grep", {"pattern": "NEEDLE", "path": "one.txt"}))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    lines = out.splitlines()
+    assert lines[:2] == ["one.txt:1:NEEDLE", "one.txt:2:NEEDLE again"]  # the matching piece is shown
+    assert lines[-1] == "2 matching lines in 1 files (1 files searched)"  # line 1 counted once
+    assert peak < 10_000_000, peak  # pieces of GREP_SCAN_CHARS, not the 20 MB line
+
+
+async def test_grep_stops_at_its_time_limit(tools, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(search, "GREP_TIME_LIMIT_SECONDS", 0)  # Grep over "/" would take minutes
+    result = await call(tools, "Grep", {"pattern": "import"})
+    assert not result.is_error
+    assert text(result).endswith(
+        "0 matching lines in 0 files (0 files searched; 1 binary files skipped) "
+        "[stopped after the time limit of 0 s; "
+        "narrow the path or the glob]"
+    )
 
 
 async def test_grep_stops_when_the_query_is_aborted(tools) -> None:

@@ -22,6 +22,7 @@ from lattice_worker import (
     tool,
     tool_turn,
 )
+from lattice_worker.tools import skills as skills_module
 from lattice_worker.tools.skills import match_skills, skill_matches
 
 REVIEW = skill(
@@ -63,6 +64,15 @@ def test_load_skill_from_a_directory_or_the_file(tmp_path: Path) -> None:
     assert loaded.instructions == "Render pages before claiming layout is correct."
     assert loaded.path == str(directory / "SKILL.md")
     assert load_skill(str(directory / "SKILL.md")) == loaded
+
+
+def test_load_skill_keeps_the_instructions_as_written(tmp_path: Path) -> None:
+    """Only line feeds (and CRLF) end lines: a form feed or U+2028 in the body is text."""
+    body = "Step 1\x0cStep 2 \u2028 then \x85 done.\n\n  Indented."
+    directory = write_skill(tmp_path, f"---\nname: x\ndescription: y\n---\n{body}\n")
+    assert load_skill(directory).instructions == body
+    crlf = write_skill(tmp_path / "crlf", "---\r\nname: x\r\ndescription: y\r\n---\r\na\r\nb\r\n")
+    assert load_skill(crlf).instructions == "a\nb"
 
 
 @pytest.mark.parametrize(
@@ -130,6 +140,18 @@ def test_a_one_keyword_description_needs_that_keyword() -> None:
     assert skill_matches(s, "my kubernetes pod crashed")
     assert not skill_matches(s, "my pod crashed")
     assert skill_matches(s, "ask the k8s helper")
+
+
+def test_the_prompt_is_split_into_words_once_however_many_skills(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Matching runs on the event loop at the start of every query: 500 skills over a
+    130 KB prompt took 15 s when each skill split the prompt again."""
+    prompt = "Please review the pull request. " * 100
+    calls: list[str] = []
+    original = skills_module._words
+    monkeypatch.setattr(skills_module, "_words", lambda text: calls.append(text) or original(text))
+    many = [skill(name=f"s-{i}", description=f"topic{i} reports", instructions="x") for i in range(50)]
+    assert match_skills([*many, REVIEW], prompt) == [REVIEW]
+    assert calls.count(prompt) == 1
 
 
 # --------------------------------------------------------------------------- injection

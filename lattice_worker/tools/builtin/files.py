@@ -13,7 +13,9 @@ Inputs (paths relative to the workspace's ``cwd`` unless absolute, ``~`` expande
   translation), creating parent directories; only inside ``allowed_directories``.
 * ``Edit {file_path, old_string, new_string, replace_all?}`` -- replaces the
   exact text ``old_string`` of an existing UTF-8 file; without ``replace_all``
-  it must occur exactly once. Only inside ``allowed_directories``; files over
+  it must occur exactly once. In a file with CRLF line endings, line feeds in
+  ``old_string`` and ``new_string`` stand for CRLF when the text is not found
+  as given (``Read`` shows the lines without the CR). Only inside ``allowed_directories``; files over
   :data:`EDIT_MAX_BYTES` bytes are refused.
 * ``LS {path?}`` -- the entries of a directory (default the ``cwd``), sorted,
   directories with a trailing ``/``, links as ``name -> target``; at most
@@ -32,7 +34,17 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..tool import ToolContext, ToolDefinition
-from .policy import BINARY_SNIFF_BYTES, MAX_OUTPUT_CHARS, Refusal, Workspace, define_tool, is_binary
+from .policy import (
+    BINARY_SNIFF_BYTES,
+    MAX_OUTPUT_CHARS,
+    Refusal,
+    Workspace,
+    bounded_lines,
+    define_tool,
+    is_binary,
+    open_for_reading,
+    read_head,
+)
 
 READ_DEFAULT_LINES = 2000
 """Lines ``Read`` returns when ``limit`` is not given."""
@@ -99,13 +111,23 @@ def _regular(path: str) -> None:
         raise Refusal(f"{path} is not a regular file (a device, FIFO or socket)")
 
 
+def _utf8(text: str, field: str, target: str) -> bytes:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise Refusal(
+            f"{field} cannot be written as UTF-8: {exc.reason} (character {text[exc.start]!r} at position "
+            f"{exc.start}); {target} was not changed"
+        ) from None
+
+
 def read_file(ws: Workspace, args: ReadInput, ctx: ToolContext) -> str:
     path = ws.absolute(args.file_path)
     _existing_file(path)
     offset = args.offset or 1
     limit = args.limit or READ_DEFAULT_LINES
-    with open(path, "rb") as raw:
-        if is_binary(raw.read(BINARY_SNIFF_BYTES)):
+    with open_for_reading(path) as raw:
+        if is_binary(read_head(raw)):
             raise Refusal(f"{path} is a binary file; Read returns text files only")
         raw.seek(0)
         text = io.TextIOWrapper(raw, encoding="utf-8", errors="replace")
@@ -113,19 +135,15 @@ def read_file(ws: Workspace, args: ReadInput, ctx: ToolContext) -> str:
         size = 0
         last = 0
         more = False
-        for number, line in enumerate(text, start=1):
+        for number, line, left_out in bounded_lines(text, READ_MAX_LINE_CHARS):
             last = number
             if number < offset:
                 continue
             if len(lines) >= limit or size >= MAX_OUTPUT_CHARS:
                 more = True
                 break
-            line = line.rstrip("\r\n")
-            if len(line) > READ_MAX_LINE_CHARS:
-                line = (
-                    line[:READ_MAX_LINE_CHARS]
-                    + f" [... line cut: {len(line) - READ_MAX_LINE_CHARS} characters]"
-                )
+            if left_out:
+                line += f" [... line cut: {left_out} characters]"
             shown = f"{number:>6}\t{line}"
             lines.append(shown)
             size += len(shown) + 1
@@ -146,8 +164,8 @@ def write_file(ws: Workspace, args: WriteInput, ctx: ToolContext) -> str:
     existed = os.path.exists(target)
     if existed:
         _regular(target)
+    data = _utf8(args.content, "content", target)
     os.makedirs(os.path.dirname(target), exist_ok=True)
-    data = args.content.encode("utf-8")
     with open(target, "wb") as out:
         out.write(data)
     return f"{'Overwrote' if existed else 'Created'} {target} ({len(data)} bytes)"
@@ -160,6 +178,7 @@ def edit_file(ws: Workspace, args: EditInput, ctx: ToolContext) -> str:
         raise Refusal(f"old_string is empty; use Write to create or overwrite {target} as a whole")
     if args.old_string == args.new_string:
         raise Refusal(f"old_string and new_string are the same; nothing in {target} would change")
+    _utf8(args.new_string, "new_string", target)  # before the file is opened for writing
     size = os.path.getsize(target)
     if size > EDIT_MAX_BYTES:
         raise Refusal(f"{target} has {size} bytes; Edit changes files up to {EDIT_MAX_BYTES} bytes")
@@ -171,7 +190,12 @@ def edit_file(ws: Workspace, args: EditInput, ctx: ToolContext) -> str:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise Refusal(f"{target} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    count = text.count(args.old_string)
+    old, new = args.old_string, args.new_string
+    count = text.count(old)
+    if count == 0 and "\r\n" in text and "\n" in old and "\r\n" not in old:
+        # Read shows a CRLF file's lines without the CR: match the model's LF text against them
+        old, new = old.replace("\n", "\r\n"), new.replace("\n", "\r\n")
+        count = text.count(old)
     if count == 0:
         raise Refusal(
             f"old_string was not found in {target}; Read the file and copy the exact text, whitespace included"
@@ -181,9 +205,9 @@ def edit_file(ws: Workspace, args: EditInput, ctx: ToolContext) -> str:
             f"old_string occurs {count} times in {target}; include more surrounding text to make it "
             "unique, or set replace_all to replace every occurrence"
         )
-    new = text.replace(args.old_string, args.new_string)
+    data = text.replace(old, new).encode("utf-8")
     with open(target, "wb") as out:
-        out.write(new.encode("utf-8"))
+        out.write(data)
     return f"Edited {target}: replaced {count} occurrence{'s' if count != 1 else ''}"
 
 

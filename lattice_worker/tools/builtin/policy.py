@@ -11,7 +11,9 @@ may only change paths inside ``allowed_directories``. A path is checked after
 it is resolved the way the operating system will resolve it -- relative to
 ``cwd``, ``~`` expanded, every symbolic link of its existing part followed
 (``os.path.realpath``), ``..`` applied after the links -- so neither ``..`` nor
-a link inside the workspace that points outside gets past the check. The
+a link inside the workspace that points outside gets past the check. An
+existing file with more than one hard link is not written either: it may be
+the same file as one outside. The
 read-only tools (``Read``, ``LS``, ``Glob``, ``Grep``) may read anything the
 process may read. The bound guards against mistakes; it is not a sandbox (a
 link created between the check and the write, or a program that writes files
@@ -25,11 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import io
 import os
-from collections.abc import Callable, Iterable
+import stat
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from pydantic import BaseModel
 
@@ -68,6 +72,19 @@ def is_inside(path: str, root: str) -> bool:
         return os.path.commonpath([path, root]) == root
     except ValueError:  # different drives
         return False
+
+
+def open_for_reading(path: str) -> BinaryIO:
+    """``path`` opened for reading in binary without ever waiting for data
+    (``O_NONBLOCK``): a pseudo-file that would block until data comes (a FIFO,
+    ``/proc/kmsg``) reads as empty instead of hanging the tool. Raises ``OSError``."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    return os.fdopen(fd, "rb")
+
+
+def read_head(raw: BinaryIO) -> bytes:
+    """The first :data:`BINARY_SNIFF_BYTES` of ``raw`` (``b""`` when nothing is there yet)."""
+    return raw.read(BINARY_SNIFF_BYTES) or b""
 
 
 def is_binary(head: bytes) -> bool:
@@ -112,6 +129,10 @@ class Workspace:
         """
         if not isinstance(cwd, str | os.PathLike) or not os.fspath(cwd):
             raise ConfigError(f'{where}: option "cwd" expects a directory path; got {cwd!r}')
+        if "\0" in os.fspath(cwd):
+            raise ConfigError(
+                f'{where}: option "cwd" expects a directory path without NUL characters; got {cwd!r}'
+            )
         base = os.path.abspath(os.path.expanduser(os.fspath(cwd)))
         if allowed_directories is None:
             roots: tuple[str, ...] = (base,)
@@ -125,10 +146,10 @@ class Workspace:
                 )
             items = list(allowed_directories)
             for item in items:
-                if not isinstance(item, str | os.PathLike) or not os.fspath(item):
+                if not isinstance(item, str | os.PathLike) or not os.fspath(item) or "\0" in os.fspath(item):
                     raise ConfigError(
-                        f'{where}: option "allowed_directories" expects a list of directory paths; '
-                        f"item {item!r} is not one"
+                        f'{where}: option "allowed_directories" expects a list of directory paths '
+                        f"without NUL characters; item {item!r} is not one"
                     )
             roots = tuple(os.path.normpath(_absolute(item, base)) for item in items)
         if not isinstance(bash_timeout_ms, int) or isinstance(bash_timeout_ms, bool) or bash_timeout_ms <= 0:
@@ -162,16 +183,20 @@ class Workspace:
 
         ``what`` names the write for the message (``"writing"``, ``'the ">" redirection'``).
         ``keep_last_link``: resolve the parent only and keep the last component
-        as it is (removing or moving a link changes the link, not its target).
+        as it is (removing or moving a link changes the link, not its target),
+        unless ``path`` ends with ``/`` or ``/.`` (then the link is followed too).
         """
         absolute = self.absolute(path)
-        if keep_last_link:
+        # "link/" and "link/." name what the link points to: the system follows the link then
+        if keep_last_link and not absolute.endswith((os.sep, os.sep + ".")):
             head, tail = os.path.split(os.path.normpath(absolute))
             resolved = os.path.join(real(head), tail) if tail else real(head)
         else:
             resolved = real(absolute)
         roots = self.real_roots()
         if any(is_inside(resolved, root) for root in roots):
+            if not keep_last_link:
+                _refuse_hard_links(resolved, what)
             return resolved
         shown = path if resolved == absolute else f"{path} (resolves to {resolved})"
         raise Refusal(
@@ -189,13 +214,68 @@ class Workspace:
         """One paragraph for the agent's system prompt: where it works (for the
         built-in ``tools`` it has) and what it may write."""
         roots = ", ".join(self.allowed_directories)
+        writes = f"You may change files only inside {roots}" if roots else "You may not change any files"
         return (
             f"Your workspace is {self.cwd}. It is the working directory of your built-in file and shell "
             f"tools ({', '.join(tools)}): relative paths are resolved against it. "
-            f"You may change files only inside {roots}; you may read any file you can access. "
+            f"{writes}; you may read any file you can access. "
             "Keep durable work there (code, reports, logs, test evidence), and in your final answer name "
             "the important paths and say how you verified the result."
         )
+
+
+def _refuse_hard_links(path: str, what: str) -> None:
+    """A file with more than one name (hard links) is one file: writing it here changes it
+    under its other names too, which may be anywhere on the same file system."""
+    try:
+        info = os.stat(path)
+    except (OSError, ValueError):
+        return  # does not exist (yet): the write creates a file of its own
+    if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+        raise Refusal(
+            f"{path} has {info.st_nlink} hard links: {what} would change the file under its other names "
+            "too, which may be outside the allowed directories, and is refused; remove it (rm) and write "
+            "a file of its own"
+        )
+
+
+def line_pieces(text: io.TextIOBase, size: int) -> Iterator[tuple[int, str]]:
+    """The lines of ``text`` as ``(line number, piece)``, line endings removed: a
+    line longer than ``size`` characters comes as several pieces with the same
+    number. Reads ``size`` characters at a time and holds at most twice that,
+    however long a line is."""
+    number = 1
+    carry = ""
+    continued = False  # carry continues a line already yielded in part
+    while chunk := text.read(size):
+        *lines, carry = (carry + chunk).split("\n")
+        for line in lines:
+            if line or not continued:
+                yield number, line
+            number += 1
+            continued = False
+        if len(carry) >= size:
+            yield number, carry
+            carry = ""
+            continued = True
+    if carry:
+        yield number, carry
+
+
+def bounded_lines(text: io.TextIOBase, keep: int, *, size: int = 1 << 16) -> Iterator[tuple[int, str, int]]:
+    """The lines of ``text`` as ``(line number, first keep characters, characters
+    left out)``, line endings removed, read in pieces of ``size >= keep``
+    characters (:func:`line_pieces`)."""
+    number, head, left_out = 0, None, 0
+    for at, piece in line_pieces(text, size):
+        if at == number:  # more of a long line
+            left_out += len(piece)
+            continue
+        if head is not None:
+            yield number, head, left_out
+        number, head, left_out = at, piece[:keep], (len(piece) - keep if len(piece) > keep else 0)
+    if head is not None:
+        yield number, head, left_out
 
 
 def cut(text: str, limit: int = MAX_OUTPUT_CHARS, *, hint: str = "") -> str:
@@ -291,6 +371,7 @@ __all__ = [
     "MAX_OUTPUT_CHARS",
     "Refusal",
     "Workspace",
+    "bounded_lines",
     "cut",
     "default_workspace_dir",
     "define_tool",
@@ -298,5 +379,8 @@ __all__ = [
     "home_workspaces",
     "is_binary",
     "is_inside",
+    "line_pieces",
+    "open_for_reading",
+    "read_head",
     "real",
 ]

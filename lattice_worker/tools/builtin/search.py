@@ -13,13 +13,19 @@
   whose path below ``path`` matches it (a pattern without ``/`` matches the
   file name, e.g. ``*.py``). Hidden files and directories below ``path`` and
   links to directories are skipped, binary files (a NUL byte in the first
-  8 KiB) too. At most :data:`GREP_MAX_LINES` lines are shown (each cut at
+  8 KiB) too. A line longer than :data:`GREP_SCAN_CHARS` characters is
+  searched in pieces of that size (the matching piece is shown). At most
+  :data:`GREP_MAX_LINES` lines are shown (each cut at
   :data:`GREP_MAX_LINE_CHARS` characters, ``MAX_OUTPUT_CHARS`` characters in
   all, with a note of how many more matched); the last line always counts every
   match: ``N matching lines in F files (S files searched)``.
 
 Paths in answers are relative to the ``cwd`` when below it, else absolute.
-Both stop early (with a note) when the query is aborted.
+Both stop early (with a note) when the query is aborted; ``Grep`` also after
+:data:`GREP_TIME_LIMIT_SECONDS` (a search of ``/`` reads gigabytes). A regular
+expression that backtracks catastrophically (``(a|aa)+$`` on a long run of
+``a``) can still run for a very long time on one line: Python's ``re`` cannot
+be interrupted.
 """
 
 from __future__ import annotations
@@ -27,13 +33,24 @@ from __future__ import annotations
 import io
 import os
 import re
+import time
 from collections.abc import Iterator
 
 from pydantic import BaseModel, ConfigDict, Field
 from wcmatch import glob as wglob
 
 from ..tool import ToolContext, ToolDefinition
-from .policy import BINARY_SNIFF_BYTES, MAX_OUTPUT_CHARS, Refusal, Workspace, cut, define_tool, is_binary
+from .policy import (
+    MAX_OUTPUT_CHARS,
+    Refusal,
+    Workspace,
+    cut,
+    define_tool,
+    is_binary,
+    line_pieces,
+    open_for_reading,
+    read_head,
+)
 
 GLOB_MAX_RESULTS = 1000
 """Paths ``Glob`` lists."""
@@ -43,6 +60,13 @@ GREP_MAX_LINES = 500
 
 GREP_MAX_LINE_CHARS = 300
 """Characters of one matching line ``Grep`` shows."""
+
+GREP_TIME_LIMIT_SECONDS = 60
+"""Seconds one ``Grep`` call may search; then it answers what it found so far, with a note."""
+
+GREP_SCAN_CHARS = 1_000_000
+"""A longer line is searched in pieces of this many characters (a match across
+two pieces is not found); bounds the memory one huge line takes."""
 
 _GLOB_FLAGS = wglob.GLOBSTAR | wglob.BRACE | wglob.NODIR
 _FILTER_FLAGS = wglob.GLOBSTAR | wglob.BRACE | wglob.MATCHBASE
@@ -114,17 +138,22 @@ def _walk(root: str) -> Iterator[str]:
             continue
 
 
-def _search(path: str, rx: re.Pattern[str]) -> list[tuple[int, str]] | None:
-    """The matching ``(line number, line)`` pairs of one file, or ``None`` for a binary one."""
-    with open(path, "rb") as raw:
-        if is_binary(raw.read(BINARY_SNIFF_BYTES)):
+def _search(path: str, rx: re.Pattern[str], deadline: float) -> tuple[list[tuple[int, str]], bool] | None:
+    """The matching ``(line number, line)`` pairs of one file and whether the whole
+    file was searched before ``deadline`` (``time.monotonic()``), or ``None`` for a
+    binary file."""
+    with open_for_reading(path) as raw:
+        if is_binary(read_head(raw)):
             return None
         raw.seek(0)
-        hits = []
-        for number, line in enumerate(io.TextIOWrapper(raw, encoding="utf-8", errors="replace"), start=1):
-            if rx.search(line):
-                hits.append((number, line.rstrip("\r\n")))
-        return hits
+        hits: list[tuple[int, str]] = []
+        text = io.TextIOWrapper(raw, encoding="utf-8", errors="replace")
+        for count, (number, piece) in enumerate(line_pieces(text, GREP_SCAN_CHARS)):
+            if count % 4096 == 0 and time.monotonic() >= deadline:
+                return hits, False
+            if (not hits or hits[-1][0] != number) and rx.search(piece):
+                hits.append((number, piece))
+        return hits, True
 
 
 def grep_files(ws: Workspace, args: GrepInput, ctx: ToolContext) -> str:
@@ -142,7 +171,8 @@ def grep_files(ws: Workspace, args: GrepInput, ctx: ToolContext) -> str:
     lines: list[str] = []
     size = 0
     matched_lines = matched_files = searched = binary = unreadable = 0
-    stopped = False
+    stopped = timed_out = False
+    deadline = time.monotonic() + GREP_TIME_LIMIT_SECONDS
     for path in files:
         if args.glob and not single:
             relative = os.path.relpath(path, root).replace(os.sep, "/")
@@ -152,19 +182,23 @@ def grep_files(ws: Workspace, args: GrepInput, ctx: ToolContext) -> str:
             stopped = True
             break
         try:
-            hits = _search(path, rx)
+            found = _search(path, rx, deadline)
         except OSError:
             if single:
                 raise
             unreadable += 1
             continue
-        if hits is None:
+        if found is None:
             if single:
                 raise Refusal(f"{path} is a binary file; Grep searches text files only")
             binary += 1
             continue
-        searched += 1
+        hits, complete = found
+        searched += complete
+        timed_out = not complete
         if not hits:
+            if timed_out:
+                break
             continue
         matched_files += 1
         matched_lines += len(hits)
@@ -177,6 +211,8 @@ def grep_files(ws: Workspace, args: GrepInput, ctx: ToolContext) -> str:
             line = f"{shown}:{number}:{text}"
             lines.append(line)
             size += len(line) + 1
+        if timed_out:
+            break
     notes = [f"{searched} files searched"]
     if binary:
         notes.append(f"{binary} binary files skipped")
@@ -185,6 +221,10 @@ def grep_files(ws: Workspace, args: GrepInput, ctx: ToolContext) -> str:
     summary = f"{matched_lines} matching lines in {matched_files} files ({'; '.join(notes)})"
     if stopped:
         summary += " [stopped early: the query was aborted]"
+    if timed_out:
+        summary += (
+            f" [stopped after the time limit of {GREP_TIME_LIMIT_SECONDS} s; narrow the path or the glob]"
+        )
     if not lines:
         return f"No matches for {args.pattern!r} under {root}: {summary}"
     body = "\n".join(lines)
@@ -216,4 +256,11 @@ def search_tools(ws: Workspace) -> list[ToolDefinition]:
     ]
 
 
-__all__ = ["GLOB_MAX_RESULTS", "GREP_MAX_LINES", "GREP_MAX_LINE_CHARS", "search_tools"]
+__all__ = [
+    "GLOB_MAX_RESULTS",
+    "GREP_MAX_LINES",
+    "GREP_MAX_LINE_CHARS",
+    "GREP_SCAN_CHARS",
+    "GREP_TIME_LIMIT_SECONDS",
+    "search_tools",
+]

@@ -10,11 +10,13 @@ loop as an asyncio subprocess, never blocking it.
   bound when it is not given. On timeout -- and when the query is aborted --
   the whole process group gets SIGTERM, then, after
   :data:`KILL_GRACE_SECONDS`, SIGKILL: children and background jobs
-  included, also those that ignore SIGTERM.
+  included, also those that ignore SIGTERM, and (on Linux) processes that
+  left the group (``setsid``) but still hold the output open.
 * **Background jobs**: when the shell exits while processes it started still
   hold the output open, they are stopped the same way after
   :data:`EXIT_GRACE_SECONDS`. A job whose output goes elsewhere
-  (``cmd > log 2>&1 &``) keeps running.
+  (``cmd > log 2>&1 &``) keeps running; after a timeout or an abort only if it
+  also left the group (``setsid cmd > log 2>&1 &``).
 * **Output**: at most :data:`OUTPUT_LIMIT_BYTES` bytes are kept -- the first
   and the last half -- with a note of how many bytes were cut in between;
   decoded as UTF-8 (invalid bytes replaced).
@@ -34,6 +36,7 @@ import asyncio
 import contextlib
 import os
 import signal
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -117,18 +120,75 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
+def _signal(send: Callable[[int, int], None], target: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        send(target, sig)
+
+
+async def _terminate(
+    send: Callable[[int, int], None], targets: list[int], alive: Callable[[int], bool], grace: float
+) -> None:
+    """SIGTERM every target, then SIGKILL them after ``grace`` seconds (or at once
+    when they are gone before)."""
+    for target in targets:
+        _signal(send, target, signal.SIGTERM)
+    for _ in range(max(1, round(grace / _POLL_SECONDS))):
+        if not any(alive(target) for target in targets):
+            break
+        await asyncio.sleep(_POLL_SECONDS)
+    # zombies also answer signal 0: SIGKILL regardless, it is harmless then
+    for target in targets:
+        _signal(send, target, signal.SIGKILL)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
 async def stop_group(pgid: int, grace: float = KILL_GRACE_SECONDS) -> None:
     """SIGTERM the process group, then SIGKILL it after ``grace`` seconds (or at
     once when it is gone before)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGTERM)
-    for _ in range(max(1, round(grace / _POLL_SECONDS))):
-        if not _group_alive(pgid):
-            break
-        await asyncio.sleep(_POLL_SECONDS)
-    # zombies of the group also answer killpg(0): SIGKILL regardless, it is harmless then
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
+    await _terminate(os.killpg, [pgid], _group_alive, grace)
+
+
+def pipe_holders(pipe: Any) -> list[int]:
+    """The processes other than this one that hold an end of ``pipe`` (a file
+    object) open, from ``/proc`` (Linux; ``[]`` where it cannot be read).
+
+    A process that left the command's group (``setsid``, a daemon) but still
+    writes to its output is found this way: a group kill misses it."""
+    try:
+        link = f"pipe:[{os.fstat(pipe.fileno()).st_ino}]"
+        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except (OSError, ValueError):
+        return []
+    holders = []
+    for pid in pids:
+        if pid == os.getpid():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == link:
+                    holders.append(pid)
+                    break
+    return holders
+
+
+async def _stop_everything(pgid: int, pipe: Any) -> None:
+    """Stop the process group, then whatever still holds the output open."""
+    await stop_group(pgid)
+    if pipe is not None:
+        holders = await asyncio.to_thread(pipe_holders, pipe)
+        if holders:
+            await _terminate(os.kill, holders, _process_alive, KILL_GRACE_SECONDS)
 
 
 async def run_bash(ws: Workspace, args: BashInput, ctx: ToolContext) -> ToolResult:
@@ -136,18 +196,31 @@ async def run_bash(ws: Workspace, args: BashInput, ctx: ToolContext) -> ToolResu
     ws.ensure_cwd()
     timeout_ms = ws.bash_timeout_ms if args.timeout_ms is None else min(args.timeout_ms, ws.bash_timeout_ms)
     loop = asyncio.get_running_loop()
-    transport, output = await loop.subprocess_exec(
-        lambda: _Output(loop, OUTPUT_LIMIT_BYTES),
-        "bash",
-        "-c",
-        args.command,
-        cwd=ws.cwd,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        start_new_session=True,
+    starting = asyncio.ensure_future(
+        loop.subprocess_exec(
+            lambda: _Output(loop, OUTPUT_LIMIT_BYTES),
+            "bash",
+            "-c",
+            args.command,
+            cwd=ws.cwd,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
     )
+    try:
+        transport, output = await asyncio.shield(starting)
+    except asyncio.CancelledError:
+        # the command already runs while its pipes are connected: stop its whole group once it is up
+        with contextlib.suppress(Exception):
+            started, _ = await starting
+            _signal(os.killpg, started.get_pid(), signal.SIGKILL)
+            started.close()
+        raise
     pgid = transport.get_pid()  # the session leader: its pid is the group id
+    reader = transport.get_pipe_transport(1)
+    pipe = reader.get_extra_info("pipe") if reader is not None else None
     ending: str | None = None
     try:
         waiters: list[asyncio.Future[Any]] = [output.exited]
@@ -168,18 +241,19 @@ async def run_bash(ws: Workspace, args: BashInput, ctx: ToolContext) -> ToolResu
             ending = "aborted" if aborted is not None and aborted.done() else "timeout"
             await stop_group(pgid)
             await asyncio.wait([output.exited], timeout=REAP_WAIT_SECONDS)
-        grace = EXIT_GRACE_SECONDS if ending is None else REAP_WAIT_SECONDS
-        await asyncio.wait([output.closed], timeout=grace)
+        await asyncio.wait([output.closed], timeout=EXIT_GRACE_SECONDS)
         if not output.closed.done():
-            await stop_group(pgid)  # background jobs still holding the output
+            # background jobs (or processes that left the group) still holding the output
+            await _stop_everything(pgid, pipe)
             # the output closes once every process holding it is gone
             await asyncio.wait([output.closed], timeout=REAP_WAIT_SECONDS)
             if ending is None:
                 ending = "background"
     except BaseException:
         # cancelled (the query is going away): leave nothing running behind
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
+        _signal(os.killpg, pgid, signal.SIGKILL)
+        for holder in pipe_holders(pipe) if pipe is not None else []:
+            _signal(os.kill, holder, signal.SIGKILL)
         raise
     finally:
         transport.close()
