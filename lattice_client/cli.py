@@ -27,8 +27,10 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
+from .cli_logging import show_client_warnings
 from .settings import LatticeSettings, get_settings
 from .tables import inbox_table, mailboxes_table, runs_table
+from .workers_view import workers_table
 
 EXIT_ERROR = 1
 """Exit code of a failed command (bad input, unknown run, Redis unreachable, failed run)."""
@@ -170,17 +172,10 @@ def _guard() -> Iterator[None]:
         _fail(f"{type(exc).__name__}: {_describe(exc)}")
 
 
-def _ensure_cwd_importable() -> None:
-    # As on the worker side: the console script's sys.path[0] is its own directory, and a
-    # team reference usually names a module in the current directory.
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.append(cwd)
-
-
 def _client(options: _Options) -> Any:
     from .client import LatticeClient
 
+    show_client_warnings(err)
     return LatticeClient(settings=options.settings())
 
 
@@ -241,7 +236,7 @@ def submit(
         bool,
         typer.Option(
             "--allow-unregistered",
-            help="Accept a team name no worker has registered yet (workers start later); "
+            help="Accept a team name no live worker serves (its workers start later; a warning is printed); "
             "a misspelt name then waits in Redis forever.",
         ),
     ] = False,
@@ -249,12 +244,11 @@ def submit(
 ) -> None:
     """Submit a run to a team's lead queue; print its run id (and, with --wait, its result).
 
-    TEAM is a name a worker has registered (workers register their teams when
-    they start) or a 'package.module:attribute' reference to a Team; anything
-    else is refused with nothing queued (--allow-unregistered accepts a name
-    before its workers start). A worker for the team must be running
-    (lattice worker TEAM_REF) for the run to make progress; the task waits in
-    Redis until one is.
+    TEAM is the name or the 'package.module:attribute' reference of a team a
+    live worker serves (workers publish their teams while they run; nothing is
+    imported here); anything else is refused with nothing queued.
+    --allow-unregistered accepts a team name no live worker serves (a warning
+    is printed): the run waits in Redis until a worker for it starts.
 
     Example: lattice submit examples.team:team "Look through ./docs for the word lease" --wait --timeout 120
     """
@@ -272,7 +266,6 @@ def submit(
     with _guard():
         client = _client(options)
         try:
-            _ensure_cwd_importable()
             handle = client.submit(
                 team, prompt, run_id=run_id, metadata=meta, require_registered=not allow_unregistered
             )
@@ -349,7 +342,7 @@ def status(
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="How many recent runs to list.")] = 10,
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
-    """Show message counts per mailbox (pending, processing, done, ...) and the most recent runs.
+    """Show the live workers per queue, message counts per mailbox (pending, processing, done, ...) and the most recent runs.
 
     Tables fit the terminal width; in a narrow one the least useful columns are
     hidden (a note says which) and --json shows everything.
@@ -358,13 +351,17 @@ def status(
         options = _options(ctx)
         client = _client(options)
         try:
-            _ensure_cwd_importable()
             report = client.status(team, limit=limit)
         finally:
             client.close()
     if as_json:
         out.print_json(report.model_dump_json())
         return
+    if report.workers:
+        title = f"live workers of {report.team}" if report.team else "live workers"
+        out.print(workers_table(title, report.workers, out.width))
+    else:
+        out.print("no live worker" + (f" serves team {report.team!r}" if report.team else ""), markup=False)
     if report.mailboxes:
         title = f"mailboxes of {team}" if team else "mailboxes"
         out.print(mailboxes_table(title, report.mailboxes, out.width))
@@ -466,13 +463,22 @@ def worker(
     ] = None,
     concurrency: Annotated[
         int | None,
-        typer.Option("--concurrency", "-c", min=1, help="Worker processes (Celery --concurrency)."),
+        typer.Option(
+            "--concurrency",
+            "-c",
+            min=1,
+            help="Steps in flight: threads of the default threads pool (default 200), "
+            "or processes with --pool prefork (default: one per CPU).",
+        ),
     ] = None,
 ) -> None:
     """Start a Celery worker for a team's queues.
 
-    Other Celery worker options go after TEAM_REF and pass through, e.g.:
-    lattice worker examples.team:team --member searcher --concurrency 4 --loglevel INFO
+    The default pool is Celery's threads pool with 200 threads: model calls
+    mostly wait on the network, so one process keeps many in flight. For
+    CPU-bound tools use --pool prefork (one process per step). Other Celery
+    worker options go after TEAM_REF and pass through, e.g.:
+    lattice worker examples.team:team --member searcher --pool prefork --concurrency 4 --loglevel INFO
     """
     options = _options(ctx)
     with _guard():

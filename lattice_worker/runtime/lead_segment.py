@@ -43,6 +43,7 @@ from .lead_lease import LeadLease
 from .lead_recovery import recover_segment
 from .lead_resume import prepare_resume
 from .lead_session import spawn_lead, team_for_run
+from .registry import TeamNotServedError
 from .run_end import cancel_run, finish_run
 
 logger = logging.getLogger("lattice_worker.runtime")
@@ -55,7 +56,9 @@ async def run_lead(ctx: WorkerContext, run_id: str) -> str:
     until it suspends or ends. Returns what happened: ``"missing"`` (no such
     run), ``"skipped"`` (not ``queued``: a duplicate or redelivered task, or a
     cancelled run), ``"suspended"``, ``"completed"``, ``"failed"``,
-    ``"cancelled"``, ``"lost"`` (the lease was lost: another worker owns the run now)."""
+    ``"cancelled"``, ``"lost"`` (the lease was lost: another worker owns the run now),
+    ``"refused"`` (the run names a team this worker does not serve: it fails
+    with an error naming the team and the worker; nothing is imported)."""
     start = await _begin_segment(ctx, run_id, RunStatus.QUEUED)
     if start is None:
         record = await ctx.runs.get(run_id)
@@ -136,6 +139,11 @@ async def _guarded(
             return await drive(ctx, team, record, agent, prompt, lease=lease, usage=usage)
     except RunLeaseLostError:
         return await _lost(ctx, record.run_id)
+    except TeamNotServedError as exc:
+        logger.error("run %s refused: %s", record.run_id, exc)
+        refused = RunResult(run_id=record.run_id, status="failed", error=str(exc))
+        await finish_run(ctx, record, refused, lease=lease)
+        return "refused"
     except Exception as exc:
         if lease.lost:
             return await _lost(ctx, record.run_id)
