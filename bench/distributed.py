@@ -15,9 +15,7 @@
     this module's instrumentation, split into the runtime's own asyncio
     clients and Celery/kombu's blocking ones) and the commands per handoff
     (``INFO commandstats`` deltas of the bench's own Redis, client included).
-    ``--held-compare``: the same figure with the mailbox's held connections
-    and with plain ``client.evalsha`` (``LATTICE_MAILBOX_HELD=0``), several
-    repetitions interleaved.
+    ``--trace``: first the Redis requests of one handoff, per worker, in order.
 (b) **Many calls in flight** (target >= 0.9 of ideal with >= 200 calls in
     flight). ``--runs-b`` runs (1,000) with ``--latency-b`` seconds (2 s) of
     model latency per call, 3 calls per run, on ONE ``lattice worker``
@@ -38,7 +36,7 @@ its figures); ``--broker-url`` uses an existing one under a fresh key prefix
 (keys deleted at the end). Workers are subprocesses in their own process
 groups, stopped by group id. The load average is printed before each figure.
 
-Run: ``python bench/distributed.py [--figures a,b,c] [--repeats N] [--held-compare] ...``.
+Run: ``python bench/distributed.py [--figures a,b,c] [--repeats N] [--trace] ...``.
 """
 
 from __future__ import annotations
@@ -48,6 +46,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -85,22 +84,34 @@ def _install_counters(directory: str) -> None:
     import redis.asyncio.connection as aconn
     import redis.connection as sconn
 
-    counts = {"async": 0, "sync": 0}
+    counts: dict[str, Any] = {"async": 0, "sync": 0, "trace": []}
     lock = threading.Lock()
+    tracing = bool(os.environ.get("BENCH_TRACE"))
+
+    def names(packed: Any) -> str:
+        # the command names of one request (a pipeline has several), for --trace
+        data = b"".join(packed) if isinstance(packed, (list, tuple)) else bytes(packed)
+        found = re.findall(rb"\*\d+\r\n\$\d+\r\n([A-Za-z]+)\r\n", data)
+        return "+".join(n.decode().upper() for n in found[:8]) + ("+..." if len(found) > 8 else "")
+
+    def note(kind: str, packed: Any) -> None:
+        counts[kind] += 1
+        if tracing:
+            counts["trace"].append(f"{kind}:{threading.current_thread().name}:{names(packed)}")
 
     def wrap(cls: Any, kind: str, is_async: bool) -> None:
         original = cls.send_packed_command
         if is_async:
 
-            async def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
-                counts[kind] += 1
-                return await original(self, *args, **kwargs)
+            async def counted(self: Any, command: Any, *args: Any, **kwargs: Any) -> Any:
+                note(kind, command)
+                return await original(self, command, *args, **kwargs)
         else:
 
-            def counted(self: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[misc]
+            def counted(self: Any, command: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[misc]
                 with lock:
-                    counts[kind] += 1
-                return original(self, *args, **kwargs)
+                    note(kind, command)
+                return original(self, command, *args, **kwargs)
 
         cls.send_packed_command = counted
 
@@ -359,8 +370,35 @@ def _counts(directory: Path, pids: list[int]) -> dict[str, int]:
         path = directory / f"{pid}.json"
         with contextlib.suppress(OSError, ValueError):
             for key, value in json.loads(path.read_text()).items():
-                total[key] += value
+                if key in total:
+                    total[key] += value
     return total
+
+
+def trace_one_handoff(bench: Bench) -> None:
+    """--trace: the Redis requests each worker process writes during one handoff, in order."""
+    d = _Deployment(bench, "trace", {"BENCH_TRACE": "1"})
+    try:
+        d.ready()
+        d.handoff("warm")
+        time.sleep(1.5)
+        before = {p: _trace(d.counters, p) for p in (d.lead.proc.pid, d.member.proc.pid)}
+        d.handoff("traced")
+        time.sleep(1.5)
+        for label, pid in (("lead worker", d.lead.proc.pid), ("member worker", d.member.proc.pid)):
+            lines = _trace(d.counters, pid)[len(before[pid]) :]
+            print(f"    {label} ({len(lines)} requests; idle BRPOP polls included):")
+            for line in lines:
+                print(f"      {line}")
+    finally:
+        d.close()
+        bench.stop_all()
+
+
+def _trace(directory: Path, pid: int) -> list[str]:
+    with contextlib.suppress(OSError, ValueError):
+        return list(json.loads((directory / f"{pid}.json").read_text()).get("trace", []))
+    return []
 
 
 def _commands(client: Any) -> int:
@@ -406,7 +444,8 @@ class _Deployment:
             self.client.close()
 
 
-VARIANTS = {"held": {"LATTICE_MAILBOX_HELD": "1"}, "plain": {"LATTICE_MAILBOX_HELD": "0"}}
+VARIANTS: dict[str, dict[str, str]] = {"handoff": {}}
+"""Deployments (label -> extra worker environment) measured side by side in (a), paired run by run."""
 
 
 def round_trips(bench: Bench, count: int, warmup: int, labels: list[str]) -> dict[str, Any]:
@@ -461,9 +500,10 @@ def figure_a(bench: Bench, args: argparse.Namespace) -> None:
     print()
     print("(a) handoff round trip: submit -> lead (worker 1) -> member (worker 2) -> lead -> result;")
     print("    baseline: a Celery no-op round trip (threads pool, task events on), interleaved run by run")
-    labels = ["held", "plain"] if args.held_compare else ["held"]
+    if args.trace:
+        trace_one_handoff(bench)
+    labels = list(VARIANTS)
     ratios: dict[str, list[float]] = {label: [] for label in labels}
-    savings: list[float] = []
     for rep in range(args.repeats):
         print(f"    {load()}")
         figure = round_trips(bench, args.round_trips, args.warmup, labels)
@@ -474,17 +514,10 @@ def figure_a(bench: Bench, args: argparse.Namespace) -> None:
             ratios[label].append(ratio)
             rt = figure["round_trips"][label]
             print(
-                f"    rep {rep + 1} {label:5s}  handoff median {m * 1000:7.2f} ms  no-op median "
+                f"    rep {rep + 1}  handoff median {m * 1000:7.2f} ms  no-op median "
                 f"{m_base * 1000:6.2f} ms  ratio {ratio:5.2f}x   worker-side Redis round trips per handoff: "
                 f"{rt['async']:.1f} runtime + {rt['sync']:.1f} celery/kombu",
                 flush=True,
-            )
-        if args.held_compare:
-            paired = [p / h for h, p in zip(figure["times"]["held"], figure["times"]["plain"], strict=True)]
-            saving = 1 - 1 / _median(paired)
-            savings.append(saving)
-            print(
-                f"    rep {rep + 1} held saves {saving * 100:5.1f}% of the plain handoff (median of paired runs)"
             )
         print(
             f"    rep {rep + 1} {figure['commands']:.0f} Redis commands per handoff (all clients, Lua-internal included)"
@@ -492,11 +525,8 @@ def figure_a(bench: Bench, args: argparse.Namespace) -> None:
     for label in labels:
         r = ratios[label]
         verdict = "met" if _median(r) <= 3.0 else "NOT met"
-        print(f"    {label:5s} ratio median {_median(r):.2f}x (spread {min(r):.2f}-{max(r):.2f}, {len(r)} reps; "
+        print(f"    {label} ratio median {_median(r):.2f}x (spread {min(r):.2f}-{max(r):.2f}, {len(r)} reps; "
               f"target <= 3.0x: {verdict})")  # fmt: skip
-    if savings:
-        print(f"    held connections save {_median(savings) * 100:.1f}% of the handoff round trip (spread "
-              f"{min(savings) * 100:.1f}-{max(savings) * 100:.1f}%; keep only if >= 10%)")  # fmt: skip
 
 
 # --------------------------------------------------------------------------- (b) many calls in flight
@@ -630,6 +660,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--held-compare", action="store_true", help="(a) also with plain evalsha, interleaved"
     )
+    parser.add_argument("--trace", action="store_true", help="(a) print the Redis requests of one handoff")
     parser.add_argument("--runs-b", type=int, default=1000, help="(b) runs (1000)")
     parser.add_argument("--latency-b", type=float, default=2.0, help="(b) seconds per model call (2.0)")
     parser.add_argument(
