@@ -235,6 +235,15 @@ class Proc:
                         total += int(line.split()[1])
         return total / 1024
 
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system, seconds) used so far by this process and its children."""
+        ticks = 0
+        for pid in [self.proc.pid, *_children(self.proc.pid)]:
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                ticks += int(fields[11]) + int(fields[12])
+        return ticks / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGTERM)
@@ -543,6 +552,7 @@ def in_flight(
     client = LatticeClient(broker_url=bench.broker, key_prefix=bench.prefix)
     try:
         client.submit("bench", "warm-up").wait(timeout=120)
+        cpu0 = proc.cpu_seconds()
         t0 = time.perf_counter()
         handles = [client.submit("bench", f"run {i}") for i in range(runs)]
         submitted = time.perf_counter() - t0
@@ -551,11 +561,12 @@ def in_flight(
             if result.result != "answer: echoed":
                 raise RuntimeError(f"unexpected result {result}")
         elapsed = time.perf_counter() - t0
+        cpu = proc.cpu_seconds() - cpu0
         rss = proc.peak_rss_mb()
     finally:
         client.close()
         bench.stop_all()
-    return {"rate": runs / elapsed, "elapsed": elapsed, "rss": rss, "submitted": submitted}
+    return {"rate": runs / elapsed, "elapsed": elapsed, "rss": rss, "submitted": submitted, "cpu": cpu}
 
 
 def figure_b(bench: Bench, args: argparse.Namespace) -> None:
@@ -599,7 +610,10 @@ def figure_b(bench: Bench, args: argparse.Namespace) -> None:
             print(
                 f"    rep {repeat + 1} {label:22s} x {n:4d}: {runs:5d} runs in {figure['elapsed']:6.1f} s = "
                 f"{figure['rate']:6.2f} runs/s, ideal {ideal:6.2f} -> {fraction:.2f} of ideal; peak RSS "
-                f"{figure['rss']:6.0f} MiB ({figure['rss'] / n:.2f} MiB per call in flight){target}",
+                f"{figure['rss']:6.0f} MiB ({figure['rss'] / n:.2f} MiB per call in flight); worker CPU "
+                f"{figure['cpu']:.1f} s = {figure['cpu'] / figure['elapsed'] * 100:.0f}% of a CPU, "
+                f"{figure['cpu'] / (3 * runs) * 1000:.1f} ms per step; submits took {figure['submitted']:.1f} s"
+                f"{target}",
                 flush=True,
             )
 
