@@ -2,9 +2,10 @@
 
 Keep this a plain explicit list; each area appends its own exports.
 
-``AnthropicModelClient`` is exported lazily (module ``__getattr__``): importing
-the ``anthropic`` SDK costs about a second, which ``import lattice_worker``
-does not pay until the name is first used.
+``AnthropicModelClient`` and the MCP names (``connect_mcp_stdio_server`` ...)
+are exported lazily (module ``__getattr__``): importing the ``anthropic`` or
+the ``mcp`` SDK costs about a second each, which ``import lattice_worker`` does
+not pay until such a name is first used.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -15,6 +16,7 @@ if TYPE_CHECKING:
 # --- agent loop (lattice_worker.agent) and tools (lattice_worker.tools)
 from .agent.abort import AbortController, AbortSignal
 from .agent.agent import Agent, AgentSpec, create_agent, create_bare_agent, define_agent, is_agent_spec
+from .agent.compaction import DEFAULT_COMPACTION_PROMPT
 from .agent.events import (
     AssistantMessage,
     ResultMessage,
@@ -31,8 +33,10 @@ from .agent.hooks import (
 )
 from .agent.loop import SuspendQuery, ToolBatchOutcome
 from .agent.model import AssistantModelMessage, ModelClient, ModelRequest, TokenUsage
-from .agent.options import AgentOptions, QueryOptions
+from .agent.oneshot import query
+from .agent.options import AgentOptions, AutoCompactOptions, QueryOptions
 from .agent.output import SUBMIT_OUTPUT_TOOL_NAME
+from .agent.result_limits import DEFAULT_MAX_TOOL_RESULT_CHARS
 from .agent.scripted import ScriptedModelClient, ScriptExhaustedError, error_turn, text_turn, tool_turn
 from .agent.tool_batch import PermissionRequest, ToolBatchPolicyContext
 from .errors import (
@@ -54,6 +58,8 @@ from .tools.tool import ToolContext, ToolDefinition, ToolResult, tool
 
 __all__ = [
     # agent loop
+    "DEFAULT_COMPACTION_PROMPT",
+    "DEFAULT_MAX_TOOL_RESULT_CHARS",
     "SUBMIT_OUTPUT_TOOL_NAME",
     "AbortController",
     "AbortSignal",
@@ -64,6 +70,7 @@ __all__ = [
     "AnthropicModelClient",
     "AssistantMessage",
     "AssistantModelMessage",
+    "AutoCompactOptions",
     "ModelClient",
     "ModelRequest",
     "ModelRequestHookContext",
@@ -87,6 +94,7 @@ __all__ = [
     "define_agent",
     "error_turn",
     "is_agent_spec",
+    "query",
     "text_turn",
     "tool_turn",
     # tools
@@ -148,6 +156,7 @@ __all__ += [
 
 # --- teams in one process (lattice_worker.team)
 from .team import (  # noqa: E402
+    DEFAULT_MAX_DELEGATE_DEPTH,
     AgentMessageEvent,
     DrainResult,
     RunnerOptions,
@@ -160,10 +169,12 @@ from .team import (  # noqa: E402
     agent_tool,
     create_team,
     create_team_runner,
+    delegate_tool,
     team_member,
 )
 
 __all__ += [
+    "DEFAULT_MAX_DELEGATE_DEPTH",
     "AgentMessageEvent",
     "DrainResult",
     "RunnerOptions",
@@ -176,14 +187,34 @@ __all__ += [
     "agent_tool",
     "create_team",
     "create_team_runner",
+    "delegate_tool",
     "team_member",
 ]
 
 
+# --- MCP servers' tools (lattice_worker.tools.mcp), exported lazily: importing the
+# mcp SDK costs about a second, paid when one of these names is first used
+_MCP_NAMES = (
+    "MCPClient",
+    "MCPConnectTimeoutError",
+    "MCPConnectionError",
+    "MCPStdioConnection",
+    "MCPStreamableHTTPConnection",
+    "connect_mcp_stdio_server",
+    "connect_mcp_streamable_http_server",
+    "create_mcp_tools",
+)
+__all__ += list(_MCP_NAMES)
+
+
 def __getattr__(name: str) -> Any:
-    # lazy exports: the anthropic SDK is imported on first use only
+    # lazy exports: the anthropic and mcp SDKs are imported on first use only
     if name == "AnthropicModelClient":
         from .agent.anthropic_client import AnthropicModelClient
 
         return AnthropicModelClient
+    if name in _MCP_NAMES:
+        from .tools import mcp
+
+        return getattr(mcp, name)
     raise AttributeError(f"module 'lattice_worker' has no attribute {name!r}")

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from .abort import AbortController, AbortSignal
 from .agent import Agent, AgentSpec, create_agent, create_bare_agent, define_agent, is_agent_spec
+from .compaction import DEFAULT_COMPACTION_PROMPT
 from .events import (
     AssistantMessage,
     ResultMessage,
@@ -22,8 +23,10 @@ from .events import (
 from .hooks import AgentHooks, ModelRequestHookContext, ToolResultHookContext, create_composite_agent_hooks
 from .loop import SuspendQuery, ToolBatchOutcome
 from .model import AssistantModelMessage, ModelClient, ModelRequest, TokenUsage
+from .oneshot import query
 from .options import AgentOptions, AutoCompactOptions, QueryOptions, ToolConcurrencyOptions
 from .output import SUBMIT_OUTPUT_TOOL_NAME
+from .result_limits import DEFAULT_MAX_TOOL_RESULT_CHARS
 from .scripted import ScriptedModelClient, ScriptExhaustedError, error_turn, text_turn, tool_turn
 from .tool_batch import PermissionRequest, ToolBatchPolicyContext
 
@@ -31,6 +34,8 @@ if TYPE_CHECKING:
     from .anthropic_client import AnthropicModelClient
 
 __all__ = [
+    "DEFAULT_COMPACTION_PROMPT",
+    "DEFAULT_MAX_TOOL_RESULT_CHARS",
     "SUBMIT_OUTPUT_TOOL_NAME",
     "AbortController",
     "AbortSignal",
@@ -67,6 +72,7 @@ __all__ = [
     "error_turn",
     "is_agent_spec",
     "parse_sdk_message",
+    "query",
     "text_turn",
     "tool_turn",
 ]

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import threading
 import uuid
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
@@ -130,6 +131,7 @@ class Agent:
         self.session_id = session_id or str(uuid.uuid4())
         self._bare = bare
         self._tools: dict[str, ToolDefinition] = {t.name: t for t in options.tools}
+        self._mcp_tools: dict[str, ToolDefinition] = {}
         self._workspace: Workspace | None = None
         if not bare:
             self._workspace, builtin = agent_workspace_tools(
@@ -146,6 +148,10 @@ class Agent:
         self._history: list[dict[str, Any]] = []
         self._history_loaded = options.history_store is None
         self._control: RunControl | None = None
+        # Held for the whole of a query (and by replace_history): one conversation at a
+        # time across threads and event loops, acquired without blocking.
+        self._query_lock = threading.Lock()
+        self._context_tokens: int | None = None  # input tokens the last model response reported
         self._lazy_client: Any = None
         self._lazy_client_loop: Any = None
 
@@ -183,7 +189,7 @@ class Agent:
     @property
     def running(self) -> bool:
         """True while a query of this Agent is running."""
-        return self._control is not None
+        return self._query_lock.locked()
 
     # ------------------------------------------------------------------ tools
 
@@ -203,9 +209,27 @@ class Agent:
             self._tools[t.name] = t
 
     def _tool_map(self) -> dict[str, ToolDefinition]:
-        if self._submit_tool is None:
+        if self._submit_tool is None and not self._mcp_tools:
             return self._tools
-        return {**self._tools, self._submit_tool.name: self._submit_tool}
+        extra = {self._submit_tool.name: self._submit_tool} if self._submit_tool is not None else {}
+        return {**self._tools, **self._mcp_tools, **extra}
+
+    async def _prepare_mcp_tools(self) -> None:
+        """Resolve the ``mcp_servers`` option into this query's MCP tools (pooled
+        connections of this process and event loop; see
+        :mod:`lattice_worker.tools.mcp_servers`). Raises :class:`ConfigError` when
+        an MCP tool's name collides with another tool."""
+        servers = self.options.mcp_servers
+        if not servers:
+            return
+        # imported here: the mcp SDK costs about a second to import, paid only by agents using it
+        from ..tools.mcp.pool import mcp_server_tools
+
+        tools = await mcp_server_tools(servers)
+        check_tool_set(
+            list(self._tools.values()) + tools, output_schema=self.output_schema, where="mcp_servers"
+        )
+        self._mcp_tools = {t.name: t for t in tools}
 
     def _skills_section(self, prompt: Any) -> str | None:
         """The system-prompt section of the skills a query's prompt matches (or ``None``).
@@ -293,7 +317,7 @@ class Agent:
     async def get_history(self) -> list[dict[str, Any]]:
         """A deep copy of the conversation (Anthropic wire-format message dicts),
         including what the history store held (loaded on first use)."""
-        if self._control is None:
+        if not self._query_lock.locked():
             await self._ensure_history_loaded()
         return _copy(self._history)
 
@@ -309,8 +333,14 @@ class Agent:
         (neither the history nor the store). The content is the host's: it must be
         a well-formed history (every ``tool_use`` answered by its ``tool_result``).
         """
-        if self._control is not None:
+        if not self._query_lock.acquire(blocking=False):
             raise ConcurrentQueryError("replace_history() is idle-only: this Agent is running a query")
+        try:
+            await self._replace_history(messages)
+        finally:
+            self._query_lock.release()
+
+    async def _replace_history(self, messages: list[dict[str, Any]]) -> None:
         if not isinstance(messages, list):
             raise ConfigError(
                 f"replace_history: messages must be a list of message dicts, got {type(messages).__name__}"
@@ -319,15 +349,20 @@ class Agent:
             problem = _message_problem(message)
             if problem is not None:
                 raise ConfigError(f"replace_history: messages[{i}] {problem}")
-        new = _copy(messages)
+        await self._rewrite_history(_copy(messages))
+        self._history_loaded = True
+
+    async def _rewrite_history(self, messages: list[dict[str, Any]]) -> None:
+        """Replace the whole history (compaction, replace_history): the store's
+        ``replace`` first (a ``fail_on_error`` store's error propagates and the
+        history stays as it was), then the in-memory list."""
         store = self.options.history_store
         if store is not None:
             try:
-                await _maybe_await(store.replace(_copy(new)))
+                await _maybe_await(store.replace(_copy(messages)))
             except Exception as exc:
                 self._store_failed("replace", exc)
-        self._history = new
-        self._history_loaded = True
+        self._history = messages
 
     # ---------------------------------------------------------------- queries
 

@@ -16,7 +16,8 @@ request field                              sent as
 =========================================  ==============================================================
 ``thinking={"type": "adaptive"}``          ``"thinking": {"type": "adaptive"}``
 ``thinking={"type": "enabled",``           ``"thinking": {"type": "enabled", "budget_tokens": min(N, max_tokens - 1)}``
-``"budget_tokens": N}``                    (``budgetTokens`` is accepted as a spelling of ``budget_tokens``)
+``"budget_tokens": N}``                    (``budgetTokens`` is accepted as a spelling of ``budget_tokens``;
+                                           below 1,024 after the cap -> ``ConfigError``)
 ``thinking={"type": "disabled"}``          ``"thinking": {"type": "disabled"}`` -- sent explicitly, because some
                                            providers (DeepSeek) think by default
 ``thinking=None``                          nothing
@@ -57,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 import anthropic
 
 from ..errors import AbortError, APIError, ConfigError, LatticeError, ModelTimeoutError
-from .model import AssistantModelMessage, ModelRequest, TokenUsage
+from .model import AssistantModelMessage, ModelRequest, TokenUsage, capped_thinking_budget
 
 try:  # the SDK's HTTP library: ``httpx`` in most releases, ``httpx2`` in some
     import httpx2 as _httpx
@@ -250,7 +251,9 @@ class AnthropicModelClient:
         passed, as a wire-format dict (``{"type": "content_block_delta", ...}``), to
         ``request.on_stream_event`` as soon as it arrives, and the message is
         assembled from the events (tool input fragments are joined and parsed once
-        per block; an empty input is ``{}``). Without it one JSON response is read.
+        per block; an empty input is ``{}``, one that is not valid JSON stays the
+        joined text for the loop to answer with an error result). Without it one
+        JSON response is read.
 
         The result's ``content`` holds wire-format block dicts; ``thinking`` blocks
         keep their ``signature`` and ``redacted_thinking`` blocks their ``data``, so
@@ -296,7 +299,8 @@ class AnthropicModelClient:
             raise ConfigError(f"AnthropicModelClient: {exc}") from exc
         except TypeError as exc:
             raise _credentials_error(exc) from exc
-        data = message.to_dict(mode="json") if hasattr(message, "to_dict") else dict(message)
+        # warnings=False: a provider may send a tool input that is not an object (the loop answers it)
+        data = message.to_dict(mode="json", warnings=False) if hasattr(message, "to_dict") else dict(message)
         content = [_clean_block(block) for block in data.get("content") or []]
         for block in content:
             if block.get("type") in _TOOL_BLOCK_TYPES and block.get("input") in (None, ""):
@@ -413,7 +417,8 @@ def serialize_thinking(config: Any, max_tokens: int) -> dict[str, Any] | None:
     ``None`` sends nothing. Other keys of the config pass through unchanged.
 
     Raises:
-        ConfigError: not a dict, an unknown ``type``, or a missing / non-positive budget.
+        ConfigError: not a dict, an unknown ``type``, a missing / non-positive
+            budget, or a capped budget below the provider's minimum of 1,024 tokens.
     """
     if config is None:
         return None
@@ -431,7 +436,7 @@ def serialize_thinking(config: Any, max_tokens: int) -> dict[str, Any] | None:
             raise ConfigError(
                 f"thinking_config {{'type': 'enabled'}} needs budget_tokens as a positive int, got {budget!r}"
             )
-        out["budget_tokens"] = max(1, min(budget, max_tokens - 1))
+        out["budget_tokens"] = capped_thinking_budget(budget, max_tokens)
     return out
 
 
@@ -489,9 +494,10 @@ class StreamAssembler:
     extend their block; ``input_json_delta`` fragments are collected and joined and
     parsed **once**, at the block's ``content_block_stop`` (or at the end of the
     stream for a block that was never closed). A tool block with no fragments keeps
-    the input it started with, or ``{}``. Tool input that is not valid JSON is an
-    :class:`APIError`, unless the response stopped at ``max_tokens``: the input
-    was then cut off, it becomes ``{}`` and the loop's truncation rule applies.
+    the input it started with, or ``{}``. Tool input that is not valid JSON is
+    left as the joined text (a string): the agent loop stores ``{}`` for that
+    call and answers it with an error result the model can fix (or, when the
+    response stopped at ``max_tokens``, with the truncation error).
     """
 
     def __init__(self) -> None:
@@ -499,7 +505,6 @@ class StreamAssembler:
         self._usage: dict[str, Any] = {}
         self._blocks: dict[int, dict[str, Any]] = {}
         self._fragments: dict[int, list[str]] = {}
-        self._bad_input: dict[int, str] = {}
         self._ended = False
 
     def feed(self, event: dict[str, Any]) -> None:
@@ -577,15 +582,16 @@ class StreamAssembler:
         try:
             block["input"] = json.loads(raw)
         except json.JSONDecodeError:
-            block["input"] = {}
-            self._bad_input[index] = raw
+            # kept as the raw text: the agent loop stores ``{}`` and answers the call with an
+            # error result quoting it, so the model can reissue the call
+            block["input"] = raw
 
     def result(self) -> AssistantModelMessage:
         """The assembled message.
 
         Raises:
-            APIError: the stream had no ``message_start``, ended before the message
-                was finished, or carried tool input that is not JSON.
+            APIError: the stream had no ``message_start``, or ended before the
+                message was finished.
         """
         self._require_message()
         message = self._message or {}
@@ -594,13 +600,6 @@ class StreamAssembler:
             raise APIError("model stream ended before the message was complete (no message_stop)")
         for index in list(self._fragments):
             self._close_block(index)
-        if self._bad_input and stop_reason != "max_tokens":
-            index, raw = next(iter(self._bad_input.items()))
-            block = self._blocks[index]
-            raise APIError(
-                f"provider sent tool input for {block.get('name')!r} that is not valid JSON",
-                body={"tool_use_id": block.get("id"), "name": block.get("name"), "partial_json": raw},
-            )
         return AssistantModelMessage(
             content=[self._blocks[i] for i in sorted(self._blocks)],
             usage=TokenUsage.from_any(self._usage),

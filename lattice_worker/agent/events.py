@@ -5,7 +5,9 @@ is its wire dict and :func:`parse_sdk_message` reads one back. Order within a
 query: one ``system`` (``subtype="init"``), then per model turn any
 ``stream_event`` items (streaming only), one ``assistant``, and -- when the turn
 called tools -- one ``user`` for the whole batch; finally exactly one
-``result``. The prompt itself is never echoed as an event.
+``result``. With ``auto_compact``, a ``system`` event with
+``subtype="compaction"`` comes between turns when the history was compacted.
+The prompt itself is never echoed as an event.
 """
 
 from __future__ import annotations
@@ -33,20 +35,33 @@ class _Event(BaseModel):
 
 
 class SystemMessage(_Event):
-    """Session initialisation, the first event of every query.
+    """A ``system`` event: ``subtype="init"`` (session initialisation, the first
+    event of every query) or ``subtype="compaction"`` (the history was compacted).
 
     ``tools`` lists the tool names the model is offered (``submit_output`` included
     when ``output_schema`` is set); ``model`` is the configured model name or ``None``
     (client default).
+
+    Compaction events also carry ``trigger`` (``"threshold"``: the last response
+    reported more input tokens than ``threshold_tokens``; ``"overflow"``: a
+    request did not fit the context window and the turn is retried),
+    ``compacted_messages`` (older messages replaced by the summary),
+    ``retained_messages`` (latest messages kept as they were) and ``usage`` (the
+    summary request's own token counts, also included in the result's ``usage``).
+    They are ``None`` on ``init`` events.
     """
 
     type: Literal["system"] = "system"
-    subtype: Literal["init"] = "init"
+    subtype: Literal["init", "compaction"] = "init"
     session_id: str
     model: str | None = None
     name: str | None = None
     tools: list[str] = Field(default_factory=list)
     stream: bool = True
+    trigger: Literal["threshold", "overflow"] | None = None
+    compacted_messages: int | None = None
+    retained_messages: int | None = None
+    usage: dict[str, int] | None = None
 
 
 class StreamEvent(_Event):

@@ -10,6 +10,14 @@ ends the turn, ``submit_output`` succeeds, or a limit ends it; then exactly one
 consumer asks for the next one); raw stream events of the model call in flight
 are buffered meanwhile, never dropped or reordered.
 
+Rules every turn follows: each request's messages are normalised
+(:mod:`.normalize`) after the ``on_model_request`` hook; a ``tool_use`` whose
+input is not a JSON object is stored with ``{}`` and answered with an error
+result; each tool result is bounded (:mod:`.result_limits`); with
+``auto_compact`` the history is compacted between turns and once per query
+after an overflow (:mod:`.compaction`), the overflowed turn then retried. One
+query at a time per Agent, across threads and event loops (its lock).
+
 Seams for the team and distributed runtimes (docs/contracts.md): the query
 option ``runtime`` (``async after_tool_batch(outcome) -> list[message] | None``,
 may raise :class:`SuspendQuery`), ``ToolContext.runtime``, ``Agent.query(None)``
@@ -19,63 +27,34 @@ and the ``trace_context`` option.
 from __future__ import annotations
 
 import asyncio
-import copy
 import inspect
 import logging
-import threading
-import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from ..errors import (
-    AbortError,
     APIError,
     ConcurrentQueryError,
     ConfigError,
     LatticeError,
-    MaxTurnsError,
     MissingOutputError,
     ModelTimeoutError,
 )
-from ..tracing.base import TraceContext, TraceEmitter
-from .abort import AbortSignal
-from .events import AssistantMessage, ResultMessage, SDKMessage, StreamEvent, SystemMessage, UserMessage
-from .hooks import ModelRequestHookContext, ToolResultHookContext
-from .model import AssistantModelMessage, ModelRequest, TokenUsage
-from .options import DEFAULT_MAX_TOKENS, QueryOptions
+from .compaction import context_tokens, is_overflow_error
+from .events import AssistantMessage, SDKMessage, StreamEvent, SystemMessage, UserMessage
+from .model import AssistantModelMessage, TokenUsage
+from .normalize import coerce_tool_input
+from .options import QueryOptions
 from .output import SUBMIT_OUTPUT_TOOL_NAME, payload_text
-from .tool_batch import CallOutcome, ToolBatchRunner
+from .query_run import Finish, LoopAgent, QueryRun, RunControl, abort_finish, text_of
+from .query_run import copy_json as _copy
+from .tool_batch import CallOutcome
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from ..tools.tool import ToolDefinition
-    from .options import AgentOptions
 
 logger = logging.getLogger("lattice_worker.agent")
-
-
-class LoopAgent(Protocol):
-    """What the loop uses of the agent whose query it runs
-    (:class:`lattice_worker.agent.agent.Agent`, which imports this module)."""
-
-    options: AgentOptions
-    session_id: str
-    _history: list[dict[str, Any]]
-    _control: RunControl | None
-
-    @property
-    def name(self) -> str | None: ...
-
-    def _tool_map(self) -> dict[str, ToolDefinition]: ...
-
-    def _system_prompt(self) -> str | None: ...
-
-    def _model_client(self) -> Any: ...
-
-    async def _ensure_history_loaded(self) -> None: ...
-
-    async def _append(self, message: dict[str, Any]) -> None: ...
 
 
 class SuspendQuery(Exception):  # noqa: N818 - the name is the contract (docs/contracts.md)
@@ -101,40 +80,6 @@ class ToolBatchOutcome:
     results: list[dict[str, Any]]
     agent: Any
     usage: dict[str, Any] | None = None
-
-
-class RunControl:
-    """Per-query control shared with ``Agent.interrupt()``: the interrupt flag and
-    the inbox of the model call in flight. Thread-safe to signal."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.thread_id = threading.get_ident()
-        self.interrupted = False
-        self.inbox: asyncio.Queue[tuple[str, Any]] | None = None
-
-    def post(self, inbox: asyncio.Queue[tuple[str, Any]], item: tuple[str, Any]) -> None:
-        if threading.get_ident() == self.thread_id:
-            inbox.put_nowait(item)
-        else:
-            try:
-                self.loop.call_soon_threadsafe(inbox.put_nowait, item)
-            except RuntimeError:  # loop closed
-                pass
-
-    def interrupt(self) -> None:
-        self.interrupted = True
-        inbox = self.inbox
-        if inbox is not None:
-            self.post(inbox, ("interrupt", None))
-
-
-def _text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
-    return ""
 
 
 def _reply_problem(message: AssistantModelMessage) -> str | None:
@@ -173,330 +118,35 @@ def _reply_problem(message: AssistantModelMessage) -> str | None:
     return None
 
 
-def _swallow(task: asyncio.Task[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
+def _object_inputs(content: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """``content`` with every ``tool_use`` input an object (what is stored and
+    sent back), and ``tool_use`` id -> problem for the inputs that were not one
+    (invalid JSON...): those calls are answered with an error result."""
+    invalid: dict[str, str] = {}
+    fixed: list[dict[str, Any]] | None = None
+    for i, block in enumerate(content):
+        if block.get("type") == "tool_use" and not isinstance(block.get("input"), dict):
+            value, problem = coerce_tool_input(block.get("input"))
+            if fixed is None:
+                fixed = list(content)
+            fixed[i] = {**block, "input": value}
+            if problem is not None:
+                invalid[str(block.get("id"))] = problem
+    return (fixed if fixed is not None else content), invalid
 
 
-_IMMUTABLE = frozenset({str, int, float, bool, type(None)})
-
-
-def _copy(value: Any) -> Any:
-    """A deep copy of ``value``. Messages and events are JSON-like (dicts,
-    lists, strings, numbers): those are copied directly, several times faster
-    than ``copy.deepcopy``; anything else (a tuple, a dict subclass, an
-    object) is handed to ``copy.deepcopy``."""
-    kind = type(value)
-    if kind is dict:
-        return {key: _copy(item) for key, item in value.items()}
-    if kind is list:
-        return [_copy(item) for item in value]
-    if kind in _IMMUTABLE:
-        return value
-    return copy.deepcopy(value)
-
-
-class _Finish:
-    """The terminal decision of a query."""
-
-    def __init__(
-        self,
-        subtype: str,
-        *,
-        error: BaseException | None = None,
-        result: str | None = None,
-        structured: Any = None,
-    ) -> None:
-        self.subtype = subtype
-        self.error = error
-        self.result = result
-        self.structured = structured
-
-
-class _QueryRun:
-    """State of one query; helpers used by :func:`run_query`."""
-
-    def __init__(self, agent: LoopAgent, q: QueryOptions, control: RunControl) -> None:
-        self.agent = agent
-        self.q = q
-        self.control = control
-        opts = agent.options
-        self.started = time.monotonic()
-        self.session_id = agent.session_id
-        self.signal: AbortSignal = q.signal if q.signal is not None else AbortSignal()
-        self.turns = 0
-        self.usage = TokenUsage()
-        self.stop_reason: str | None = None
-        self.last_text = ""
-        self.hooks = opts.hooks
-        self.skills: str | None = None
-        self.last_outcomes: list[CallOutcome] = []
-        self.structured = opts.output_schema is not None
-        self.max_turns = opts.max_turns
-        self.timeout_ms = (
-            q.request_timeout_ms if q.request_timeout_ms is not None else opts.request_timeout_ms
-        )
-        tracer = q.tracer if q.tracer is not None else opts.tracer
-        context = q.trace_context
-        if context is None:
-            context = TraceContext(
-                session_id=agent.session_id,
-                source={"kind": "agent", "name": agent.name or "agent"},
-            )
-        self.emitter = TraceEmitter(tracer, context)
-
-    # ---------------------------------------------------------------- tracing / history
-
-    async def trace(self, type_: str, data: dict[str, Any]) -> None:
-        if self.emitter.enabled:
-            await self.emitter.emit(type_, _copy(data))
-
-    async def add_user_message(self, message: dict[str, Any]) -> None:
-        await self.agent._append(message)
-        await self.trace("user_message", {"message": message})
-
-    # ---------------------------------------------------------------------- requests
-
-    def thinking(self) -> dict[str, Any] | None:
-        config = (
-            self.q.thinking_config
-            if self.q.thinking_config is not None
-            else self.agent.options.thinking_config
-        )
-        if config is None:
-            return None
-        config = dict(config)
-        if config.get("type") == "enabled":
-            cap = self.max_tokens() - 1
-            if config["budget_tokens"] > cap:
-                config["budget_tokens"] = max(cap, 1)
-        return config
-
-    def max_tokens(self) -> int:
-        return self.agent.options.max_tokens or DEFAULT_MAX_TOKENS
-
-    async def build_request(self) -> ModelRequest:
-        self.turns += 1
-        agent = self.agent
-        tools = agent._tool_map()
-        messages = list(agent._history)
-        system = agent._system_prompt(self.skills)
-        hooks = self.hooks
-        if hooks is not None and hooks.on_model_request is not None:
-            # the hook gets its own deep copy (hooks.py); the history itself is never handed out
-            ctx = ModelRequestHookContext(messages=messages, system_prompt=system, turn=self.turns)
-            messages, system = await hooks.run_model_request(ctx)
-        request = ModelRequest(
-            model=agent.options.model,
-            system=system,
-            messages=messages,
-            tools=[t.to_model_tool() for t in tools.values()],
-            max_tokens=self.max_tokens(),
-            stream=self.q.stream,
-            thinking=self.thinking(),
-            reasoning_effort=(
-                self.q.reasoning_effort
-                if self.q.reasoning_effort is not None
-                else agent.options.reasoning_effort
-            ),
-            output_format=self.q.output_format,
-            timeout_ms=self.timeout_ms,
-            signal=self.signal,
-        )
-        await self.trace(
-            "model_request",
-            {
-                "turn": self.turns,
-                "model": request.model,
-                "system_prompt": request.system,
-                "messages": request.messages,
-                "tools": [t["name"] for t in request.tools],
-                "stream": request.stream,
-                "max_tokens": request.max_tokens,
-            },
-        )
-        return request
-
-    def start_call(
-        self, request: ModelRequest
-    ) -> tuple[asyncio.Task[Any], asyncio.Queue[tuple[str, Any]], Any]:
-        """Start the model call; every outcome (stream event, completion, abort,
-        interrupt, timeout) arrives on the returned inbox, in order."""
-        loop = self.control.loop
-        inbox: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-        self.control.inbox = inbox
-        if self.control.interrupted:
-            inbox.put_nowait(("interrupt", None))
-        if request.stream and getattr(self.q.runtime, "wants_stream_events", True) is not False:
-            request.on_stream_event = lambda event: inbox.put_nowait(("event", event))
-        agent = self.agent
-
-        async def call() -> AssistantModelMessage:
-            client = agent._model_client()
-            out = client.create_message(request)
-            if inspect.isawaitable(out):
-                out = await out
-            return out
-
-        task = loop.create_task(call())
-        task.add_done_callback(lambda t: inbox.put_nowait(("done", t)))
-        remove = self.signal.add_listener(lambda reason: self.control.post(inbox, ("abort", reason)))
-        timer = None
-        if self.timeout_ms is not None:
-            timer = loop.call_later(self.timeout_ms / 1000.0, inbox.put_nowait, ("timeout", None))
-        return task, inbox, (remove, timer)
-
-    def end_call(self, task: asyncio.Task[Any], handles: Any) -> None:
-        remove, timer = handles
-        remove()
-        if timer is not None:
-            timer.cancel()
-        self.control.inbox = None
-        if not task.done():
-            # Abandon the call: cancel it, never wait for a client that ignores cancellation.
-            task.cancel()
-            task.add_done_callback(_swallow)
-
-    # ------------------------------------------------------------------------ finish
-
-    def stop_check(self) -> _Finish | None:
-        if self.signal.aborted:
-            return _abort_finish(self.signal)
-        if self.control.interrupted:
-            return _Finish("interrupted")
-        if self.turns >= self.max_turns:
-            return _Finish(
-                "error_max_turns",
-                error=MaxTurnsError(f"reached max_turns={self.max_turns} model requests without finishing"),
-            )
-        return None
-
-    async def finish(self, decision: _Finish) -> ResultMessage:
-        subtype = decision.subtype
-        error = decision.error
-        is_error = subtype.startswith("error")
-        message = None
-        if error is not None:
-            message = str(error) or type(error).__name__
-        result = ResultMessage(
-            subtype=subtype,  # type: ignore[arg-type]
-            is_error=is_error,
-            session_id=self.session_id,
-            result=decision.result if decision.result is not None else self.last_text,
-            structured_result=decision.structured,
-            usage=self.usage.to_dict(),
-            stop_reason=self.stop_reason,
-            num_turns=self.turns,
-            duration_ms=int((time.monotonic() - self.started) * 1000),
-            error=message,
-            error_type=type(error).__name__ if error is not None else None,
-            exception=error,
-        )
-        if self.emitter.enabled:  # the dump is for the tracer only
-            await self.trace("result", result.model_dump())
-        return result
-
-    # ------------------------------------------------------------------ tool batches
-
-    def batch_runner(self) -> ToolBatchRunner:
-        opts = self.agent.options
-        return ToolBatchRunner(
-            tools=self.agent._tool_map(),
-            concurrency=opts.tool_concurrency,
-            permission=opts.permission,
-            policy=opts.tool_batch_policy,
-            structured=self.structured,
-            signal=self.signal,
-            runtime=self.q.runtime,
-            agent=self.agent,
-        )
-
-    async def execute_batch(self, calls: list[dict[str, Any]], *, truncated: bool) -> dict[str, Any]:
-        """Trace the calls, run the batch, apply hooks, record the tool_result user
-        message. If anything raises before the message is recorded (a hook, a
-        ``fail_on_error`` tracer, cancellation), every call is answered with a
-        "withheld" error result first -- never the unhooked content -- so the history
-        keeps each tool_use paired with a tool_result, then the error propagates."""
-        recorded = False
-        try:
-            tool_map = self.agent._tool_map()
-            for call in calls:
-                definition = tool_map.get(call.get("name", ""))
-                await self.trace(
-                    "tool_use",
-                    {
-                        "tool_use_id": call.get("id"),
-                        "name": call.get("name"),
-                        "input": call.get("input"),
-                        "description": definition.description if definition is not None else None,
-                    },
-                )
-            self.last_outcomes = await self.batch_runner().run(calls, truncated=truncated)
-            blocks = await self.finalize_results(self.last_outcomes)
-            user_message = {"role": "user", "content": blocks}
-            await self.agent._append(user_message)
-            recorded = True
-            await self.trace("user_message", {"message": user_message})
-            return user_message
-        except BaseException:
-            if not recorded:
-                withheld = {
-                    "role": "user",
-                    "content": [
-                        {
-                            "type": "tool_result",
-                            "tool_use_id": str(c.get("id", "")),
-                            "content": "Error: this tool call's result was withheld because the host failed "
-                            "while processing the batch.",
-                            "is_error": True,
-                        }
-                        for c in calls
-                    ],
-                }
-                try:
-                    await self.agent._append(withheld)
-                except Exception:
-                    logger.warning("could not record withheld tool results", exc_info=True)
-            raise
-
-    async def finalize_results(self, outcomes: list[CallOutcome]) -> list[dict[str, Any]]:
-        """Run ``on_tool_result`` hooks, then trace each result; returns the blocks."""
-        blocks: list[dict[str, Any]] = []
-        hooks = self.hooks
-        for outcome in outcomes:
-            block = outcome.block
-            call = outcome.call
-            if hooks is not None and hooks.on_tool_result is not None:
-                ctx = ToolResultHookContext(
-                    tool_name=str(call.get("name")),
-                    tool_use_id=str(call.get("id")),
-                    input=call.get("input"),  # the hook gets deep copies (hooks.py)
-                    result=block,
-                    error=outcome.error,
-                )
-                block = await hooks.run_tool_result(ctx)
-            blocks.append(block)
-            await self.trace(
-                "tool_result",
-                {
-                    "tool_use_id": call.get("id"),
-                    "name": call.get("name"),
-                    "result": block,
-                    "is_error": bool(block.get("is_error", False)),
-                },
-            )
-        return blocks
-
-
-def _abort_finish(signal: AbortSignal) -> _Finish:
-    reason = signal.reason
-    if isinstance(reason, BaseException):
-        text = f"the query was aborted: {type(reason).__name__}: {reason}"
-    elif reason is None or reason == "aborted":
-        text = "the query was aborted"
+def _window_error(run: QueryRun, already_compacted: bool) -> APIError:
+    text = (
+        "the model's context window ran out during the request (stop reason "
+        "model_context_window_exceeded); the response was discarded"
+    )
+    if run.compaction is None:
+        text += ". Set auto_compact=True to compact the history and retry the turn"
+    elif already_compacted:
+        text += ", and the history was already compacted once in this query"
     else:
-        text = f"the query was aborted: {reason}"
-    return _Finish("error_abort", error=AbortError(text))
+        text += ", and compacting the history was not possible (see the lattice_worker.agent log)"
+    return APIError(text)
 
 
 def _first_error(outcomes: list[CallOutcome], blocks: list[dict[str, Any]]) -> str | None:
@@ -504,7 +154,7 @@ def _first_error(outcomes: list[CallOutcome], blocks: list[dict[str, Any]]) -> s
         if block.get("is_error"):
             if outcome.error is not None:
                 return str(outcome.error) or type(outcome.error).__name__
-            return _text_of(block.get("content")) or "tool error"
+            return text_of(block.get("content")) or "tool error"
     return None
 
 
@@ -514,31 +164,38 @@ async def run_query(agent: LoopAgent, prompt: Any, q: QueryOptions) -> AsyncIter
     Raises :class:`ConcurrentQueryError` (on first iteration) while another query
     of the same Agent runs; hook exceptions, ``fail_on_error`` store/tracer errors
     and ``ConfigError`` for ``query(None)`` on a history that does not end with a
-    user message propagate. Every other failure becomes the ``result`` event.
+    user message propagate, as does a ``ConfigError`` for a query
+    ``thinking_config`` whose budget, capped at ``max_tokens - 1``, is below
+    1,024 tokens. Every other failure becomes the ``result`` event.
+
+    The one-query-at-a-time guard is the Agent's ``threading.Lock``, taken
+    without blocking: it holds across threads and event loops.
     """
-    if agent._control is not None:
+    lock = agent._query_lock
+    if not lock.acquire(blocking=False):
         # A query abandoned with `break` is closed by asyncio's async-generator finalizer a
         # few loop iterations later; give it that chance before calling this a conflict.
         for _ in range(4):
             await asyncio.sleep(0)
-            if agent._control is None:
+            if lock.acquire(blocking=False):
                 break
-    if agent._control is not None:
-        raise ConcurrentQueryError(
-            "this Agent is already running a query; one Agent holds one conversation. "
-            "Await the running query first, or create another Agent for concurrent work."
-        )
+        else:
+            raise ConcurrentQueryError(
+                "this Agent is already running a query; one Agent holds one conversation. "
+                "Await the running query first, or create another Agent for concurrent work."
+            )
     control = RunControl(asyncio.get_running_loop())
     agent._control = control
     try:
         await agent._ensure_history_loaded()
+        await agent._prepare_mcp_tools()
         if prompt is None:
             history = agent._history
             if not history or history[-1].get("role") != "user":
                 raise ConfigError(
                     "query(None) continues from the stored history, which must end with a user message"
                 )
-        run = _QueryRun(agent, q, control)
+        run = QueryRun(agent, q, control)
         run.skills = agent._skills_section(prompt)  # matched once per query, never stored
         tool_map = agent._tool_map()
         yield SystemMessage(
@@ -562,12 +219,19 @@ async def run_query(agent: LoopAgent, prompt: Any, q: QueryOptions) -> AsyncIter
         if prompt is not None:
             await run.add_user_message({"role": "user", "content": prompt})
 
+        # The last response of an earlier query may have been past the threshold: compact
+        # before this query's first request. Later turns compact after their tool batch.
+        compacted = await run.compact("threshold")
+        if compacted is not None:
+            yield compacted
+        retry = False  # the next request retries the same turn (after an overflow recovery)
         while True:
-            stop = run.stop_check()
+            stop = run.stop_check(retry=retry)
             if stop is not None:
                 yield await run.finish(stop)
                 return
-            request = await run.build_request()
+            request = await run.build_request(retry=retry)
+            retry = False
 
             # ---- the model call, raced against abort / interrupt / timeout
             kind: str = "done"
@@ -575,7 +239,7 @@ async def run_query(agent: LoopAgent, prompt: Any, q: QueryOptions) -> AsyncIter
             try:
                 task, inbox, handles = run.start_call(request)
             except Exception as exc:  # pragma: no cover - start_call does not raise in practice
-                yield await run.finish(_Finish("error", error=exc))
+                yield await run.finish(Finish("error", error=exc))
                 return
             try:
                 while True:
@@ -587,14 +251,14 @@ async def run_query(agent: LoopAgent, prompt: Any, q: QueryOptions) -> AsyncIter
             finally:
                 run.end_call(task, handles)
             if kind == "abort":
-                yield await run.finish(_abort_finish(run.signal))
+                yield await run.finish(abort_finish(run.signal))
                 return
             if kind == "interrupt":
-                yield await run.finish(_Finish("interrupted"))
+                yield await run.finish(Finish("interrupted"))
                 return
             if kind == "timeout":
                 yield await run.finish(
-                    _Finish(
+                    Finish(
                         "error_timeout",
                         error=ModelTimeoutError(
                             f"the model request exceeded request_timeout_ms={run.timeout_ms} ms"
@@ -603,11 +267,33 @@ async def run_query(agent: LoopAgent, prompt: Any, q: QueryOptions) -> AsyncIter
                 )
                 return
             if task.cancelled():
-                yield await run.finish(
-                    _Finish("error", error=RuntimeError("the model request was cancelled"))
-                )
+                yield await run.finish(Finish("error", error=RuntimeError("the model request was cancelled")))
                 return
             exc = task.exception()
+            message = task.result() if exc is None else None
+            window = (  # the window ran out mid-response: the reply is unusable and never stored
+                isinstance(message, AssistantModelMessage)
+                and message.stop_reason == "model_context_window_exceeded"
+                and _reply_problem(message) is None
+            )
+            if window or (exc is not None and is_overflow_error(exc)):
+                if window:
+                    assert message is not None
+                    run.usage.add(message.usage)
+                    run.stop_reason = message.stop_reason
+                already = run.recovered
+                compacted = await run.compact("overflow")
+                if compacted is not None:
+                    yield compacted
+                    retry = True  # the same turn again, from the compacted history
+                    continue
+                stop = run.stop_check(retry=True)  # aborted or interrupted while summarising
+                if stop is not None:
+                    yield await run.finish(stop)
+                    return
+                if window:
+                    yield await run.finish(Finish("error", error=_window_error(run, already)))
+                    return
             if exc is not None:
                 if not isinstance(exc, LatticeError):
                     # not one of our deliberate errors: likely a bug in a custom client -- keep the traceback
@@ -616,12 +302,11 @@ async def run_query(agent: LoopAgent, prompt: Any, q: QueryOptions) -> AsyncIter
                         type(exc).__name__,
                         exc_info=exc,
                     )
-                yield await run.finish(_Finish("error", error=exc))
+                yield await run.finish(Finish("error", error=exc))
                 return
-            message = task.result()
             if not isinstance(message, AssistantModelMessage):
                 yield await run.finish(
-                    _Finish(
+                    Finish(
                         "error",
                         error=TypeError(
                             f"the model client returned {type(message).__name__}, not an AssistantModelMessage"
@@ -633,17 +318,16 @@ async def run_query(agent: LoopAgent, prompt: Any, q: QueryOptions) -> AsyncIter
             if problem is not None:
                 # Nothing of a malformed reply enters the history: the next request stays valid.
                 yield await run.finish(
-                    _Finish(
-                        "error", error=APIError(f"the model client returned a malformed reply: {problem}")
-                    )
+                    Finish("error", error=APIError(f"the model client returned a malformed reply: {problem}"))
                 )
                 return
-            content = message.content if message.content is not None else []
+            content, invalid = _object_inputs(message.content if message.content is not None else [])
 
             # ---- the assistant turn
             run.usage.add(message.usage)
+            agent._context_tokens = context_tokens(message.usage)
             run.stop_reason = message.stop_reason
-            run.last_text = _text_of(content)
+            run.last_text = text_of(content)
             wire = message.to_dict()
             wire["content"] = content
             if content:
@@ -656,7 +340,7 @@ async def run_query(agent: LoopAgent, prompt: Any, q: QueryOptions) -> AsyncIter
             if not calls:
                 if run.structured:
                     yield await run.finish(
-                        _Finish(
+                        Finish(
                             "error_missing_output",
                             error=MissingOutputError(
                                 f"the run ended without calling {SUBMIT_OUTPUT_TOOL_NAME}; "
@@ -665,11 +349,13 @@ async def run_query(agent: LoopAgent, prompt: Any, q: QueryOptions) -> AsyncIter
                         )
                     )
                 else:
-                    yield await run.finish(_Finish("success"))
+                    yield await run.finish(Finish("success"))
                 return
 
             # ---- the tool batch
-            user_message = await run.execute_batch(calls, truncated=message.stop_reason == "max_tokens")
+            user_message = await run.execute_batch(
+                calls, truncated=message.stop_reason == "max_tokens", invalid=invalid
+            )
             outcomes, blocks = run.last_outcomes, user_message["content"]
             yield UserMessage(
                 session_id=run.session_id,
@@ -678,10 +364,16 @@ async def run_query(agent: LoopAgent, prompt: Any, q: QueryOptions) -> AsyncIter
                 error=_first_error(outcomes, blocks),
             )
             if run.signal.aborted:
-                yield await run.finish(_abort_finish(run.signal))
+                yield await run.finish(abort_finish(run.signal))
                 return
 
             ended = next((o for o in outcomes if o.result is not None and o.result.end_turn), None)
+            if ended is None:
+                # Between turns: compact now, before the runtime may suspend the query (the
+                # distributed lead resumes in another segment, from the compacted history).
+                compacted = await run.compact("threshold")
+                if compacted is not None:
+                    yield compacted
 
             runtime = q.runtime
             after = getattr(runtime, "after_tool_batch", None) if runtime is not None else None
@@ -693,7 +385,7 @@ async def run_query(agent: LoopAgent, prompt: Any, q: QueryOptions) -> AsyncIter
                     if inspect.isawaitable(extra):
                         extra = await extra
                 except SuspendQuery:
-                    yield await run.finish(_Finish("suspended"))
+                    yield await run.finish(Finish("suspended"))
                     return
                 for injected in extra or []:
                     if not isinstance(injected, dict) or "role" not in injected:
@@ -707,11 +399,11 @@ async def run_query(agent: LoopAgent, prompt: Any, q: QueryOptions) -> AsyncIter
                 if ended.call.get("name") == SUBMIT_OUTPUT_TOOL_NAME and run.structured:
                     payload = ended.result.structured_result
                     yield await run.finish(
-                        _Finish("success", result=payload_text(payload), structured=payload)
+                        Finish("success", result=payload_text(payload), structured=payload)
                     )
                 elif run.structured:
                     yield await run.finish(
-                        _Finish(
+                        Finish(
                             "error_missing_output",
                             error=MissingOutputError(
                                 f'tool "{ended.call.get("name")}" ended the run before {SUBMIT_OUTPUT_TOOL_NAME} '
@@ -721,15 +413,16 @@ async def run_query(agent: LoopAgent, prompt: Any, q: QueryOptions) -> AsyncIter
                     )
                 else:
                     yield await run.finish(
-                        _Finish(
+                        Finish(
                             "success",
-                            result=_text_of(ended.result.content),
+                            result=text_of(ended.result.content),
                             structured=ended.result.structured_result,
                         )
                     )
                 return
     finally:
         agent._control = None
+        lock.release()
 
 
 __all__ = ["RunControl", "SuspendQuery", "ToolBatchOutcome", "run_query"]

@@ -12,6 +12,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
+from ..errors import ConfigError
+
 if TYPE_CHECKING:
     from .abort import AbortSignal
 
@@ -29,6 +31,32 @@ ThinkingConfig = dict[str, Any]
 """``{"type": "adaptive"}``, ``{"type": "enabled", "budget_tokens": N}`` or ``{"type": "disabled"}``."""
 
 ReasoningEffort = Literal["low", "high", "max"]
+
+MIN_THINKING_BUDGET_TOKENS = 1024
+"""The smallest ``budget_tokens`` the Messages API accepts for ``{"type": "enabled"}`` thinking."""
+
+
+def capped_thinking_budget(budget: int, max_tokens: int) -> int:
+    """The ``budget_tokens`` actually sent: ``budget`` capped at ``max_tokens - 1``
+    (thinking tokens count against the output budget, which must leave room
+    for the answer).
+
+    Raises:
+        ConfigError: the result is below :data:`MIN_THINKING_BUDGET_TOKENS`
+            (1,024), the provider's minimum -- raise ``max_tokens`` (above
+            1,024) or the budget.
+    """
+    capped = min(budget, max_tokens - 1)
+    if capped < MIN_THINKING_BUDGET_TOKENS:
+        if budget < MIN_THINKING_BUDGET_TOKENS:
+            why = f"budget_tokens={budget}"
+        else:
+            why = f"budget_tokens={budget} capped at max_tokens - 1 = {max_tokens - 1}"
+        raise ConfigError(
+            f"thinking_config: {why} is below the provider's minimum of {MIN_THINKING_BUDGET_TOKENS} "
+            f"thinking tokens; use budget_tokens >= {MIN_THINKING_BUDGET_TOKENS} and max_tokens > budget_tokens"
+        )
+    return capped
 
 
 @dataclass
@@ -144,6 +172,7 @@ class ModelClient(Protocol):
 
 
 __all__ = [
+    "MIN_THINKING_BUDGET_TOKENS",
     "AssistantModelMessage",
     "ModelClient",
     "ModelRequest",
@@ -151,4 +180,5 @@ __all__ = [
     "StopReason",
     "ThinkingConfig",
     "TokenUsage",
+    "capped_thinking_budget",
 ]

@@ -5,9 +5,6 @@ Options are keyword-only. An unknown key raises :class:`ConfigError` naming it;
 a value of the wrong type raises :class:`ConfigError` naming the option and what
 it expects. Validation is pydantic's (strict scalars: ``"5"`` is not an int,
 ``True`` is not an int).
-
-Not active yet (accepted, validated and stored, but it changes nothing):
-``auto_compact`` (context compaction). Building on it is later work.
 """
 
 from __future__ import annotations
@@ -29,11 +26,14 @@ from pydantic import (
 )
 
 from ..errors import ConfigError
+from ..tools.mcp_servers import validate_mcp_servers
 from ..tools.skills import check_skills
 from ..tools.tool import ToolDefinition
 from .abort import AbortSignal
 from .hooks import AgentHooks, coerce_hooks
+from .model import MIN_THINKING_BUDGET_TOKENS, capped_thinking_budget
 from .output import SUBMIT_OUTPUT_TOOL_NAME, is_output_schema
+from .result_limits import DEFAULT_MAX_TOOL_RESULT_CHARS
 
 PositiveInt = Annotated[int, Strict(), Field(gt=0)]
 NonNegativeInt = Annotated[int, Strict(), Field(ge=0)]
@@ -63,7 +63,18 @@ class ToolConcurrencyOptions(BaseModel):
 
 
 class AutoCompactOptions(BaseModel):
-    """``auto_compact`` settings. **Not active yet**: accepted and stored only."""
+    """``auto_compact`` settings (``auto_compact=True`` means all the defaults).
+
+    ``threshold_tokens``: compact between turns once a response reported more
+    input tokens than this (positive int, default 100,000). ``keep_recent_messages``:
+    how many of the latest messages stay as they are (int >= 0, default 6; more
+    are kept when the cut would separate a ``tool_result`` from its ``tool_use``).
+    ``prompt``: the summarisation instruction (default
+    :data:`~lattice_worker.agent.compaction.DEFAULT_COMPACTION_PROMPT`).
+    ``model`` / ``max_tokens``: for the summary request (default: the agent's).
+    See :mod:`lattice_worker.agent.compaction`. Raises :class:`ConfigError` (via
+    the agent factories) on an unknown key or a bad value.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -72,6 +83,13 @@ class AutoCompactOptions(BaseModel):
     prompt: StrictStr | None = None
     model: StrictStr | None = None
     max_tokens: PositiveInt | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("prompt must not be blank")
+        return v
 
 
 class WorkspaceOptions(BaseModel):
@@ -105,6 +123,10 @@ def _check_thinking(value: Any) -> dict[str, Any] | None:
             or budget <= 0
         ):
             raise ValueError('type "enabled" needs a positive integer "budget_tokens" and nothing else')
+        if budget < MIN_THINKING_BUDGET_TOKENS:
+            raise ValueError(
+                f"budget_tokens={budget} is below the provider's minimum of {MIN_THINKING_BUDGET_TOKENS}"
+            )
         return {"type": "enabled", "budget_tokens": budget}
     raise ValueError(f"unknown thinking type {kind!r}")
 
@@ -135,14 +157,17 @@ _AGENT_EXPECTED: dict[str, str] = {
     "system_prompt": "a string",
     "max_tokens": "a positive integer",
     "max_turns": "a positive integer (model requests per query)",
-    "thinking_config": '{"type": "adaptive"}, {"type": "enabled", "budget_tokens": N} or {"type": "disabled"}',
+    "thinking_config": '{"type": "adaptive"}, {"type": "enabled", "budget_tokens": N >= 1024} or {"type": "disabled"}',
     "reasoning_effort": '"low", "high" or "max"',
     "request_timeout_ms": "a positive integer number of milliseconds",
     "output_schema": "a pydantic BaseModel subclass or an object with a parse(value) method",
     "tools": "a list of ToolDefinition (built with tool())",
+    "mcp_servers": 'a dict of server name to {"command", "args"?, ...} (stdio) or {"type": "http", "url", ...}',
     "tool_batch_policy": "an object with validate(ctx), or a callable(ctx)",
     "hooks": "AgentHooks(on_tool_result=..., on_model_request=...) or a dict of those",
-    "auto_compact": "True/False or a dict with threshold_tokens, keep_recent_messages, prompt, model, max_tokens",
+    "auto_compact": "True/False, AutoCompactOptions, or a dict with threshold_tokens, keep_recent_messages, "
+    "prompt, model, max_tokens",
+    "max_tool_result_chars": "a positive integer number of characters, or None for no bound",
     "tool_concurrency": '{"mode": "safe" | "all" | "sequential", "max_concurrency": positive int}',
     "skills": "a list of skills (skill(...) or load_skill(path)) with unique names",
     "workspace": "a directory path, False, or a dict with cwd, allowed_directories, bash_timeout_ms",
@@ -168,11 +193,23 @@ _QUERY_EXPECTED: dict[str, str] = {
 class AgentOptions(BaseModel):
     """Options of ``create_agent`` / ``create_bare_agent`` / ``define_agent`` (DESIGN §9).
 
-    See the module doc for strictness; ``auto_compact`` is stored but not active
-    yet. ``skills``: see :mod:`lattice_worker.tools.skills`; ``workspace`` (a
-    directory, ``False`` or :class:`WorkspaceOptions`): see
-    :mod:`lattice_worker.tools.builtin`; ``create_bare_agent`` does not accept
-    ``workspace``. Units: ``request_timeout_ms`` is milliseconds.
+    See the module doc for strictness. ``skills``: see
+    :mod:`lattice_worker.tools.skills`; ``workspace`` (a directory, ``False`` or
+    :class:`WorkspaceOptions`): see :mod:`lattice_worker.tools.builtin`;
+    ``create_bare_agent`` does not accept ``workspace``. Units:
+    ``request_timeout_ms`` is milliseconds, ``max_tool_result_chars`` characters.
+
+    ``auto_compact``: ``True`` or :class:`AutoCompactOptions` (or its dict)
+    turns on context compaction (:mod:`lattice_worker.agent.compaction`).
+    ``max_tool_result_chars``: the most text one tool result may carry before it
+    is cut with a note (default :data:`DEFAULT_MAX_TOOL_RESULT_CHARS`, 100,000;
+    ``None``: no bound; see :mod:`lattice_worker.agent.result_limits`).
+    ``thinking_config`` ``{"type": "enabled", "budget_tokens": N}``: ``N`` is
+    capped at ``max_tokens - 1`` on every request; a budget (or a cap) below
+    1,024, the provider's minimum, raises :class:`ConfigError`.
+    ``mcp_servers`` (not in the spec): MCP servers whose tools each query offers
+    beside ``tools``, connected lazily per process and event loop
+    (:mod:`lattice_worker.tools.mcp_servers`).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
@@ -189,9 +226,11 @@ class AgentOptions(BaseModel):
     request_timeout_ms: PositiveInt | None = None
     output_schema: Any = None
     tools: list[Any] = Field(default_factory=list)
+    mcp_servers: Any = None
     tool_batch_policy: Any = None
     hooks: Any = None
     auto_compact: StrictBool | AutoCompactOptions | None = None
+    max_tool_result_chars: PositiveInt | None = DEFAULT_MAX_TOOL_RESULT_CHARS
     tool_concurrency: ToolConcurrencyOptions = Field(default_factory=ToolConcurrencyOptions)
     skills: list[Any] | None = None
     workspace: StrictStr | Literal[False] | WorkspaceOptions | None = None
@@ -204,6 +243,18 @@ class AgentOptions(BaseModel):
     @classmethod
     def _thinking(cls, v: Any) -> Any:
         return _check_thinking(v)
+
+    @field_validator("auto_compact", mode="before")
+    @classmethod
+    def _auto_compact(cls, v: Any) -> Any:
+        if isinstance(v, Mapping):
+            try:
+                return AutoCompactOptions(**v)
+            except ValidationError as exc:
+                first = exc.errors(include_url=False)[0]
+                field = ".".join(str(p) for p in first.get("loc", ())) or "auto_compact"
+                raise ValueError(f"{field}: {first.get('msg')}") from None
+        return v
 
     @field_validator("workspace", mode="before")
     @classmethod
@@ -233,6 +284,11 @@ class AgentOptions(BaseModel):
             if not isinstance(t, ToolDefinition):
                 raise ValueError(f"item {i} is {type(t).__name__}, not a ToolDefinition")
         return v
+
+    @field_validator("mcp_servers")
+    @classmethod
+    def _mcp_servers(cls, v: Any) -> Any:
+        return validate_mcp_servers(v)
 
     @field_validator("tool_batch_policy")
     @classmethod
@@ -273,7 +329,18 @@ class AgentOptions(BaseModel):
     @model_validator(mode="after")
     def _tool_set(self) -> AgentOptions:
         check_tool_set(self.tools, output_schema=self.output_schema, where=None)
+        thinking_budget(self.thinking_config, self.max_tokens)
         return self
+
+    @property
+    def compaction(self) -> AutoCompactOptions | None:
+        """The compaction settings in effect: ``None`` when ``auto_compact`` is off."""
+        value = self.auto_compact
+        if value is True:
+            return AutoCompactOptions()
+        if isinstance(value, AutoCompactOptions):
+            return value
+        return None
 
 
 class QueryOptions(BaseModel):
@@ -391,6 +458,17 @@ def validate_query_options(where: str, options: Mapping[str, Any]) -> QueryOptio
         raise _to_config_error(where, exc, options, _QUERY_EXPECTED) from None
 
 
+def thinking_budget(config: dict[str, Any] | None, max_tokens: int | None) -> dict[str, Any] | None:
+    """The thinking config a request sends with ``max_tokens`` (``None``: the
+    default, :data:`DEFAULT_MAX_TOKENS`): an ``enabled`` budget capped at
+    ``max_tokens - 1``; other configs as they are. Raises :class:`ConfigError`
+    when the capped budget is below 1,024 tokens (the provider's minimum)."""
+    if config is None or config.get("type") != "enabled":
+        return config
+    capped = capped_thinking_budget(config["budget_tokens"], max_tokens or DEFAULT_MAX_TOKENS)
+    return config if capped == config["budget_tokens"] else {**config, "budget_tokens": capped}
+
+
 def check_tool_set(tools: list[ToolDefinition], *, output_schema: Any, where: str | None) -> None:
     """Raise :class:`ConfigError` on duplicate tool names, or on a tool named
     ``submit_output`` while ``output_schema`` is set (the name is reserved then)."""
@@ -415,6 +493,7 @@ __all__ = [
     "ToolConcurrencyOptions",
     "WorkspaceOptions",
     "check_tool_set",
+    "thinking_budget",
     "validate_agent_options",
     "validate_query_options",
 ]

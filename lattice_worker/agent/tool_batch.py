@@ -11,7 +11,9 @@ Order of checks, batch level first (each rejects the whole batch, no handler run
    submitted twice -> code ``submit_output_exclusive_batch``;
 3. ``tool_batch_policy`` rejects (its code) or raises (``tool_batch_policy_error``).
 
-Then per call, in scheduling order: unknown tool name -> error; ``permission``
+Then per call, in scheduling order: unknown tool name -> error; input the
+model sent that was not a JSON object (invalid JSON, say: the loop passes these
+as ``invalid_inputs``) -> error quoting the problem, no permission check; ``permission``
 callback (raw input, before parsing; deny -> the message; not called for the
 built-in ``submit_output``) -> error; input parsing (not an object / invalid) ->
 error; handler (exception -> ``"Error: ..."`` error, a ``CancelledError`` included
@@ -89,6 +91,7 @@ class _Prepared:
     tool: ToolDefinition | None
     parsed: Any = None
     parse_error: ToolInputError | None = None
+    invalid: str | None = None
     safe: bool = False
     outcome: CallOutcome | None = field(default=None, repr=False)
 
@@ -211,10 +214,10 @@ class ToolBatchRunner:
 
     # ------------------------------------------------------------------- execution
 
-    def _prepare(self, index: int, call: dict[str, Any]) -> _Prepared:
+    def _prepare(self, index: int, call: dict[str, Any], invalid: str | None = None) -> _Prepared:
         definition = self.tools.get(call.get("name", ""))
-        prep = _Prepared(index=index, call=call, tool=definition)
-        if definition is None:
+        prep = _Prepared(index=index, call=call, tool=definition, invalid=invalid)
+        if definition is None or invalid is not None:
             return prep
         try:
             prep.parsed = definition.parse_input(call.get("input"))
@@ -235,6 +238,14 @@ class ToolBatchRunner:
         if definition is None:
             available = ", ".join(sorted(self.tools)) or "(none)"
             return _fail(call, ToolExecutionError(f'unknown tool "{name}". Available tools: {available}.'))
+        if prep.invalid is not None:
+            return _fail(
+                call,
+                ToolInputError(
+                    f'tool "{name}" was not run: {prep.invalid}. Reissue the call with its input as one '
+                    "valid JSON object."
+                ),
+            )
         if self.permission is not None and name != SUBMIT_OUTPUT_TOOL_NAME:
             denied = await self._check_permission(PermissionRequest(name, call.get("input"), tool_use_id))
             if denied is not None:
@@ -307,10 +318,18 @@ class ToolBatchRunner:
 
         await asyncio.gather(*(guarded(p) for p in group))
 
-    async def run(self, calls: list[dict[str, Any]], *, truncated: bool = False) -> list[CallOutcome]:
+    async def run(
+        self,
+        calls: list[dict[str, Any]],
+        *,
+        truncated: bool = False,
+        invalid_inputs: dict[str, str] | None = None,
+    ) -> list[CallOutcome]:
         """Run one batch; returns one :class:`CallOutcome` per call, in ``calls`` order.
 
-        Never raises for tool failures (they become error outcomes).
+        ``invalid_inputs``: ``tool_use`` id -> why the model's input could not be
+        used (those calls get an error result and never run). Never raises for
+        tool failures (they become error outcomes).
         """
         if truncated:
             return self._truncated(calls)
@@ -319,7 +338,8 @@ class ToolBatchRunner:
             rejected = await self._apply_policy(calls)
         if rejected is not None:
             return rejected
-        prepared = [self._prepare(i, c) for i, c in enumerate(calls)]
+        invalid = invalid_inputs or {}
+        prepared = [self._prepare(i, c, invalid.get(str(c.get("id")))) for i, c in enumerate(calls)]
         group: list[_Prepared] = []
         for prep in prepared:
             if prep.safe:

@@ -8,7 +8,8 @@ reuses :func:`~lattice_worker.team.work.run_work_item`,
 :func:`~lattice_worker.team.reports.format_report_message`.
 """
 
-from .agent_tool import agent_tool
+from .agent_tool import agent_tool, delegate_tool
+from .depth import DEFAULT_MAX_DELEGATE_DEPTH
 from .drain import DrainResult, drain_team
 from .events import AgentMessageEvent, AgentRuntimeFailure, TeamAgentEvent, TeamMessageEvent
 from .ids import lead_mailbox_id, mailbox_id, new_work_item_id
@@ -21,6 +22,7 @@ from .team import Team, create_team
 from .work import WorkItemOutcome, run_work_item
 
 __all__ = [
+    "DEFAULT_MAX_DELEGATE_DEPTH",
     "AgentMessageEvent",
     "AgentRuntimeFailure",
     "Dispatcher",
@@ -37,6 +39,7 @@ __all__ = [
     "agent_tool",
     "create_team",
     "create_team_runner",
+    "delegate_tool",
     "drain_team",
     "format_report_message",
     "handoff_receipt",

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from ..errors import ConfigError, ToolExecutionError
 from ..tools.tool import TOOL_NAME_PATTERN, ToolContext, ToolDefinition, ToolResult
+from .depth import delegated, next_depth
 from .events import failure_from_result
 from .member import agent_kind
 
@@ -276,11 +277,86 @@ def agent_tool(
     other error results read ``"Error: <message>"`` (the agent loop's format
     for raised tool errors).
 
+    The child runs one delegation level below the caller; a call beyond the
+    limit (``RunnerOptions.max_delegate_depth``, see
+    :mod:`lattice_worker.team.depth`) is an error result and the child never runs.
+
     Raises :class:`ConfigError` (prefixed ``agent_tool("<name>"):``) for an
     unknown option, an invalid name or target, a mismatching explicit
     ``output_schema``, or ``input_schema`` / ``map_input`` given alone.
     """
-    where = f'agent_tool("{name}")'
+    return _build(
+        f'agent_tool("{name}")',
+        name,
+        target,
+        description=description,
+        output_schema=output_schema,
+        input_schema=input_schema,
+        map_input=map_input,
+        metadata=metadata,
+        unknown=unknown,
+    )
+
+
+def delegate_tool(
+    name: str,
+    description: str,
+    agent: Any,
+    *,
+    output_schema: Any = None,
+    input_schema: type[BaseModel] | Mapping[str, Any] | None = None,
+    map_input: Callable[[Any], Any] | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    **unknown: Any,
+) -> ToolDefinition:
+    """Expose ``agent`` as a delegate tool: :func:`agent_tool` with the
+    description given up front (the supervisor model decides from it when to
+    delegate).
+
+    Args:
+        name: the tool name (``^[a-zA-Z0-9_-]{1,64}$``).
+        description: what the supervisor model is told (a non-empty string).
+        agent: an ``AgentSpec`` (a fresh session per call), a live ``Agent`` or
+            ``Team``, or a host AgentLike -- as for :func:`agent_tool`.
+        output_schema / input_schema / map_input / metadata: as for :func:`agent_tool`.
+
+    The tool behaves exactly like :func:`agent_tool`'s (the same input, modes,
+    results and delegation-depth limit). Work that must go through a team's
+    mailbox -- ``handoff``, durable status, replies -- is a team member's
+    (:func:`~lattice_worker.team.team.create_team` gives the lead one tool per
+    member).
+
+    Raises :class:`ConfigError` (prefixed ``delegate_tool("<name>"):``) as
+    :func:`agent_tool` does, and for a missing or blank ``description``.
+    """
+    where = f'delegate_tool("{name}")'
+    if not isinstance(description, str) or not description.strip():
+        raise ConfigError(f"{where}: description must be a non-empty string")
+    return _build(
+        where,
+        name,
+        agent,
+        description=description,
+        output_schema=output_schema,
+        input_schema=input_schema,
+        map_input=map_input,
+        metadata=metadata,
+        unknown=unknown,
+    )
+
+
+def _build(
+    where: str,
+    name: str,
+    target: Any,
+    *,
+    description: str | None,
+    output_schema: Any,
+    input_schema: type[BaseModel] | Mapping[str, Any] | None,
+    map_input: Callable[[Any], Any] | None,
+    metadata: Mapping[str, Any] | None,
+    unknown: Mapping[str, Any],
+) -> ToolDefinition:
     for key in unknown:
         raise ConfigError(f'{where}: unknown option "{key}". {_UNKNOWN_OPTION_HINT}')
     if not isinstance(name, str) or not TOOL_NAME_PATTERN.match(name):
@@ -318,8 +394,11 @@ def agent_tool(
     typed = input_schema is not None
 
     async def run(prompt: Any, ctx: ToolContext) -> str | ToolResult:
+        depth = next_depth(where)
         child = target.spawn() if kind == "spec" else target
-        return _finish(await _run_child(child, kind, prompt, ctx), schema)
+        with delegated(depth):
+            result = await _run_child(child, kind, prompt, ctx)
+        return _finish(result, schema)
 
     if typed:
         assert map_input is not None
@@ -375,6 +454,7 @@ __all__ = [
     "CHILD_OUTPUT_INVALID",
     "agent_tool",
     "child_output_invalid",
+    "delegate_tool",
     "schema_json",
     "validate_output",
 ]

@@ -22,6 +22,7 @@ from lattice_mailbox.message import TeamMessage
 
 from ..tools.tool import ToolContext, ToolDefinition, ToolResult
 from .agent_tool import format_task
+from .depth import DEPTH_METADATA_KEY, next_depth
 from .ids import lead_mailbox_id, mailbox_id, new_work_item_id
 from .member import TeamMember
 from .member_tools import TeamToolError
@@ -106,9 +107,10 @@ def _description(team_name: str, member: TeamMember) -> str:
 
 
 async def _send_task(
-    team: TeamShape, member_name: str, data: MemberCallInput, ctx: ToolContext
+    team: TeamShape, member_name: str, data: MemberCallInput, ctx: ToolContext, depth: int
 ) -> TeamMessage:
-    """Put one task in ``member_name``'s mailbox (from the lead, a new work item id)."""
+    """Put one task in ``member_name``'s mailbox (from the lead, a new work item id);
+    ``depth``: the delegation depth the member will run at."""
     return await team.mailbox.send(
         lead_mailbox_id(team.name),
         mailbox_id(team.name, member_name),
@@ -122,6 +124,7 @@ async def _send_task(
             "team": team.name,
             "expected_output": data.expected_output,
             "acceptance_criteria": data.acceptance_criteria,
+            DEPTH_METADATA_KEY: depth,
         },
     )
 
@@ -146,8 +149,9 @@ def make_member_tool(
             )
         if not data.task.strip():
             raise TeamToolError("task must not be blank; nothing was sent")
+        depth = next_depth(f'member "{member.name}"', team.runner_options.max_delegate_depth)
         try:
-            message = await _send_task(team, member.name, data, ctx)
+            message = await _send_task(team, member.name, data, ctx, depth)
         except MessageTooLargeError as exc:
             raise TeamToolError(
                 f'the task for member "{member.name}" is too large for the team mailbox ({exc}). Nothing was '
@@ -176,7 +180,9 @@ def make_lead_member_tools(team: TeamShape, dispatcher: Dispatcher | None = None
 
     Input ``{mode: "ask" | "handoff" | "observe", task, expected_output?,
     acceptance_criteria?: list[str]}``; a missing or blank ``task`` is an error
-    tool result and nothing is sent. ``handoff`` returns the receipt JSON
+    tool result and nothing is sent, as is a call beyond the team's
+    ``max_delegate_depth`` (:mod:`lattice_worker.team.depth`; the task message
+    carries the member's depth in ``metadata["delegate_depth"]``). ``handoff`` returns the receipt JSON
     (:func:`handoff_receipt`); ``ask`` returns the dispatcher's answer;
     ``observe`` is an error result ("unsupported").
 

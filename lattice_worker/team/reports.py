@@ -79,11 +79,19 @@ def parse_report_message(message: dict[str, Any]) -> list[dict[str, Any]]:
     content = message.get("content")
     if not isinstance(content, list) or not content:
         return []
-    first = content[0]
-    if not (isinstance(first, dict) and str(first.get("text", "")).startswith("Team handoff reports")):
+    # the header may follow tool_result blocks: a request merges the report into the results' turn
+    start = next(
+        (
+            i
+            for i, b in enumerate(content)
+            if isinstance(b, dict) and str(b.get("text", "")).startswith("Team handoff reports")
+        ),
+        None,
+    )
+    if start is None:
         return []
     entries = []
-    for block in content[1:]:
+    for block in content[start + 1 :]:
         try:
             entries.append(json.loads(block["text"]))
         except (KeyError, TypeError, ValueError):

@@ -17,6 +17,7 @@ handoffs and returns the report message.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -29,6 +30,7 @@ from lattice_mailbox.message import TERMINAL_STATUSES, MessageStatus, TeamMessag
 from ..errors import AbortError, ConfigError
 from ..tools.tool import ToolContext
 from ..tracing.base import TraceContext, TraceEmitter
+from .depth import DEFAULT_MAX_DELEGATE_DEPTH, delegation_limit
 from .events import TeamMessageEvent, failure_from_exception
 from .ids import mailbox_id
 from .member import TeamMember
@@ -52,20 +54,31 @@ POLL_SECONDS = 0.05
 
 @dataclass(frozen=True)
 class RunnerOptions:
-    """Runner settings (spec "Controlled handoff concurrency").
+    """Runner settings (the team runtime's limits).
 
     ``max_concurrent_work_items``: how many accepted work items of one tool
     batch may run at the same time, across different member mailboxes (items
     of one mailbox always run one after another). A positive int, default 1
-    (serial). Raises :class:`ConfigError` otherwise.
+    (serial).
+
+    ``max_delegate_depth``: the deepest delegation allowed under this team
+    (:mod:`lattice_worker.team.depth`): its lead runs at depth 0 (or at its
+    member's depth when the team is nested), members one deeper; a member
+    call, ``agent_tool`` or ``delegate_tool`` call that would go beyond is an
+    error tool result and nothing is sent. A positive int, default
+    :data:`~lattice_worker.team.depth.DEFAULT_MAX_DELEGATE_DEPTH` (3).
+
+    Raises :class:`ConfigError` for a value that is not a positive int.
     """
 
     max_concurrent_work_items: int = 1
+    max_delegate_depth: int = DEFAULT_MAX_DELEGATE_DEPTH
 
     def __post_init__(self) -> None:
-        value = self.max_concurrent_work_items
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ConfigError(f"runner: max_concurrent_work_items must be a positive integer, got {value!r}")
+        for name in ("max_concurrent_work_items", "max_delegate_depth"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"runner: {name} must be a positive integer, got {value!r}")
 
 
 def runner_options(value: RunnerOptions | dict[str, Any] | None) -> RunnerOptions:
@@ -77,8 +90,10 @@ def runner_options(value: RunnerOptions | dict[str, Any] | None) -> RunnerOption
         return value
     if isinstance(value, dict):
         for key in value:
-            if key != "max_concurrent_work_items":
-                raise ConfigError(f'runner: unknown option "{key}"; expected max_concurrent_work_items')
+            if key not in ("max_concurrent_work_items", "max_delegate_depth"):
+                raise ConfigError(
+                    f'runner: unknown option "{key}"; expected max_concurrent_work_items or max_delegate_depth'
+                )
         return RunnerOptions(**value)
     raise ConfigError(f"runner must be a RunnerOptions, a dict or None, got {type(value).__name__}")
 
@@ -453,9 +468,10 @@ class TeamRunner:
 
         async def produce() -> None:
             try:
-                async with aclosing(lead.query(prompt, runtime=self, **query_options)) as stream:
-                    async for event in stream:
-                        await queue.put(event)
+                with delegation_limit(self.options.max_delegate_depth):
+                    async with aclosing(lead.query(prompt, runtime=self, **query_options)) as stream:
+                        async for event in stream:
+                            await queue.put(event)
             except BaseException as exc:  # re-raised by the consumer
                 await queue.put(_Failure(exc))
             finally:
@@ -501,6 +517,7 @@ def create_team_runner(
     options: RunnerOptions | dict[str, Any] | None = None,
     *,
     max_concurrent_work_items: int | None = None,
+    max_delegate_depth: int | None = None,
     signal: AbortSignal | None = None,
     emit: EmitFn | None = None,
     tracer: ContextTracer | None = None,
@@ -509,8 +526,8 @@ def create_team_runner(
     """Build a :class:`TeamRunner` for ``team`` (spec ``createTeamRunner``).
 
     ``options`` defaults to the team's own runner options;
-    ``max_concurrent_work_items`` overrides it (a positive int, else
-    :class:`ConfigError`). Use ``runner.query(prompt)`` like ``team.query``, or
+    ``max_concurrent_work_items`` / ``max_delegate_depth`` override it (positive
+    ints, else :class:`ConfigError`). Use ``runner.query(prompt)`` like ``team.query``, or
     pass the runner as a lead query's ``runtime``. When you drive the lead
     yourself, call ``await runner.cancel_pending(reason)`` once its query has
     ended: a query that stops inside a tool batch (abort, interrupt, an
@@ -519,7 +536,9 @@ def create_team_runner(
     """
     opts = runner_options(options) if options is not None else team.runner_options
     if max_concurrent_work_items is not None:
-        opts = RunnerOptions(max_concurrent_work_items=max_concurrent_work_items)
+        opts = dataclasses.replace(opts, max_concurrent_work_items=max_concurrent_work_items)
+    if max_delegate_depth is not None:
+        opts = dataclasses.replace(opts, max_delegate_depth=max_delegate_depth)
     return TeamRunner(team, opts, signal=signal, emit=emit, tracer=tracer, trace_context=trace_context)
 
 

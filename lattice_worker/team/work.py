@@ -26,6 +26,7 @@ from lattice_mailbox.message import MessageStatus, TeamMessage
 
 from ..errors import AbortError
 from ..tracing.base import TraceContext, TraceEmitter
+from .depth import DEPTH_METADATA_KEY, current_depth, delegated
 from .events import (
     AgentMessageEvent,
     TeamAgentEvent,
@@ -269,7 +270,51 @@ async def run_work_item(
     completion (the claim was taken) writes nothing and returns ``failed`` with
     code ``claim_lost``. Raises only ``asyncio.CancelledError`` and mailbox
     errors of the upstream ``send``.
+
+    The member runs at the delegation depth its message carries
+    (``metadata["delegate_depth"]``, see :mod:`lattice_worker.team.depth`), else
+    one below the running agent.
     """
+    with delegated(member_depth(message)):
+        return await _run_work_item(
+            team,
+            member,
+            message,
+            mailbox=mailbox,
+            token=token,
+            signal=signal,
+            tracer=tracer,
+            trace_context=trace_context,
+            emit=emit,
+            agent=agent,
+            query_options=query_options,
+            stream_events=stream_events,
+        )
+
+
+def member_depth(message: TeamMessage) -> int:
+    """The delegation depth a member works on ``message`` at."""
+    depth = message.metadata.get(DEPTH_METADATA_KEY)
+    if isinstance(depth, int) and not isinstance(depth, bool) and depth >= 0:
+        return depth
+    return current_depth() + 1
+
+
+async def _run_work_item(
+    team: Any,
+    member: TeamMember,
+    message: TeamMessage,
+    *,
+    mailbox: TeamMailbox,
+    token: str | None,
+    signal: AbortSignal | None,
+    tracer: ContextTracer | None,
+    trace_context: TraceContext | None,
+    emit: EmitFn | None,
+    agent: Any,
+    query_options: dict[str, Any] | None,
+    stream_events: bool,
+) -> WorkItemOutcome:
     team_name: str = team.name
     member_names = [m.name for m in team.members]
     own_mailbox = mailbox_id(team_name, member.name)

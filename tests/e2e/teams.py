@@ -31,12 +31,15 @@ lead's tool batch on its first execution).
 Teams: ``team`` ("e2e": lead + ``worker`` + ``other``, max 4 concurrent work
 items), ``session_team`` ("e2e_session": member ``clerk`` is a live Agent,
 serial), ``nested_team`` ("e2e_company" whose member ``eng`` is the team
-"e2e_eng" with member ``backend``).
+"e2e_eng" with member ``backend``), ``compact_team`` ("e2e_compact": the
+``team`` members under a lead with ``auto_compact`` whose every response
+reports :data:`COMPACT_REPORTED_TOKENS` input tokens, past its threshold).
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 import re
@@ -106,16 +109,15 @@ def lead_model(request: Any) -> AssistantModelMessage:
     for message in messages[1:]:
         if message.get("role") != "user" or not isinstance(message.get("content"), list):
             continue
-        entries = parse_report_message(message)
-        if entries:
-            answers += [f"{e['status']}:{e['content']}" for e in entries]
-            continue
+        # one user turn: the tool results first, then (merged into it by the request
+        # normalisation) the handoff reports that arrived after the batch
         for block in message["content"]:
             if block.get("type") == "tool_result":
                 content = block.get("content")
                 text = content if isinstance(content, str) else json.dumps(content)
                 if not text.startswith("{"):  # handoff receipts are JSON; ask answers are text
                     answers.append(("error:" if block.get("is_error") else "ask:") + text)
+        answers += [f"{e['status']}:{e['content']}" for e in parse_report_message(message)]
     return _text("final: " + " | ".join(answers))
 
 
@@ -194,16 +196,20 @@ def _member_spec(name: str) -> Any:
     return define_agent(name=name, model_client=ScriptedModelClient(member_model), tools=[work], max_turns=8)
 
 
+def _executors() -> list[Any]:
+    return [
+        team_member(name="worker", agent=_member_spec("worker"), role="executor"),
+        team_member(name="other", agent=_member_spec("other"), role="executor"),
+    ]
+
+
 def build_team() -> Any:
     """The "e2e" team: lead (with its own tool ``chore``) + template members ``worker`` and ``other``."""
     lead = define_agent(name="lead", model_client=ScriptedModelClient(lead_model), tools=[chore], max_turns=8)
     return create_team(
         name="e2e",
         lead=lead,
-        members=[
-            team_member(name="worker", agent=_member_spec("worker"), role="executor"),
-            team_member(name="other", agent=_member_spec("other"), role="executor"),
-        ],
+        members=_executors(),
         runner={"max_concurrent_work_items": 4},
     )
 
@@ -238,9 +244,66 @@ def build_nested_team() -> Any:
     )
 
 
+COMPACT_THRESHOLD = 1_000
+COMPACT_REPORTED_TOKENS = 5_000
+SUMMARY_USAGE = {"input_tokens": 321, "output_tokens": 12}
+PLAN_MARK = "PLAN: "
+
+
+def compacting_lead_model(request: Any) -> AssistantModelMessage:
+    """The "e2e_compact" lead: :func:`lead_model` with usage past the threshold.
+
+    A summary request (no tools) is answered ``"PLAN: <the run's plan>"`` -- the
+    plan read from the transcript -- so the compacted history still holds the
+    plan; a request whose first message is that summary is played as if the
+    plan were the prompt. Each turn request is recorded in Redis (RPUSH
+    ``<prefix>:test:lead_requests``, JSON ``{"pid", "messages", "first"}``: the
+    process, the message count and the first message's first 60 characters)."""
+    messages = request.messages
+    if not request.tools:
+        transcript = _first_text(messages[-1])
+        if PLAN_MARK in transcript:
+            plan_text = transcript.split(PLAN_MARK, 1)[1].split("\n", 1)[0]
+        else:
+            plan_text = transcript.split("[user]\n", 1)[1].split("\n", 1)[0]
+        reply = _text(PLAN_MARK + plan_text)
+        reply.usage = dict(SUMMARY_USAGE)
+        return reply
+    first = _first_text(messages[0])
+    client = _redis()
+    try:
+        record = {"pid": os.getpid(), "messages": len(messages), "first": first[:60]}
+        client.rpush(f"{_prefix()}:test:lead_requests", json.dumps(record))
+    finally:
+        client.close()
+    if PLAN_MARK in first:
+        request = copy.copy(request)
+        request.messages = [{"role": "user", "content": first.split(PLAN_MARK, 1)[1]}, *messages[1:]]
+    reply = lead_model(request)
+    reply.usage = {"input_tokens": COMPACT_REPORTED_TOKENS, "output_tokens": 10}
+    return reply
+
+
+def build_compact_team() -> Any:
+    """The "e2e_compact" team: ``worker`` and ``other`` under a compacting lead
+    (threshold :data:`COMPACT_THRESHOLD`, the last 2 messages kept)."""
+    lead = define_agent(
+        name="compact-lead",
+        model_client=ScriptedModelClient(compacting_lead_model),
+        max_turns=8,
+        auto_compact={"threshold_tokens": COMPACT_THRESHOLD, "keep_recent_messages": 2},
+    )
+    return create_team(
+        name="e2e_compact",
+        lead=lead,
+        members=_executors(),
+    )
+
+
 team = build_team()
 session_team = build_session_team()
 nested_team = build_nested_team()
+compact_team = build_compact_team()
 
 
 def plan(*calls: tuple[str, str, str]) -> str:

@@ -1,5 +1,6 @@
 """Fixtures shared by the integration tests: the team tests' mailboxes (``mailbox``,
-``small_mailbox``) and, for the Redis-backed tests, ``prefix`` and ``raw``.
+``small_mailbox``), for the Redis-backed tests ``prefix`` and ``raw``, and the fake
+Messages API server (``server``: one per test module, cleared for each test).
 
 ``mailbox`` and ``small_mailbox`` run a test once on a ``MemoryMailbox`` and once
 on a ``RedisMailbox`` (real Redis at ``LATTICE_TEST_REDIS_URL``, default
@@ -12,12 +13,13 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 
 from lattice_mailbox import MemoryMailbox
+from tests.support.fake_anthropic import FakeAnthropicServer
 
 REDIS_URL = os.environ.get("LATTICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 STORES = [pytest.param("memory", id="memory"), pytest.param("redis", id="redis", marks=pytest.mark.redis)]
@@ -91,3 +93,18 @@ async def ctx(prefix: str) -> AsyncIterator[Any]:
     context = worker_context(prefix)
     yield context
     await context.runs.aclose()
+
+
+@pytest.fixture(scope="module")
+def shared_server() -> Iterator[FakeAnthropicServer]:
+    """One fake Messages API server per test module (starting one takes a moment)."""
+    with FakeAnthropicServer() as srv:
+        yield srv
+
+
+@pytest.fixture
+def server(shared_server: FakeAnthropicServer) -> FakeAnthropicServer:
+    """The module's fake server with no recorded requests, no queued replies and no responder."""
+    shared_server.clear()
+    shared_server.responder = None
+    return shared_server

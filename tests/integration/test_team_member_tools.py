@@ -95,7 +95,8 @@ async def test_member_tools_send_followup_status_and_reply(mailbox: Any) -> None
     a_client_turns = len(a_client.requests)
     second = await team.drain(max_rounds=5, max_messages=10)
     assert (second.processed, second.failed, second.rounds) == (1, 0, 1)
-    assert "no reply is required" in a_client.requests[a_client_turns].messages[-1]["content"]
+    last = a_client.requests[a_client_turns].messages[-1]["content"]  # its last results + the new prompt
+    assert "no reply is required" in last[-1]["text"]
     assert (await mailbox.get(reply_to_a[0].id)).status == MessageStatus.DONE
     assert await mailbox.inbox("mt1::b", "pending") == []
 
@@ -401,7 +402,7 @@ async def test_messages_too_large_for_the_store_are_refused_before_anything_chan
     )
     assert (await team.prompt("go", stream=False)).result == "lead done"
 
-    batch = lead.requests[1].messages[-2]["content"]  # the tool results; the reports follow them
+    batch = lead.requests[1].messages[-1]["content"]  # the tool results, then the reports
     too_big_task = batch[2]
     assert too_big_task["is_error"] and "too large for the team mailbox" in too_big_task["content"]
     assert "Nothing was sent" in too_big_task["content"]

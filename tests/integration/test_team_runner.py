@@ -52,8 +52,10 @@ def task_of(prompt: str) -> str:
 
 
 def has_tool_results(request: ModelRequest) -> bool:
+    """The request answers a tool call: its last block is a tool_result (a new prompt after
+    earlier results joins their user turn, after them)."""
     last = request.messages[-1]
-    return isinstance(last["content"], list) and any(b.get("type") == "tool_result" for b in last["content"])
+    return isinstance(last["content"], list) and last["content"][-1].get("type") == "tool_result"
 
 
 def replying_client(answer: Any) -> ScriptedModelClient:
@@ -719,7 +721,8 @@ async def test_live_member_keeps_its_history_across_work_items(mailbox: Any) -> 
         mailbox=mailbox,
     )
     await team.prompt("go", stream=False)
-    assert [len(r.messages) for r in client.requests] == [1, 4]  # prompt, reply call, result, new prompt
+    # prompt, reply call, then the reply's result and the new prompt in one user turn
+    assert [len(r.messages) for r in client.requests] == [1, 3]
 
 
 async def test_interrupt_while_members_work_lets_the_batch_finish_then_stops_the_lead(mailbox: Any) -> None:
@@ -766,7 +769,7 @@ async def test_create_team_runner_query_and_emit_callback(mailbox: Any) -> None:
 
     def lead_play(request: ModelRequest) -> AssistantModelMessage:
         entries = reports_of(request)
-        if entries and len(request.messages) % 2 == 0:
+        if entries:
             return text_turn("summary: " + entries[-1]["content"])
         return tool_turn(("m", {"mode": "handoff", "task": "t"}))
 
@@ -919,7 +922,7 @@ async def test_a_member_raising_inside_prompt_is_one_failed_item_in_both_modes(m
     result = await team.prompt("go", stream=False)
     assert host.calls == 2
     assert json.loads(result.result) == [["boom", "failed"], ["ok", "done"]]
-    ask_block = lead_client.requests[1].messages[-2]["content"][2]
+    ask_block = lead_client.requests[1].messages[-1]["content"][2]  # results first, then the reports
     assert ask_block["is_error"] is True
     assert 'for member "boom" failed (runtime_error): exploded on third' in ask_block["content"]
     boxes = {m.content: m.status for m in await mailbox.inbox("t20::boom", "all")}
@@ -964,7 +967,7 @@ async def test_a_mailbox_error_while_running_an_item_fails_that_item_only(mailbo
     )
     result = await team.prompt("go", stream=False)
     assert json.loads(result.result) == [["a", "failed"], ["c", "done"]]
-    ask_block = lead_client.requests[1].messages[-2]["content"][1]
+    ask_block = lead_client.requests[1].messages[-1]["content"][1]  # results first, then the reports
     assert ask_block["is_error"] is True
     assert "store unreachable while claiming from t21::b" in ask_block["content"]
     for box, status in (("t21::a", MessageStatus.FAILED), ("t21::b", MessageStatus.FAILED)):

@@ -27,12 +27,14 @@ Reply kinds:
   ``signature_delta``). A plain ``str`` reply means one text block.
 * :class:`ErrorReply` -- an HTTP error with the Anthropic error body
   (``{"type": "error", "error": {"type": ..., "message": ...}}``) and, by
-  default, ``retry-after-ms: 1`` so SDK retries are instant.
+  default, ``retry-after-ms: 1`` so SDK retries are instant;
+  :func:`prompt_too_long` builds the API's context-overflow answer (400).
 * :class:`StreamReply` -- hand-written SSE events (e.g. an ``error`` event mid-stream).
 * :class:`RawReply` -- any status, body and headers.
 
 Every request is recorded (:class:`RecordedRequest`: method, path, lower-case
-headers, parsed JSON body) before it is answered.
+headers, parsed JSON body, raw bytes) before it is answered; ``server.bodies``
+gives the JSON bodies received, in order.
 """
 
 from __future__ import annotations
@@ -129,6 +131,15 @@ class ErrorReply:
 
     def body(self) -> dict[str, Any]:
         return {"type": "error", "error": {"type": self.error_type, "message": self.message}}
+
+
+def prompt_too_long(tokens: int = 208_656, maximum: int = 200_000) -> ErrorReply:
+    """The Messages API's answer to a request whose input does not fit the context
+    window: HTTP 400, ``invalid_request_error``, ``"prompt is too long: <tokens>
+    tokens > <maximum> maximum"`` (the wording of the real API)."""
+    return ErrorReply(
+        400, "invalid_request_error", f"prompt is too long: {tokens} tokens > {maximum} maximum"
+    )
 
 
 @dataclass
@@ -366,6 +377,14 @@ class FakeAnthropicServer:
             return list(self._requests)
 
     @property
+    def bodies(self) -> list[Any]:
+        """The JSON body of every request received so far, oldest first, exactly as
+        sent (parsed from the raw bytes afresh, so callers may change them freely)."""
+        with self._lock:
+            raws = [r.raw for r in self._requests]
+        return [json.loads(raw) if raw else None for raw in raws]
+
+    @property
     def unexpected(self) -> list[RecordedRequest]:
         """Requests that found no queued reply and no responder."""
         with self._lock:
@@ -574,6 +593,7 @@ __all__ = [
     "StreamReply",
     "message_body",
     "message_events",
+    "prompt_too_long",
     "redacted_thinking_block",
     "text_block",
     "thinking_block",

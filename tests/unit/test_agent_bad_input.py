@@ -106,10 +106,10 @@ async def test_a_malformed_model_reply_ends_error_and_stores_nothing(bad, proble
     assert ran == []
     assert await agent.get_history() == [{"role": "user", "content": "go"}]
     # the Agent is usable again and the next request carries no trace of the bad reply
+    # (the two user turns go as one message: consecutive same-role messages are merged)
     assert (await agent.prompt("again")).result == "recovered"
     assert client.requests[1].messages == [
-        {"role": "user", "content": "go"},
-        {"role": "user", "content": "again"},
+        {"role": "user", "content": [{"type": "text", "text": "go"}, {"type": "text", "text": "again"}]},
     ]
 
 

@@ -91,10 +91,13 @@ async def test_interrupt_during_a_model_call_drops_only_the_in_flight_turn():
     assert history[-1] == {"role": "user", "content": "Draft the release notes."}
     follow = await agent.prompt("Actually, cover 0.16.0 only.")
     assert follow.result == "second answer"
+    # the interrupted turn left two user messages in a row: the request merges them into one
     assert [m["content"] for m in client.requests[1].messages if m["role"] == "user"] == [
         "earlier",
-        "Draft the release notes.",
-        "Actually, cover 0.16.0 only.",
+        [
+            {"type": "text", "text": "Draft the release notes."},
+            {"type": "text", "text": "Actually, cover 0.16.0 only."},
+        ],
     ]
 
 
@@ -351,7 +354,14 @@ async def test_runtime_after_tool_batch_injects_messages_before_the_next_request
     assert outcome.calls == [{"type": "tool_use", "id": "h1", "name": "handoff", "input": {}}]
     assert outcome.results == [{"type": "tool_result", "tool_use_id": "h1", "content": "runtime=True"}]
     assert events_seen_before_callback == ["user"]
-    assert client.requests[1].messages[-1] == {"role": "user", "content": "report: member finished"}
+    # the injected report joins the tool results' user turn, after them (one user message)
+    assert client.requests[1].messages[-1] == {
+        "role": "user",
+        "content": [
+            {"type": "tool_result", "tool_use_id": "h1", "content": "runtime=True"},
+            {"type": "text", "text": "report: member finished"},
+        ],
+    }
     injected = [e for e in trace_events if e["type"] == "user_message"][-1]
     assert injected["data"]["message"]["content"] == "report: member finished"
 

@@ -391,15 +391,15 @@ async def test_request_carries_model_settings():
     agent = create_bare_agent(
         model_client=client,
         model="m",
-        max_tokens=1000,
+        max_tokens=2000,
         thinking_config={"type": "enabled", "budget_tokens": 5000},
         reasoning_effort="low",
         request_timeout_ms=60_000,
     )
     await agent.prompt("x")
     req = client.requests[0]
-    assert req.max_tokens == 1000
-    assert req.thinking == {"type": "enabled", "budget_tokens": 999}  # capped at max_tokens - 1
+    assert req.max_tokens == 2000
+    assert req.thinking == {"type": "enabled", "budget_tokens": 1999}  # capped at max_tokens - 1
     assert req.reasoning_effort == "low" and req.timeout_ms == 60_000
     assert req.output_format is None
     await agent.prompt(

@@ -96,7 +96,7 @@ async def test_unknown_tool_and_non_object_input_and_empty_input():
     )
     assert (
         not_object["is_error"]
-        and 'input for tool "ping" must be a JSON object, got array' in not_object["content"]
+        and 'tool "ping" was not run: the input must be a JSON object, got array' in not_object["content"]
     )
     assert empty_none == {"type": "tool_result", "tool_use_id": "u3", "content": "pong"}
     assert empty_str == {"type": "tool_result", "tool_use_id": "u4", "content": "pong"}

@@ -122,9 +122,9 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_the_graph_sees_type_checking_and_function_local_imports():
     mods = _modules()
-    # a TYPE_CHECKING-only import: agent.loop names the tool type for its annotations only
-    assert ("lattice_worker.tools.tool", False) in _imports(mods, "lattice_worker.agent.loop")
-    assert "lattice_worker.tools.tool" in _graph()["lattice_worker.agent.loop"]
+    # a TYPE_CHECKING-only import: agent.query_run names the tool type for its annotations only
+    assert ("lattice_worker.tools.tool", False) in _imports(mods, "lattice_worker.agent.query_run")
+    assert "lattice_worker.tools.tool" in _graph()["lattice_worker.agent.query_run"]
     # a function-local import: `lattice worker` loads the process state when it runs
     assert ("lattice_worker.runtime.process", False) in _imports(mods, "lattice_worker.runtime.worker_main")
     assert ("lattice_worker.runtime.registry", True) in _imports(mods, "lattice_worker.runtime.worker_main")

@@ -1,0 +1,100 @@
+"""Delegation depth: how deep agents may delegate to agents.
+
+The root agent of a query runs at depth 0. A child run by ``agent_tool`` /
+``delegate_tool`` (``ask``) or a team member working on a message runs one
+level deeper than the agent that delegated to it; a nested team's lead runs
+at its member's depth, its members one deeper. A delegation that would run
+deeper than the limit is refused with an error tool result (nothing runs,
+nothing is sent), so an agent that can reach itself cannot recurse without
+end.
+
+The limit is ``RunnerOptions.max_delegate_depth`` of the team whose runtime
+drives the query (the tightest one when teams are nested), else
+:data:`DEFAULT_MAX_DELEGATE_DEPTH`. Depth and limit travel in context
+variables (so tasks and tool calls started by a run inherit them); a team
+task message carries its depth in ``metadata["delegate_depth"]``, which the
+member run -- in this process or in a worker -- starts from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+from ..errors import ToolExecutionError
+
+DEFAULT_MAX_DELEGATE_DEPTH = 3
+"""Deepest delegation allowed when no team runtime sets one: the root agent (0)
+may delegate to a child (1), which may delegate (2), which may delegate once
+more (3). Deep enough for a lead, its members and their own helpers or a
+nested team; shallow enough that a runaway self-delegation stops quickly."""
+
+DEPTH_METADATA_KEY = "delegate_depth"
+"""The team task message metadata key holding the depth its member runs at."""
+
+_depth: ContextVar[int] = ContextVar("lattice_delegate_depth", default=0)
+_limit: ContextVar[int | None] = ContextVar("lattice_delegate_limit", default=None)
+
+
+def current_depth() -> int:
+    """The delegation depth of the running agent (0 for the root)."""
+    return _depth.get()
+
+
+def current_limit() -> int:
+    """The limit in effect (a runtime's ``max_delegate_depth``, else the default)."""
+    limit = _limit.get()
+    return DEFAULT_MAX_DELEGATE_DEPTH if limit is None else limit
+
+
+def next_depth(where: str, limit: int | None = None) -> int:
+    """The depth a delegation from the running agent would run at.
+
+    ``limit``: a limit of the delegating tool's own (a team's
+    ``max_delegate_depth``); the tightest of it and :func:`current_limit`
+    applies. Raises :class:`ToolExecutionError` (an error tool result saying
+    so; nothing ran) when that depth is beyond the limit.
+    """
+    depth = _depth.get() + 1
+    effective = current_limit() if limit is None else min(limit, current_limit())
+    if depth > effective:
+        raise ToolExecutionError(
+            f"{where}: refused -- delegation depth limit reached. This call would run an agent at "
+            f"delegation depth {depth}, beyond max_delegate_depth={effective} (RunnerOptions). "
+            "Nothing was run or sent: do this task yourself, or return to the agent that delegated "
+            "it to you."
+        )
+    return depth
+
+
+@contextmanager
+def delegated(depth: int) -> Iterator[None]:
+    """Run the block (a child or member run) at delegation depth ``depth``."""
+    token = _depth.set(depth)
+    try:
+        yield
+    finally:
+        _depth.reset(token)
+
+
+@contextmanager
+def delegation_limit(limit: int) -> Iterator[None]:
+    """Run the block under ``limit`` (or the tighter limit already in effect)."""
+    current = _limit.get()
+    token = _limit.set(limit if current is None else min(current, limit))
+    try:
+        yield
+    finally:
+        _limit.reset(token)
+
+
+__all__ = [
+    "DEFAULT_MAX_DELEGATE_DEPTH",
+    "DEPTH_METADATA_KEY",
+    "current_depth",
+    "current_limit",
+    "delegated",
+    "delegation_limit",
+    "next_depth",
+]
