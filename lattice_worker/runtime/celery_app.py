@@ -13,8 +13,8 @@ Signals used:
   contexts inherited from the parent and create this process's own loop.
 * ``worker_ready`` (the main worker process): start the registry heartbeat
   (:class:`~lattice_worker.runtime.heartbeat.Heartbeat`: the teams and queues
-  this worker serves, with an expiring entry) and the reaper thread
-  (:class:`~lattice_worker.runtime.reaper.Reaper`), unless ``LATTICE_REAPER=0``.
+  this worker serves, with an expiring entry) and, unless ``LATTICE_REAPER=0``,
+  the reaper thread (:class:`~lattice_worker.runtime.reaper.Reaper`).
 * ``worker_shutdown``: stop both (the heartbeat deletes the entry).
 
 Run it with ``lattice worker TEAM_REF`` (which also loads the team and
