@@ -25,6 +25,13 @@
     memory. Beside it the prefork pool (``--prefork-concurrency`` processes,
     fewer runs) and, with ``--variants``, other pool set-ups
     (``LATTICE_WORKER_LOOP=shared``: every task on one event loop per process).
+(d) **The tool journal's cost** (target <= 1.25x). The same handoff round
+    trip with a member that calls one tool (unguarded, so journaled: recorded
+    ``started`` before the handler, ``completed`` after, its history persisted
+    per work item; ``docs/tool-effects.md``) before replying, with the journal
+    (the default) beside a deployment without it (``LATTICE_TOOL_JOURNAL=0``),
+    each under its own key prefix, side by side and paired run by run.
+    Printed: medians and the ratio journaled / not journaled.
 (c) **Throughput scaling** (target >= 0.8 of linear). ``--runs-c`` runs (200),
     100 ms per model call, all submitted at once, on 1, 2 and 4 worker
     processes (``--concurrency 1`` each): runs/s and
@@ -36,7 +43,7 @@ its figures); ``--broker-url`` uses an existing one under a fresh key prefix
 (keys deleted at the end). Workers are subprocesses in their own process
 groups, stopped by group id. The load average is printed before each figure.
 
-Run: ``python bench/distributed.py [--figures a,b,c] [--repeats N] [--trace] ...``.
+Run: ``python bench/distributed.py [--figures a,d,b,c] [--repeats N] [--trace] ...``.
 """
 
 from __future__ import annotations
@@ -64,7 +71,7 @@ from celery import Celery
 
 from lattice_client.celery_config import make_celery_app
 from lattice_client.settings import get_settings
-from lattice_worker import AssistantModelMessage, ScriptedModelClient, define_agent
+from lattice_worker import AssistantModelMessage, ScriptedModelClient, define_agent, tool
 from lattice_worker.team import create_team, team_member
 from lattice_worker.team.reports import parse_report_message
 
@@ -178,6 +185,33 @@ bench_team = create_team(
         )
     ],
 )
+
+
+async def scribe_model(request: Any) -> AssistantModelMessage:
+    """Call ``note`` once, then reply with its result."""
+    await _latency()
+    if len(request.messages) == 1:
+        return _tool_use("note", {"text": "x"}, "toolu_note")
+    return _tool_use("team_reply", {"content": "echoed"}, "toolu_reply")
+
+
+@tool
+def note(text: str) -> str:
+    """Take a note (an unguarded tool: the journal records it)."""
+    return f"noted {text}"
+
+
+bench_tool_team = create_team(
+    name="bench_tool",
+    lead=define_agent(name="lead", model_client=ScriptedModelClient(lead_model), max_turns=4),
+    members=[
+        team_member(
+            name="echo",
+            agent=define_agent(name="scribe", model_client=ScriptedModelClient(scribe_model), tools=[note]),
+        )
+    ],
+)
+TOOL_TEAM_REF = "distributed:bench_tool_team"
 
 # --------------------------------------------------------------------------- the baseline (a Celery no-op)
 
@@ -325,9 +359,11 @@ class Bench:
         self.procs.append(proc)
         return proc
 
-    def lattice_worker(self, *args: str, latency: float = 0.0, env: dict[str, str] | None = None) -> Proc:
+    def lattice_worker(
+        self, *args: str, latency: float = 0.0, env: dict[str, str] | None = None, team_ref: str = TEAM_REF
+    ) -> Proc:
         lattice = str(Path(sys.executable).with_name("lattice"))
-        argv = [lattice, "worker", TEAM_REF, *args, "--without-mingle", "--without-gossip", "-l", "INFO"]
+        argv = [lattice, "worker", team_ref, *args, "--without-mingle", "--without-gossip", "-l", "INFO"]
         return self.start(argv, {"BENCH_MODEL_LATENCY": str(latency), **(env or {})})
 
     def noop_worker(self, *pool_args: str) -> Proc:
@@ -353,7 +389,9 @@ class Bench:
             return
         client = self.redis()
         try:
-            keys = list(client.scan_iter(match=f"{self.prefix}:*", count=1000))
+            keys = list(
+                client.scan_iter(match=f"{self.prefix}*", count=1000)
+            )  # the deployments' prefixes too
             keys += list(client.scan_iter(match="celery-task-meta-*", count=1000))
             for i in range(0, len(keys), 500):
                 client.delete(*keys[i : i + 500])
@@ -418,15 +456,18 @@ def _commands(client: Any) -> int:
 class _Deployment:
     """One bench team deployment (its own key prefix): a lead and a member worker, a client."""
 
-    def __init__(self, bench: Bench, label: str, env: dict[str, str]) -> None:
+    def __init__(
+        self, bench: Bench, label: str, env: dict[str, str], team_ref: str = TEAM_REF, team: str = "bench"
+    ) -> None:
         from lattice_client import LatticeClient
 
         self.label = label
+        self.team = team
         self.prefix = f"{bench.prefix}-{label}"
         self.counters = Path(tempfile.mkdtemp(prefix=f"counts-{label}-", dir=bench.logs))
         env = {**env, "LATTICE_KEY_PREFIX": self.prefix, COUNT_DIR_ENV: str(self.counters)}
-        self.lead = bench.lattice_worker("--member", "lead", env=env)
-        self.member = bench.lattice_worker("--member", "echo", env=env)
+        self.lead = bench.lattice_worker("--member", "lead", env=env, team_ref=team_ref)
+        self.member = bench.lattice_worker("--member", "echo", env=env, team_ref=team_ref)
         self.client_class = LatticeClient
         self.broker = bench.broker
         self.client: Any = None
@@ -439,7 +480,7 @@ class _Deployment:
 
     def handoff(self, text: str) -> float:
         t0 = time.perf_counter()
-        result = self.client.submit("bench", text).wait(timeout=60)
+        result = self.client.submit(self.team, text).wait(timeout=60)
         elapsed = time.perf_counter() - t0
         if result.result != "answer: echoed":
             raise RuntimeError(f"unexpected result {result}")
@@ -536,6 +577,40 @@ def figure_a(bench: Bench, args: argparse.Namespace) -> None:
         verdict = "met" if _median(r) <= 3.0 else "NOT met"
         print(f"    {label} ratio median {_median(r):.2f}x (spread {min(r):.2f}-{max(r):.2f}, {len(r)} reps; "
               f"target <= 3.0x: {verdict})")  # fmt: skip
+
+
+def figure_d(bench: Bench, args: argparse.Namespace) -> None:
+    print()
+    print(
+        "(d) the tool journal: handoff round trip whose member calls one (journaled) tool, with the journal"
+    )
+    print("    beside a deployment without it (LATTICE_TOOL_JOURNAL=0), paired run by run")
+    ratios: list[float] = []
+    for rep in range(args.repeats):
+        print(f"    {load()}")
+        sides = [
+            _Deployment(bench, "journal", {"LATTICE_TOOL_JOURNAL": "1"}, TOOL_TEAM_REF, "bench_tool"),
+            _Deployment(bench, "nojournal", {"LATTICE_TOOL_JOURNAL": "0"}, TOOL_TEAM_REF, "bench_tool"),
+        ]
+        try:
+            for side in sides:
+                side.ready()
+            for i in range(args.warmup + args.round_trips):
+                for side in sides if i % 2 == 0 else sides[::-1]:
+                    elapsed = side.handoff(f"task {i}")
+                    if i >= args.warmup:
+                        side.times.append(elapsed)
+        finally:
+            for side in sides:
+                side.close()
+            bench.stop_all()
+        with_journal, without = (_median(side.times) for side in sides)
+        ratios.append(with_journal / without)
+        print(f"    rep {rep + 1}  with the journal median {with_journal * 1000:7.2f} ms   without (base) median "
+              f"{without * 1000:7.2f} ms   ratio {ratios[-1]:.2f}x", flush=True)  # fmt: skip
+    verdict = "met" if _median(ratios) <= 1.25 else "NOT met"
+    print(f"    ratio median {_median(ratios):.2f}x (spread {min(ratios):.2f}-{max(ratios):.2f}; "
+          f"target <= 1.25x: {verdict})")  # fmt: skip
 
 
 # --------------------------------------------------------------------------- (b) many calls in flight
@@ -664,7 +739,7 @@ def figure_c(bench: Bench, args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--figures", default="a,b,c", help="which figures (default a,b,c)")
+    parser.add_argument("--figures", default="a,d,b,c", help="which figures (default a,d,b,c)")
     parser.add_argument(
         "--broker-url", default=None, help="use this Redis (default: start a private redis-server)"
     )
@@ -696,6 +771,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if "a" in figures:
             figure_a(bench, args)
+        if "d" in figures:
+            figure_d(bench, args)
         if "b" in figures:
             figure_b(bench, args)
         if "c" in figures:

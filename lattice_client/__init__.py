@@ -18,12 +18,16 @@ from __future__ import annotations
 
 from .celery_config import make_celery_app, queue_name
 from .client import AsyncLatticeClient, AsyncRunHandle, CancelReport, LatticeClient, RunHandle, StatusReport
+from .decisions import DecisionError, ParkedCall, PendingApproval
 from .errors import RunNotFoundError, RunStateError
 from .models import RunParent, RunRecord, RunResult, RunStatus
 from .runstore import CompleteResult, RunStore
 from .settings import LatticeSettings, get_settings
 
 __all__ = [
+    "DecisionError",
+    "ParkedCall",
+    "PendingApproval",
     "AsyncLatticeClient",
     "AsyncRunHandle",
     "CancelReport",

@@ -28,6 +28,8 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from .cli_logging import show_client_warnings
+from .decisions_cli import register as register_decision_commands
+from .decisions_cli import waits_table
 from .settings import LatticeSettings, get_settings
 from .tables import inbox_table, mailboxes_table, runs_table
 from .workers_view import workers_table
@@ -342,7 +344,11 @@ def status(
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="How many recent runs to list.")] = 10,
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
-    """Show the live workers per queue, message counts per mailbox (pending, processing, done, ...) and the most recent runs.
+    """Show the live workers per queue, mailbox message counts, recent runs and the tool calls waiting for a person.
+
+    Live workers per queue, counts per mailbox and status (pending, processing,
+    done, ..., parked), the most recent runs, then any parked calls and
+    pending approvals.
 
     Tables fit the terminal width; in a narrow one the least useful columns are
     hidden (a note says which) and --json shows everything.
@@ -371,6 +377,16 @@ def status(
         out.print(runs_table("recent runs", report.runs, out.width))
     else:
         out.print("no runs yet", markup=False)
+    if report.parked:
+        out.print(
+            waits_table("parked calls (lattice resolve ID)", report.parked, out.width, id_field="message_id")
+        )
+    if report.approvals:
+        out.print(
+            waits_table(
+                "pending approvals (lattice approve ID)", report.approvals, out.width, id_field="call_id"
+            )
+        )
 
 
 @app.command()
@@ -590,6 +606,9 @@ def flower(
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(argv[0], argv)
+
+
+register_decision_commands(app, client=_client, options=_options, guard=_guard, fail=_fail, out=out)
 
 
 def main() -> None:  # pragma: no cover - console entry point alternative

@@ -37,6 +37,7 @@ from redis import Redis as SyncRedis
 from lattice_mailbox import MessageStatus, TeamMessage, mailbox_from_url
 
 from .celery_config import RUN_LEAD_TASK, make_celery_app, queue_name
+from .decisions import DecisionsMixin, ParkedCall, PendingApproval, SyncDecisionsMixin
 from .errors import RunNotFoundError
 from .models import RunRecord, RunResult, RunStatus
 from .registry import (
@@ -98,13 +99,16 @@ class StatusReport(BaseModel):
 
     ``mailboxes``: mailbox id -> {status value -> number of messages};
     ``runs``: the most recent runs, newest first; ``workers``: the live
-    workers (of ``team`` when given), see :class:`~lattice_client.registry.WorkerInfo`.
+    workers (of ``team`` when given), see :class:`~lattice_client.registry.WorkerInfo`;
+    ``parked`` / ``approvals``: the tool calls waiting for a person (oldest first).
     """
 
     team: str | None = None
     mailboxes: dict[str, dict[str, int]] = Field(default_factory=dict)
     runs: list[RunRecord] = Field(default_factory=list)
     workers: list[WorkerInfo] = Field(default_factory=list)
+    parked: list[ParkedCall] = Field(default_factory=list)
+    approvals: list[PendingApproval] = Field(default_factory=list)
 
 
 def _resolve_settings(
@@ -144,8 +148,11 @@ class AsyncRunHandle:
         return await self._client.cancel(self.run_id)
 
 
-class AsyncLatticeClient:
+class AsyncLatticeClient(DecisionsMixin):
     """Submit runs to a team of Celery workers and follow them (asyncio).
+
+    Tool calls that wait for a person: :meth:`parked`, :meth:`resolve`,
+    :meth:`approvals`, :meth:`approve`, :meth:`deny` (:mod:`lattice_client.decisions`).
 
     Arguments override the settings (``LATTICE_*`` environment variables, see
     :class:`~lattice_client.settings.LatticeSettings`): ``broker_url`` (Redis),
@@ -525,9 +532,10 @@ class AsyncLatticeClient:
 
     async def status(self, team: str | None = None, *, limit: int = 20) -> StatusReport:
         """Per-status message counts of every ``<team>::*`` mailbox (every mailbox
-        when ``team`` is ``None``), the ``limit`` most recent runs and the live
-        workers (those serving ``team`` when given). ``team`` may also be a
-        ``"package.module:attribute"`` reference a live worker serves (see
+        when ``team`` is ``None``), the ``limit`` most recent runs, the live
+        workers (those serving ``team`` when given) and the tool calls waiting
+        for a person. ``team`` may also be a ``"package.module:attribute"``
+        reference a live worker serves (see
         :meth:`resolve_team`)."""
         workers = await self.live_workers()
         if team and ":" in team and "::" not in team:
@@ -543,7 +551,10 @@ class AsyncLatticeClient:
         runs = await self.runs.list_runs(team, limit=limit)
         if team:
             workers = [w for w in workers if team in w.team_names()]
-        return StatusReport(team=team, mailboxes=counts, runs=runs, workers=workers)
+        parked, approvals = await self.parked(team), await self.approvals(team)
+        return StatusReport(
+            team=team, mailboxes=counts, runs=runs, workers=workers, parked=parked, approvals=approvals
+        )
 
     async def inbox(self, mailbox_id: str, status: MessageStatus | str = "pending") -> list[TeamMessage]:
         """Messages of one mailbox (``"<team>::<member>"``) with ``status`` (a
@@ -673,7 +684,7 @@ class RunHandle:
         return self._client.cancel(self.run_id)
 
 
-class LatticeClient:
+class LatticeClient(SyncDecisionsMixin):
     """The blocking client: the :class:`AsyncLatticeClient` API without ``await``.
 
     Runs the async client on a private event loop in a background thread, so it

@@ -37,4 +37,19 @@ class RunLeaseLostError(RunStateError):
         self.status = "lease_lost"
 
 
-__all__ = ["RunLeaseLostError", "RunNotFoundError", "RunStateError"]
+class ItemClaimLostError(RunLeaseLostError):
+    """A member's write to its work item's journal or history was refused: a
+    later claim of the item's message (a re-claim after this worker stalled or
+    died) holds it now. The worker must stop and write nothing more."""
+
+    def __init__(self, run_id: str, work_item_id: str, operation: str) -> None:
+        ValueError.__init__(
+            self,
+            f"cannot {operation} work item {work_item_id!r} of run {run_id!r}: a later claim of it holds it now",
+        )
+        self.run_id = run_id
+        self.work_item_id = work_item_id
+        self.status = "claim_lost"
+
+
+__all__ = ["ItemClaimLostError", "RunLeaseLostError", "RunNotFoundError", "RunStateError"]

@@ -95,6 +95,14 @@ class LatticeSettings(BaseSettings):
     """Approximate length bound (entries) of each run's event stream (Redis
     ``XADD MAXLEN ~``). Env: ``LATTICE_MAX_RUN_EVENTS``."""
 
+    tool_journal: bool = True
+    """Journal the tool calls of template members (and persist their history per
+    work item), so a re-claimed member resumes from its last recorded turn and
+    recovers interrupted calls by their effect (``docs/tool-effects.md``).
+    ``False`` turns that off (a re-claimed member starts over; meant for
+    measuring the journal's cost). The lead's own tools are always journaled.
+    Env: ``LATTICE_TOOL_JOURNAL``."""
+
     @model_validator(mode="before")
     @classmethod
     def _mailbox_defaults_to_broker(cls, data: Any) -> Any:

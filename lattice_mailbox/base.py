@@ -89,7 +89,14 @@ class LeasedMailbox(TeamMailbox, Protocol):
     records ``claimed_by``, ``lease_until`` and increments ``attempts``, and
     returns the message with ``claim_token`` set. ``lease_s`` is in **seconds**
     (float). ``max_in_flight`` makes the claim return ``None`` while the mailbox
-    already has that many messages in ``processing``.
+    already has that many messages in ``processing`` or ``parked`` (a parked
+    message waits for a person and keeps its place in a serial mailbox).
+
+    ``complete(message_id, token, "parked")`` is how the claim's holder parks
+    a message: it leaves ``processing`` (no lease, so the reaper never requeues
+    it), is never claimed while parked, and shows in ``inbox(status="parked")``;
+    ``update_status`` then moves it to ``pending`` (retry, keeping its FIFO
+    place) or to ``done`` / ``failed`` / ``cancelled``.
     """
 
     async def extend_lease(self, message_id: str, token: str, lease_s: float) -> int:

@@ -115,7 +115,8 @@ class MemoryMailbox(CheckedSend):
     ) -> TeamMessage | None:
         """Move the oldest ``pending`` message of ``mailbox_id`` to ``processing``
         and return it with a fresh ``claim_token``; ``None`` when nothing is
-        pending or ``max_in_flight`` messages are already in ``processing``.
+        pending or ``max_in_flight`` messages are already in ``processing`` or
+        ``parked`` (a parked message still holds its mailbox's place).
         ``lease_s`` (seconds) sets ``lease_until`` (ms); without it the claim never expires."""
         check_name(mailbox_id)
         ms, worker_id, max_in_flight = check_claim(lease_s, worker_id, max_in_flight)
@@ -123,7 +124,8 @@ class MemoryMailbox(CheckedSend):
             box = self._boxes.get(mailbox_id)
             if box is None:
                 return None
-            if max_in_flight is not None and len(box.by_status[S.PROCESSING]) >= max_in_flight:
+            in_flight = len(box.by_status[S.PROCESSING]) + len(box.by_status[S.PARKED])
+            if max_in_flight is not None and in_flight >= max_in_flight:
                 return None
             pending = box.by_status[S.PENDING]
             while box.pending_heap:

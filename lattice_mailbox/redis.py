@@ -148,7 +148,7 @@ class _Keys:
             leases=leases,
             queues=queues,
             all_queues=tuple(queues[s.value] for s in STATUS_ORDER),
-            claim=(name, queues["pending"], queues["processing"], leases, body, state),
+            claim=(name, queues["pending"], queues["processing"], leases, body, state, queues["parked"]),
             send=(name, f"{base}:seq".encode(), body, state, queues["pending"]),
         )
 
@@ -404,7 +404,7 @@ class RedisMailbox(CheckedSend):
     ) -> TeamMessage | None:
         """Atomically move the oldest ``pending`` message of ``mailbox_id`` to
         ``processing`` and return it with a fresh ``claim_token``; ``None`` when
-        nothing is pending or ``max_in_flight`` messages are in ``processing``.
+        nothing is pending or ``max_in_flight`` messages are in ``processing`` or ``parked``.
         ``lease_s`` (seconds) sets ``lease_until`` (ms, server clock); without it the
         claim never expires. ``attempts`` counts claims."""
         keys, owner = self._box(mailbox_id)

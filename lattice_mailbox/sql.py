@@ -146,7 +146,9 @@ class _Statements:
         self.has_pending = select(t.c.seq).where(t.c.mailbox == box, t.c.status == pending).limit(1)
         self.lock_box = select(boxes.c.id).where(boxes.c.id == box).with_for_update()
         self.in_flight = (
-            select(func.count()).select_from(t).where(t.c.mailbox == box, t.c.status == processing)
+            select(func.count())
+            .select_from(t)
+            .where(t.c.mailbox == box, t.c.status.in_([processing, S.PARKED.value]))
         )
         oldest = (
             select(t.c.seq)
@@ -385,7 +387,7 @@ class SQLMailbox(CheckedSend):
     ) -> TeamMessage | None:
         """Atomically move the oldest ``pending`` message of ``mailbox_id`` to
         ``processing`` and return it with a fresh ``claim_token``; ``None`` when
-        nothing is pending or ``max_in_flight`` messages are in ``processing``.
+        nothing is pending or ``max_in_flight`` messages are in ``processing`` or ``parked``.
         ``lease_s`` (seconds) sets ``lease_until`` (ms); without it the claim never
         expires. ``attempts`` counts claims."""
         check_name(mailbox_id)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 # --- agent loop (lattice_worker.agent) and tools (lattice_worker.tools)
 from .agent.abort import AbortController, AbortSignal
 from .agent.agent import Agent, AgentSpec, create_agent, create_bare_agent, define_agent, is_agent_spec
+from .agent.approvals import PermissionRequest
 from .agent.compaction import DEFAULT_COMPACTION_PROMPT
 from .agent.events import (
     AssistantMessage,
@@ -38,7 +39,7 @@ from .agent.options import AgentOptions, AutoCompactOptions, QueryOptions
 from .agent.output import SUBMIT_OUTPUT_TOOL_NAME
 from .agent.result_limits import DEFAULT_MAX_TOOL_RESULT_CHARS
 from .agent.scripted import ScriptedModelClient, ScriptExhaustedError, error_turn, text_turn, tool_turn
-from .agent.tool_batch import PermissionRequest, ToolBatchPolicyContext
+from .agent.tool_batch import ToolBatchPolicyContext
 from .errors import (
     AbortError,
     APIError,
@@ -189,6 +190,25 @@ __all__ += [
     "create_team_runner",
     "delegate_tool",
     "team_member",
+]
+
+# --- tool effects (lattice_worker.tools.effects; docs/tool-effects.md)
+from .agent.approvals import ApprovalRequest  # noqa: E402
+from .tools.effects import (  # noqa: E402
+    LookupFound,
+    LookupNotFound,
+    LookupUnknown,
+    Reconcile,
+    effect_from_mcp_annotations,
+)
+
+__all__ += [
+    "ApprovalRequest",
+    "LookupFound",
+    "LookupNotFound",
+    "LookupUnknown",
+    "Reconcile",
+    "effect_from_mcp_annotations",
 ]
 
 

@@ -21,6 +21,10 @@ key                    type    content
 ``R:queued``           list    registered, not yet dispatched
 ``R:active``           set     dispatched, not finished
 ``R:calls``            hash    tool_use_id -> member call JSON (the lead's batch in progress)
+``R:tools``            hash    the lead's own tool journal (see :mod:`.tool_calls`)
+``R:waits``            hash    the run's waits for a person: parked calls, approvals
+``R:item:<id>:*``      ...     a work item's tool journal and member history
+``P:runs:waiting``     zset    runs that have had a wait (listing index)
 ``P:runs``             zset    run ids by creation time (ms)
 ``P:runs:team:<team>`` zset    the same, per team
 ``P:runs:leased``      zset    run ids of running lead segments by ``lease_until`` (ms)
@@ -44,7 +48,9 @@ Modules: :mod:`.records` (the data types and reply parsing), :mod:`.scripts`
 module per area: :mod:`.run_records` (create, status, list, delete),
 :mod:`.items` (work items and the wait set), :mod:`.segments` (lead segments
 and their leases), :mod:`.journal` (the call journal and fenced history
-writes), :mod:`.events` (event streams, results, finish, cancel).
+writes), :mod:`.events` (event streams, results, finish, cancel),
+:mod:`.tool_calls` (the tool journals, work-item histories and waits of
+crash-safe tool calls: ``docs/tool-effects.md``).
 :class:`RunStore` (:mod:`.store`) is the one public entry point.
 """
 
@@ -64,6 +70,7 @@ from .records import (
     result_from_reply,
 )
 from .store import RunStore
+from .tool_calls import WaitStateError
 
 __all__ = [
     "CompleteResult",
@@ -73,6 +80,7 @@ __all__ = [
     "RunKeys",
     "RunStore",
     "SegmentStart",
+    "WaitStateError",
     "WorkItem",
     "check_block_ms",
     "check_run_id",

@@ -23,6 +23,12 @@ SCRIPT_NAMES = (
     "recover_lead",
     "journal_call",
     "write_history",
+    "begin_item",
+    "write_item",
+    "park_item",
+    "journal_tool",
+    "park_lead",
+    "resolve_wait",
 )
 
 

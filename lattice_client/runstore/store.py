@@ -6,9 +6,10 @@ from .events import RunEvents
 from .items import RunItems
 from .journal import RunJournal
 from .segments import RunSegments
+from .tool_calls import RunToolCalls
 
 
-class RunStore(RunSegments, RunItems, RunJournal, RunEvents):
+class RunStore(RunSegments, RunItems, RunJournal, RunEvents, RunToolCalls):
     """Runs, their work items and their event streams in Redis.
 
     ``redis_url_or_client``: a ``redis://`` URL (a client is then created per

@@ -6,22 +6,23 @@
 -- KEYS[4]  <prefix>:{tag}:leases         zset: leased ids by lease_until (ms)
 -- KEYS[5]  <prefix>:{tag}:body           hash: id -> body JSON
 -- KEYS[6]  <prefix>:{tag}:state          hash: id -> state JSON
+-- KEYS[7]  <prefix>:{tag}:q:parked       zset: parked ids (they count as in flight)
 -- ARGV[1]  mailbox id (must own the tag)
 -- ARGV[2]  lease in milliseconds, or "" for a claim that never expires
 -- ARGV[3]  worker id, or ""
 -- ARGV[4]  new claim token
--- ARGV[5]  max in flight, or "" for no limit
+-- ARGV[5]  max in flight (processing + parked), or "" for no limit
 --
 -- Returns  {body JSON (holds the id), attempts, lease_until}  lease_until: ms on the server
 --          clock (TIME), 0 for a claim without a lease. The message is now processing, its
 --          claimed_by is ARGV[3] and its token ARGV[4]; the full state is in KEYS[6].
 --          (A compact reply on purpose: this is the hot path.)
 -- Codes    0   nothing pending (or no message was ever sent to this mailbox id)
---          -1  the mailbox already has max-in-flight messages in processing
+--          -1  the mailbox already has max-in-flight messages in processing or parked
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
-if ARGV[5] ~= '' and redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[5]) then
+if ARGV[5] ~= '' and redis.call('ZCARD', KEYS[3]) + redis.call('ZCARD', KEYS[7]) >= tonumber(ARGV[5]) then
   return -1
 end
 local head = redis.call('ZPOPMIN', KEYS[2])

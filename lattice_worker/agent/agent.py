@@ -37,6 +37,7 @@ from ..errors import ConcurrentQueryError, ConfigError
 from ..tools.builtin import Workspace, agent_workspace_tools, check_agent_workspace
 from ..tools.skills import match_skills, skills_prompt_section
 from ..tools.tool import ToolDefinition
+from ..tools.tool_search import DeferredTools
 from .events import ResultMessage, SDKMessage
 from .loop import RunControl, _copy, run_query
 from .options import (
@@ -142,6 +143,7 @@ class Agent:
                 tools=options.tools,
             )
             self._tools.update((t.name, t) for t in builtin)
+        self.deferred_tools = DeferredTools(self._tools.values())
         self._submit_tool = (
             build_submit_output_tool(options.output_schema) if options.output_schema is not None else None
         )
@@ -207,12 +209,21 @@ class Agent:
         check_tool_set(list(self._tools.values()) + new, output_schema=self.output_schema, where="add_tools")
         for t in new:
             self._tools[t.name] = t
+        if any(t.defer for t in new):
+            self.deferred_tools.update(self._tools.values())
 
     def _tool_map(self) -> dict[str, ToolDefinition]:
-        if self._submit_tool is None and not self._mcp_tools:
+        """Every tool a call may name: the registered ones, this query's MCP tools,
+        ``tool_search`` while anything is deferred, ``submit_output`` with an output schema."""
+        search = self.deferred_tools.search_tool
+        if self._submit_tool is None and not self._mcp_tools and search is None:
             return self._tools
-        extra = {self._submit_tool.name: self._submit_tool} if self._submit_tool is not None else {}
+        extra = {t.name: t for t in (search, self._submit_tool) if t is not None}
         return {**self._tools, **self._mcp_tools, **extra}
+
+    def _request_tools(self) -> list[ToolDefinition]:
+        """The tools the next model request offers: deferred tools only once loaded."""
+        return self.deferred_tools.visible(self._tool_map().values())
 
     async def _prepare_mcp_tools(self) -> None:
         """Resolve the ``mcp_servers`` option into this query's MCP tools (pooled
@@ -230,6 +241,8 @@ class Agent:
             list(self._tools.values()) + tools, output_schema=self.output_schema, where="mcp_servers"
         )
         self._mcp_tools = {t.name: t for t in tools}
+        if any(t.defer for t in tools):
+            self.deferred_tools.update([*self._tools.values(), *tools])
 
     def _skills_section(self, prompt: Any) -> str | None:
         """The system-prompt section of the skills a query's prompt matches (or ``None``).
@@ -256,7 +269,9 @@ class Agent:
             mode == "all"
             or (
                 mode == "safe"
-                and any(t.is_concurrency_safe not in (None, False) for t in self._tools.values())
+                and any(
+                    t.concurrent or t.is_concurrency_safe not in (None, False) for t in self._tools.values()
+                )
             )
         ):
             sections.append(CONCURRENCY_PROMPT)
@@ -304,6 +319,7 @@ class Agent:
             loaded = []
         self._history = list(loaded) + self._history
         self._history_loaded = True
+        self.deferred_tools.note_history(self._history)
 
     async def _append(self, message: dict[str, Any]) -> None:
         self._history.append(message)
@@ -351,6 +367,7 @@ class Agent:
                 raise ConfigError(f"replace_history: messages[{i}] {problem}")
         await self._rewrite_history(_copy(messages))
         self._history_loaded = True
+        self.deferred_tools.note_history(self._history, replace=True)
 
     async def _rewrite_history(self, messages: list[dict[str, Any]]) -> None:
         """Replace the whole history (compaction, replace_history): the store's

@@ -48,6 +48,7 @@ from .options import QueryOptions
 from .output import SUBMIT_OUTPUT_TOOL_NAME, payload_text
 from .query_run import Finish, LoopAgent, QueryRun, RunControl, abort_finish, text_of
 from .query_run import copy_json as _copy
+from .suspend import SuspendQuery
 from .tool_batch import CallOutcome
 
 if TYPE_CHECKING:
@@ -55,17 +56,6 @@ if TYPE_CHECKING:
 
 
 logger = logging.getLogger("lattice_worker.agent")
-
-
-class SuspendQuery(Exception):  # noqa: N818 - the name is the contract (docs/contracts.md)
-    """Raised by a query ``runtime``'s ``after_tool_batch`` to stop the query
-    without an error: it ends with a ``result`` of subtype ``"suspended"``
-    (``is_error`` false) and the history intact, ready for ``Agent.query(None)``.
-    Only the distributed runtime uses it. ``reason`` is free text for logs."""
-
-    def __init__(self, reason: str = "suspended") -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 @dataclass
@@ -353,9 +343,13 @@ async def run_query(agent: LoopAgent, prompt: Any, q: QueryOptions) -> AsyncIter
                 return
 
             # ---- the tool batch
-            user_message = await run.execute_batch(
-                calls, truncated=message.stop_reason == "max_tokens", invalid=invalid
-            )
+            try:
+                user_message = await run.execute_batch(
+                    calls, truncated=message.stop_reason == "max_tokens", invalid=invalid
+                )
+            except SuspendQuery:  # a call waits for a person (docs/contracts.md)
+                yield await run.finish(Finish("suspended"))
+                return
             outcomes, blocks = run.last_outcomes, user_message["content"]
             yield UserMessage(
                 session_id=run.session_id,
@@ -367,7 +361,7 @@ async def run_query(agent: LoopAgent, prompt: Any, q: QueryOptions) -> AsyncIter
                 yield await run.finish(abort_finish(run.signal))
                 return
 
-            ended = next((o for o in outcomes if o.result is not None and o.result.end_turn), None)
+            ended = next((o for o in outcomes if o.ends_turn), None)
             if ended is None:
                 # Between turns: compact now, before the runtime may suspend the query (the
                 # distributed lead resumes in another segment, from the compacted history).
@@ -411,7 +405,7 @@ async def run_query(agent: LoopAgent, prompt: Any, q: QueryOptions) -> AsyncIter
                             ),
                         )
                     )
-                else:
+                elif ended.result.end_turn:
                     yield await run.finish(
                         Finish(
                             "success",
@@ -419,6 +413,8 @@ async def run_query(agent: LoopAgent, prompt: Any, q: QueryOptions) -> AsyncIter
                             structured=ended.result.structured_result,
                         )
                     )
+                else:  # an ends_turn tool: the run's result is the model's last text
+                    yield await run.finish(Finish("success"))
                 return
     finally:
         agent._control = None

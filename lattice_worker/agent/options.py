@@ -29,6 +29,7 @@ from ..errors import ConfigError
 from ..tools.mcp_servers import validate_mcp_servers
 from ..tools.skills import check_skills
 from ..tools.tool import ToolDefinition
+from ..tools.tool_search import TOOL_SEARCH_NAME
 from .abort import AbortSignal
 from .hooks import AgentHooks, coerce_hooks
 from .model import MIN_THINKING_BUDGET_TOKENS, capped_thinking_budget
@@ -172,6 +173,8 @@ _AGENT_EXPECTED: dict[str, str] = {
     "skills": "a list of skills (skill(...) or load_skill(path)) with unique names",
     "workspace": "a directory path, False, or a dict with cwd, allowed_directories, bash_timeout_ms",
     "permission": "a callable(request) returning {'behavior': 'allow'} or {'behavior': 'deny', 'message': ...}",
+    "permission_mode": '"allow" (every registered tool may run) or "by_effect" (calls of tools that are not '
+    "read_only need an approval)",
     "model_client": "a ModelClient (an object with async create_message(request))",
     "tracer": "a ContextTracer (an object with on_event(event))",
     "history_store": "a HistoryStore (an object with load(), append(message), replace(messages))",
@@ -235,6 +238,7 @@ class AgentOptions(BaseModel):
     skills: list[Any] | None = None
     workspace: StrictStr | Literal[False] | WorkspaceOptions | None = None
     permission: Callable[..., Any] | None = None
+    permission_mode: Literal["allow", "by_effect"] = "allow"
     model_client: Any = None
     tracer: Any = None
     history_store: Any = None
@@ -470,9 +474,15 @@ def thinking_budget(config: dict[str, Any] | None, max_tokens: int | None) -> di
 
 
 def check_tool_set(tools: list[ToolDefinition], *, output_schema: Any, where: str | None) -> None:
-    """Raise :class:`ConfigError` on duplicate tool names, or on a tool named
-    ``submit_output`` while ``output_schema`` is set (the name is reserved then)."""
+    """Raise :class:`ConfigError` on duplicate tool names, on a tool named
+    ``submit_output`` while ``output_schema`` is set, or on a tool named
+    ``tool_search`` while any tool is deferred (the names are reserved then)."""
     prefix = f"{where}: " if where else ""
+    if any(t.defer for t in tools) and any(t.name == TOOL_SEARCH_NAME for t in tools):
+        raise ConfigError(
+            f'{prefix}the tool name "{TOOL_SEARCH_NAME}" is reserved while a tool is deferred '
+            f"(defer=True): the agent adds its own {TOOL_SEARCH_NAME} tool to load them"
+        )
     seen: set[str] = set()
     for t in tools:
         if t.name in seen:

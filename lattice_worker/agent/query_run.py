@@ -28,6 +28,7 @@ from .model import AssistantModelMessage, ModelRequest, TokenUsage
 from .normalize import normalize_messages
 from .options import DEFAULT_MAX_TOKENS, QueryOptions, thinking_budget
 from .result_limits import bound_tool_result
+from .suspend import SuspendQuery
 from .tool_batch import CallOutcome, ToolBatchRunner
 
 if TYPE_CHECKING:
@@ -52,6 +53,8 @@ class LoopAgent(Protocol):
     def name(self) -> str | None: ...
 
     def _tool_map(self) -> dict[str, ToolDefinition]: ...
+
+    def _request_tools(self) -> list[ToolDefinition]: ...
 
     def _system_prompt(self, skills: str | None = None) -> str | None: ...
 
@@ -202,7 +205,7 @@ class QueryRun:
         if not retry:
             self.turns += 1
         agent = self.agent
-        tools = agent._tool_map()
+        tools = agent._request_tools()
         messages = list(agent._history)
         system = agent._system_prompt(self.skills)
         hooks = self.hooks
@@ -215,7 +218,7 @@ class QueryRun:
             model=agent.options.model,
             system=system,
             messages=messages,
-            tools=[t.to_model_tool() for t in tools.values()],
+            tools=[t.to_model_tool() for t in tools],
             max_tokens=self.max_tokens(),
             stream=self.q.stream,
             thinking=self.thinking(),
@@ -444,6 +447,10 @@ class QueryRun:
             recorded = True
             await self.trace("user_message", {"message": user_message})
             return user_message
+        except SuspendQuery:
+            # A call waits for an approval or a person (docs/contracts.md): the history keeps
+            # ending with the assistant turn; the runtime's journal holds the calls done.
+            raise
         except BaseException:
             if not recorded:
                 withheld = {

@@ -13,14 +13,28 @@ Order of checks, batch level first (each rejects the whole batch, no handler run
 
 Then per call, in scheduling order: unknown tool name -> error; input the
 model sent that was not a JSON object (invalid JSON, say: the loop passes these
-as ``invalid_inputs``) -> error quoting the problem, no permission check; ``permission``
-callback (raw input, before parsing; deny -> the message; not called for the
-built-in ``submit_output``) -> error; input parsing (not an object / invalid) ->
-error; handler (exception -> ``"Error: ..."`` error, a ``CancelledError`` included
-unless the query itself is being cancelled; a ``ToolResult(is_error=True)``
--> error with its content as-is). Calls that have not started when the
-query's signal is aborted get an "aborted" error and never run; handlers that
-started are awaited to completion. Results always come back in ``tool_use`` order.
+as ``invalid_inputs``) -> error quoting the problem, no permission check; a deferred
+tool not loaded yet -> error (search first); a call the runtime's journal
+recorded ``completed`` -> its recorded result, nothing runs; the permission /
+approval step (:mod:`.approvals`: raw input, before parsing; deny -> the
+message; not asked for the built-in ``submit_output``) -> error; input parsing
+(not an object / invalid) -> error; a call the journal recorded ``started``
+(interrupted by a crash) -> decided by its effect
+(:func:`~lattice_worker.tools.recovery.decide_recovery`: run again, use a found
+value, or park); handler (exception -> ``"Error: ..."`` error, a
+``CancelledError`` included unless the query itself is being cancelled; a
+``ToolResult(is_error=True)`` -> error with its content as-is). Calls that
+have not started when the query's signal is aborted get an "aborted" error
+and never run; handlers that started are awaited to completion. Results
+always come back in ``tool_use`` order.
+
+Scheduling (:mod:`.tool_schedule`): consecutive calls that may overlap run
+together -- a ``concurrent`` tool (at most 8 in flight), or under
+``tool_concurrency`` mode ``"safe"`` a tool whose ``is_concurrency_safe(input)``
+is true, or every call in mode ``"all"`` (at most ``max_concurrency`` in
+flight) -- and any other call runs alone: it starts after every earlier call
+is recorded, and nothing starts until it finishes. Under
+``permission_mode="by_effect"`` a call that needs an approval always runs alone.
 """
 
 from __future__ import annotations
@@ -28,33 +42,27 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import AbortError, ToolBatchRejectedError, ToolExecutionError
-from ..tools.tool import ToolContext, ToolDefinition, ToolInputError, ToolResult
+from ..tools.effects import effect_key
+from ..tools.recovery import JournalCall, JournalRecord, decide_recovery
+from ..tools.tool import ToolContext, ToolDefinition, ToolInputError, ToolResult, content_text
 from .abort import AbortSignal
+from .approvals import PermissionRequest, check_call, is_runtime_tool, needs_approval
 from .options import ToolConcurrencyOptions
 from .output import SUBMIT_OUTPUT_TOOL_NAME
+from .suspend import SuspendQuery
+from .tool_schedule import MAX_CONCURRENT_CALLS, run_in_call_order
 
 TRUNCATED_MESSAGE = (
     "This tool call was not run: your response was cut off at the max_tokens limit, so its input may "
     "be incomplete. Reissue the call with shorter output (for example split a large input across "
     "several calls)."
 )
-
-
-@dataclass
-class PermissionRequest:
-    """What a ``permission`` callback receives (spec "Permissions -- Request shape").
-
-    ``input`` is the raw, unvalidated input the model sent.
-    """
-
-    tool_name: str
-    input: Any
-    tool_use_id: str
 
 
 @dataclass
@@ -75,13 +83,16 @@ class ToolBatchPolicyContext:
 @dataclass
 class CallOutcome:
     """One call's outcome: the ``tool_use`` block, the ``tool_result`` block, the
-    error (exception) when it failed, and the handler's :class:`ToolResult` on success."""
+    error (exception) when it failed, and the handler's :class:`ToolResult` on success.
+    ``ends_turn``: the call succeeded and ends the turn (its result's ``end_turn``,
+    or its tool's ``ends_turn``)."""
 
     call: dict[str, Any]
     block: dict[str, Any]
     error: BaseException | None = None
     result: ToolResult | None = None
     started: bool = False
+    ends_turn: bool = False
 
 
 @dataclass
@@ -93,6 +104,7 @@ class _Prepared:
     parse_error: ToolInputError | None = None
     invalid: str | None = None
     safe: bool = False
+    cap: int = 1
     outcome: CallOutcome | None = field(default=None, repr=False)
 
 
@@ -103,12 +115,6 @@ def _error_block(tool_use_id: str, content: str) -> dict[str, Any]:
 def _fail(call: dict[str, Any], error: BaseException, content: str | None = None) -> CallOutcome:
     text = content if content is not None else f"Error: {error}"
     return CallOutcome(call=call, block=_error_block(str(call.get("id", "")), text), error=error)
-
-
-def _content_text(content: str | list[dict[str, Any]]) -> str:
-    if isinstance(content, str):
-        return content
-    return "".join(b.get("text", "") for b in content if b.get("type") == "text")
 
 
 def _being_cancelled() -> bool:
@@ -155,6 +161,12 @@ class ToolBatchRunner:
         self.signal = signal
         self.runtime = runtime
         self.agent = agent
+        options = getattr(agent, "options", None)
+        self.permission_mode = getattr(options, "permission_mode", "allow")
+        self.deferred = getattr(agent, "deferred_tools", None)
+        self.journal = getattr(runtime, "tool_journal", None) if runtime is not None else None
+        scope = getattr(runtime, "effect_scope", None) if runtime is not None else None
+        self.scope = str(scope or getattr(agent, "session_id", None) or "lattice")
 
     # ----------------------------------------------------------------- batch checks
 
@@ -225,7 +237,11 @@ class ToolBatchRunner:
             prep.parse_error = exc
             return prep
         mode = self.concurrency.mode
+        if self.permission_mode == "by_effect" and needs_approval(definition):
+            return prep  # an approval may suspend the query: such a call runs alone
         prep.safe = mode == "all" or (mode == "safe" and definition.check_concurrency_safe(prep.parsed))
+        limit = self.concurrency.max_concurrency
+        prep.cap = min(limit, MAX_CONCURRENT_CALLS) if definition.concurrent else limit
         return prep
 
     async def _run_one(self, prep: _Prepared) -> CallOutcome:
@@ -246,18 +262,61 @@ class ToolBatchRunner:
                     "valid JSON object."
                 ),
             )
-        if self.permission is not None and name != SUBMIT_OUTPUT_TOOL_NAME:
-            denied = await self._check_permission(PermissionRequest(name, call.get("input"), tool_use_id))
-            if denied is not None:
-                return _fail(call, ToolExecutionError(denied), denied)
+        if self.deferred is not None and self.deferred.is_hidden(definition.name):
+            text = self.deferred.hidden_error(definition.name)
+            return _fail(call, ToolExecutionError(text), f"Error: {text}")
+        key = effect_key(self.scope, tool_use_id)
+        # the runtime's own tools (team tools, member calls, tool_search) are made safe by the runtime
+        journal = (
+            self.journal if not is_runtime_tool(definition) and name != SUBMIT_OUTPUT_TOOL_NAME else None
+        )
+        entry = JournalCall(tool_use_id, definition.name, call.get("input"), definition.effect, key)
+        record = await journal.entry(entry) if journal is not None else None
+        if record is not None:
+            key = entry.effect_key = record.effect_key or key
+            if record.status == "completed" and record.block is not None:
+                return _replayed(call, definition, record)
+        request = PermissionRequest(name, call.get("input"), tool_use_id, definition.effect, key)
+        denied = await check_call(
+            definition,
+            request,
+            mode=self.permission_mode,
+            permission=self.permission,
+            runtime=self.runtime,
+            exempt=name == SUBMIT_OUTPUT_TOOL_NAME,
+        )
+        if denied is not None:
+            return _fail(call, ToolExecutionError(denied), denied)
         if prep.parse_error is not None:
             return _fail(call, prep.parse_error)
+        if record is not None and journal is not None:
+            decision = await decide_recovery(definition, record, effect_key=key, now_ms=_now_ms())
+            if decision.action == "park":
+                await journal.park(entry, decision.reason)
+                raise SuspendQuery(f'tool call {tool_use_id} ("{definition.name}") parked: {decision.reason}')
+            if decision.action == "use":
+                assert decision.result is not None
+                outcome = _succeeded(call, definition, decision.result)
+                await journal.completed(entry, _completed_record(entry, record.started_at_ms, outcome))
+                return outcome
+        started_at = record.started_at_ms if record is not None else _now_ms()
+        if journal is not None:
+            await journal.started(entry)
+        outcome = await self._invoke(prep, definition, key)
+        if journal is not None and outcome.started:
+            await journal.completed(entry, _completed_record(entry, started_at, outcome))
+        return outcome
+
+    async def _invoke(self, prep: _Prepared, definition: ToolDefinition, key: str) -> CallOutcome:
+        call = prep.call
+        tool_use_id = str(call.get("id", ""))
         ctx = ToolContext(
             tool_use_id=tool_use_id,
             tool_name=definition.name,
             signal=self.signal,
             runtime=self.runtime,
             agent=self.agent,
+            effect_key=key,
         )
         try:
             result = await definition.invoke(prep.parsed, ctx)
@@ -271,52 +330,7 @@ class ToolBatchRunner:
             outcome = _fail(call, exc, text)
             outcome.started = True
             return outcome
-        if result.is_error:
-            # The handler chose its error text: used as-is (no "Error: " prefix), never ends the turn.
-            block = {
-                "type": "tool_result",
-                "tool_use_id": tool_use_id,
-                "content": result.content,
-                "is_error": True,
-            }
-            message = _content_text(result.content) or f'tool "{definition.name}" returned an error result'
-            return CallOutcome(call=call, block=block, error=ToolExecutionError(message), started=True)
-        block = {"type": "tool_result", "tool_use_id": tool_use_id, "content": result.content}
-        return CallOutcome(call=call, block=block, result=result, started=True)
-
-    async def _check_permission(self, request: PermissionRequest) -> str | None:
-        """``None`` when allowed, else the denial message (fail closed on bad answers)."""
-        assert self.permission is not None
-        try:
-            decision = await _maybe_await(self.permission(request))
-        except Exception as exc:
-            return f'Permission check for tool "{request.tool_name}" failed ({type(exc).__name__}: {exc}); the call was not run.'
-        behavior = (
-            decision.get("behavior") if isinstance(decision, dict) else getattr(decision, "behavior", None)
-        )
-        if behavior == "allow":
-            return None
-        if behavior == "deny":
-            message = (
-                decision.get("message") if isinstance(decision, dict) else getattr(decision, "message", None)
-            )
-            return str(message) if message else f'Permission denied for tool "{request.tool_name}".'
-        return (
-            f'Permission check for tool "{request.tool_name}" returned {decision!r}, not '
-            "{'behavior': 'allow'} or {'behavior': 'deny', 'message': ...}; the call was not run."
-        )
-
-    async def _run_group(self, group: list[_Prepared]) -> None:
-        if len(group) == 1:
-            group[0].outcome = await self._run_one(group[0])
-            return
-        semaphore = asyncio.Semaphore(self.concurrency.max_concurrency)
-
-        async def guarded(prep: _Prepared) -> None:
-            async with semaphore:
-                prep.outcome = await self._run_one(prep)
-
-        await asyncio.gather(*(guarded(p) for p in group))
+        return _succeeded(call, definition, result)
 
     async def run(
         self,
@@ -329,7 +343,9 @@ class ToolBatchRunner:
 
         ``invalid_inputs``: ``tool_use`` id -> why the model's input could not be
         used (those calls get an error result and never run). Never raises for
-        tool failures (they become error outcomes).
+        tool failures (they become error outcomes). Raises :class:`SuspendQuery`
+        when a call waits for an approval or was parked (the calls that already
+        started are settled first).
         """
         if truncated:
             return self._truncated(calls)
@@ -348,10 +364,63 @@ class ToolBatchRunner:
             if group:
                 await self._run_group(group)
                 group = []
-            await self._run_group([prep])
+            prep.outcome = await self._run_one(prep)
         if group:
             await self._run_group(group)
         return [p.outcome for p in prepared if p.outcome is not None]
+
+    async def _run_group(self, group: list[_Prepared]) -> None:
+        def record(i: int, outcome: CallOutcome) -> None:
+            group[i].outcome = outcome
+
+        await run_in_call_order(len(group), lambda i: group[i].cap, lambda i: self._run_one(group[i]), record)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _succeeded(call: dict[str, Any], definition: ToolDefinition, result: ToolResult) -> CallOutcome:
+    tool_use_id = str(call.get("id", ""))
+    if result.is_error:
+        # The handler chose its error text: used as-is (no "Error: " prefix), never ends the turn.
+        block = {
+            "type": "tool_result",
+            "tool_use_id": tool_use_id,
+            "content": result.content,
+            "is_error": True,
+        }
+        message = content_text(result.content) or f'tool "{definition.name}" returned an error result'
+        return CallOutcome(call=call, block=block, error=ToolExecutionError(message), started=True)
+    block = {"type": "tool_result", "tool_use_id": tool_use_id, "content": result.content}
+    ends = result.end_turn or definition.ends_turn
+    return CallOutcome(call=call, block=block, result=result, started=True, ends_turn=ends)
+
+
+def _completed_record(entry: JournalCall, started_at_ms: int, outcome: CallOutcome) -> JournalRecord:
+    result = outcome.result
+    return JournalRecord(
+        tool_use_id=entry.tool_use_id,
+        status="completed",
+        effect_key=entry.effect_key,
+        started_at_ms=started_at_ms,
+        block=outcome.block,
+        end_turn=bool(result is not None and result.end_turn),
+        structured_result=result.structured_result if result is not None else None,
+    )
+
+
+def _replayed(call: dict[str, Any], definition: ToolDefinition, record: JournalRecord) -> CallOutcome:
+    """The outcome of a call the journal recorded ``completed``: its result, not run again."""
+    block = dict(record.block or {})
+    block["tool_use_id"] = str(call.get("id", ""))
+    content = block.get("content", "")
+    if block.get("is_error"):
+        text = content_text(content) if isinstance(content, str | list) else str(content)
+        return CallOutcome(call=call, block=block, error=ToolExecutionError(text), started=True)
+    result = ToolResult(content=content, end_turn=record.end_turn, structured_result=record.structured_result)
+    ends = record.end_turn or definition.ends_turn
+    return CallOutcome(call=call, block=block, result=result, started=True, ends_turn=ends)
 
 
 def _read_decision(decision: Any) -> tuple[bool, str, str, dict[str, Any]]:

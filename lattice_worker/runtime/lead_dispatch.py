@@ -181,7 +181,9 @@ def _sent_event(team: str, message: TeamMessage) -> dict[str, Any]:
 class DistributedLeadRuntime:
     """The lead query's ``runtime`` in a worker: the member tools' dispatcher
     (``ask`` / ``handoff`` register work items) and ``after_tool_batch``
-    (register, ring doorbells, suspend)."""
+    (register, ring doorbells, suspend). With a ``journal`` (a
+    :class:`~lattice_worker.runtime.tool_journal.LeadJournal`, under a lease)
+    also the lead's tool journal, effect scope and approvals."""
 
     wants_stream_events = False
     """Run streams do not keep token-level ``stream_event`` events: the query
@@ -194,12 +196,17 @@ class DistributedLeadRuntime:
         run_id: str,
         lease: LeadLease | None = None,
         usage: dict[str, int] | None = None,
+        journal: Any = None,
     ) -> None:
         self.ctx = ctx
         self.team = team
         self.run_id = run_id
         self.lease = lease
         self.usage = usage
+        if journal is not None:  # the lead's own tools: docs/tool-effects.md
+            self.tool_journal = journal
+            self.effect_scope = journal.effect_scope
+            self.approve_tool_call = journal.approve_tool_call
         self.pending: list[dict[str, Any]] = []
         self.suspended: bool | None = None
         """Under a lease: whether the registration write also suspended the run

@@ -185,17 +185,18 @@ class FencedHistoryStore(RedisHistoryStore):
 
     async def append(self, message: dict[str, Any]) -> None:
         """Append one message (``TypeError`` for a non-dict / non-JSON message)."""
-        await self._write([_encode(message, "FencedHistoryStore.append")], replace=False)
+        await self._write([encode_message(message, "FencedHistoryStore.append")], replace=False)
 
     async def replace(self, messages: list[dict[str, Any]]) -> None:
         """Make the list hold exactly ``messages`` (all encoded first: a bad one
         raises ``TypeError`` and nothing is written)."""
         if not isinstance(messages, list):
             raise TypeError(f"FencedHistoryStore.replace: expected a list, got {type(messages).__name__}")
-        await self._write([_encode(m, "FencedHistoryStore.replace") for m in messages], replace=True)
+        await self._write([encode_message(m, "FencedHistoryStore.replace") for m in messages], replace=True)
 
 
-def _encode(message: Any, where: str) -> bytes:
+def encode_message(message: Any, where: str) -> bytes:
+    """A history message as stored (compact JSON, UTF-8); ``TypeError`` for a non-dict or non-JSON one."""
     if not isinstance(message, dict):
         raise TypeError(f"{where}: a history message must be a dict, got {type(message).__name__}")
     try:
@@ -235,4 +236,4 @@ class ReplayModelClient:
         return await self._inner.create_message(request)
 
 
-__all__ = ["FencedHistoryStore", "LeadLease", "ReplayModelClient"]
+__all__ = ["FencedHistoryStore", "LeadLease", "ReplayModelClient", "encode_message"]

@@ -42,8 +42,11 @@ async def recover_segment(
       then the run suspends while items are unfinished, or the finished items
       are applied (idempotently) and the loop continues.
 
-    Tools other than member tools in a replayed batch run again (the
-    crash-safe tool effects journal of ``docs/architecture.md`` is not built yet)."""
+    The lead's own tools in a replayed batch go through the segment's tool
+    journal (:class:`~lattice_worker.runtime.tool_journal.LeadJournal`, read
+    once here since the segment recovers): completed calls give their recorded
+    results, an interrupted one is decided by its effect (``docs/tool-effects.md``).
+    A run a person's decision resumes (``resolve_wait``) comes here too."""
     run_id = record.run_id
     await ctx.events.emit(
         run_id, {"type": "run_status", "status": "recovering", "run_id": run_id, "attempt": lease.attempts}

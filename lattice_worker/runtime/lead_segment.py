@@ -45,6 +45,7 @@ from .lead_resume import prepare_resume
 from .lead_session import spawn_lead, team_for_run
 from .registry import TeamNotServedError
 from .run_end import cancel_run, finish_run
+from .tool_journal import LeadJournal
 
 logger = logging.getLogger("lattice_worker.runtime")
 
@@ -55,10 +56,12 @@ async def run_lead(ctx: WorkerContext, run_id: str) -> str:
     The segment holds a lead lease (:class:`~lattice_worker.runtime.lead_lease.LeadLease`)
     until it suspends or ends. Returns what happened: ``"missing"`` (no such
     run), ``"skipped"`` (not ``queued``: a duplicate or redelivered task, or a
-    cancelled run), ``"suspended"``, ``"completed"``, ``"failed"``,
-    ``"cancelled"``, ``"lost"`` (the lease was lost: another worker owns the run now),
-    ``"refused"`` (the run names a team this worker does not serve: it fails
-    with an error naming the team and the worker; nothing is imported)."""
+    cancelled run), ``"suspended"``, ``"parked"`` / ``"awaiting_approval"``
+    (suspended on a lead tool call that waits for a person), ``"completed"``,
+    ``"failed"``, ``"cancelled"``, ``"lost"`` (the lease was lost: another
+    worker owns the run now), ``"refused"`` (the run names a team this worker
+    does not serve: it fails with an error naming the team and the worker;
+    nothing is imported)."""
     start = await _begin_segment(ctx, run_id, RunStatus.QUEUED)
     if start is None:
         record = await ctx.runs.get(run_id)
@@ -190,11 +193,14 @@ async def drive(
     run_id = record.run_id
     ctx.events.note_parent(run_id, record.parent)
     fence = lease.token if lease is not None else None
+    journal = LeadJournal(ctx, run_id, team.name, lease) if lease is not None else None
     while True:
         if await _parent_gone(ctx, record):
             await cancel_run(ctx, run_id, "the parent run ended")
             return "cancelled"
-        runtime = DistributedLeadRuntime(ctx, team, run_id, lease, usage if lease is not None else None)
+        runtime = DistributedLeadRuntime(
+            ctx, team, run_id, lease, usage if lease is not None else None, journal=journal
+        )
         final: Any = None
         token = current_run.set(run_id)
         lease_token = current_lease.set(lease)
@@ -212,6 +218,8 @@ async def drive(
         finally:
             current_lease.reset(lease_token)
             current_run.reset(token)
+        if journal is not None and journal.waiting is not None:  # suspended on a call that waits for a person
+            return await _parked(ctx, run_id, journal.waiting, final, usage)
         if runtime.stopped is not None:  # the run ended while the batch was registered
             logger.info("run %s not suspended (it is %s); stopping", run_id, runtime.stopped)
             return runtime.stopped
@@ -260,6 +268,19 @@ async def drive(
         if not await finish_run(ctx, record, result, lease=lease) and lease is not None and lease.lost:
             return await _lost(ctx, run_id)
         return status
+
+
+async def _parked(
+    ctx: WorkerContext, run_id: str, wait: dict[str, Any], final: Any, usage: dict[str, int] | None
+) -> str:
+    """The segment ended with the run suspended on ``wait`` (``park_lead``
+    wrote it; the lease is gone): count its usage, tell the stream, and say so."""
+    await ctx.usage.add(run_id, getattr(final, "usage", None), known=usage, fence=None)
+    kind = "parked" if wait["kind"] == "parked" else "awaiting_approval"
+    await ctx.events.emit(
+        run_id, {"type": "run_status", "status": kind, "run_id": run_id, "wait_id": wait["id"]}
+    )
+    return kind
 
 
 async def _parent_gone(ctx: WorkerContext, record: RunRecord) -> bool:

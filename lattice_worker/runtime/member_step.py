@@ -38,6 +38,7 @@ import contextlib
 import logging
 from typing import Any
 
+from lattice_client.errors import RunLeaseLostError
 from lattice_client.models import RunRecord
 from lattice_mailbox.base import ClaimError, InvalidTransitionError
 from lattice_mailbox.message import MessageStatus, TeamMessage
@@ -56,6 +57,7 @@ from .completion import complete_work_item
 from .context import WorkerContext
 from .events import public_message
 from .leases import LeaseKeeper
+from .member_journal import journaled_member
 from .registry import member_mode
 
 logger = logging.getLogger("lattice_worker.runtime")
@@ -67,8 +69,10 @@ async def deliver(ctx: WorkerContext, mailbox_id: str) -> str:
     Returns what happened: ``"invalid"`` (not a ``<team>::<member>`` id),
     ``"unknown"`` (no such team/member here), ``"idle"`` (nothing to claim --
     a duplicate doorbell), ``"cancelled"``, ``"child"`` (a nested team's run
-    was started), ``"lost"`` (the claim was lost; outcome discarded), or the
-    item's status (``"done"``, ``"failed"``, ``"open"``)."""
+    was started), ``"lost"`` (the claim was lost; outcome discarded),
+    ``"parked"`` / ``"awaiting_approval"`` (a tool call waits for a person;
+    the message is parked, no worker waits), or the item's status
+    (``"done"``, ``"failed"``, ``"open"``)."""
     try:
         team_name, member_name = split_mailbox_id(mailbox_id)
     except ValueError:
@@ -136,6 +140,16 @@ async def process_claimed(ctx: WorkerContext, team: Team, member: TeamMember, me
 
     controller = AbortController()
     agent = session_agent(ctx, member, message.to) if member.kind == "agent" else None
+    journal = None
+    resume = False
+    if run_id and token and message.work_item_id and member.kind == "spec" and ctx.settings.tool_journal:
+        try:
+            agent, journal, resume = await journaled_member(ctx, team.name, member, message, run_id)
+        except RunLeaseLostError:
+            logger.warning(
+                "member %s: a later claim of %s already began; nothing done", member.name, message.id
+            )
+            return "lost"
 
     async def check() -> str | None:
         if not run_id:
@@ -161,6 +175,8 @@ async def process_claimed(ctx: WorkerContext, team: Team, member: TeamMember, me
             emit=emit,
             agent=agent,
             stream_events=False,  # the event emitter does not store token-level events
+            journal=journal,
+            resume=resume,
         )
     # Only a refused fenced write means the claim was lost: every other outcome was
     # written under this claim's token. The keeper also reports "missing" once the
@@ -168,6 +184,9 @@ async def process_claimed(ctx: WorkerContext, team: Team, member: TeamMember, me
     if (outcome.error or {}).get("code") == "claim_lost":
         logger.warning("member %s lost its claim on %s; its outcome is discarded", member.name, message.id)
         return "lost"
+    if outcome.status == "parked":  # a call waits for a person; the work item stays open
+        waiting = journal.waiting if journal is not None else None
+        return "awaiting_approval" if waiting is not None and waiting["kind"] == "approval" else "parked"
     if link is not None:
         await complete_work_item(ctx, link[0], link[1], message.work_item_id or "", outcome)
     return outcome.status

@@ -64,9 +64,11 @@ class WorkItemOutcome:
 
     Attributes:
         message: the original message, with its final status.
-        status: ``"done"`` (replied), ``"failed"``, ``"cancelled"`` (abort), or
+        status: ``"done"`` (replied), ``"failed"``, ``"cancelled"`` (abort),
             ``"open"`` (the member sent only ``team_followup``: the message stays
-            open in status ``read`` and can be closed later with ``team_reply``).
+            open in status ``read`` and can be closed later with ``team_reply``),
+            or ``"parked"`` (a tool call waits for a person: the runtime's journal
+            parked the message; the work item is not finished).
         content: the reply text, the last progress text, or the failure text.
         structured_result: the member's structured result (``submit_output`` /
             ``end_turn``), JSON-ready, or ``None``.
@@ -110,10 +112,16 @@ class WorkItemOutcome:
 class MemberRuntime:
     """The ``runtime`` query option of a member run: it exposes the member's
     :class:`MailboxToolState` to the mailbox tools and injects nothing after
-    tool batches."""
+    tool batches. With a ``journal`` (the distributed runtime's tool journal of
+    the work item) it also gives the loop ``tool_journal``, ``effect_scope`` and
+    ``approve_tool_call`` (docs/contracts.md)."""
 
-    def __init__(self, state: MailboxToolState) -> None:
+    def __init__(self, state: MailboxToolState, journal: Any = None) -> None:
         self.team_mailbox_state = state
+        if journal is not None:
+            self.tool_journal = journal
+            self.effect_scope = journal.effect_scope
+            self.approve_tool_call = journal.approve_tool_call
 
     async def after_tool_batch(self, outcome: Any) -> list[dict[str, Any]] | None:
         return None
@@ -236,6 +244,8 @@ async def run_work_item(
     agent: Any = None,
     query_options: dict[str, Any] | None = None,
     stream_events: bool = True,
+    journal: Any = None,
+    resume: bool = False,
 ) -> WorkItemOutcome:
     """Run ``member`` on ``message`` (already claimed, ``processing``) and end the message.
 
@@ -258,6 +268,13 @@ async def run_work_item(
         stream_events: ``False`` leaves the member's token-level ``stream_event``
             SDK events out of ``emit`` (for an ``emit`` that would drop them anyway,
             like the distributed runtime's run streams); the member still streams.
+        journal: the work item's tool journal (distributed runtime; see
+            :class:`MemberRuntime`). A query it suspends (a call parked or waiting
+            for an approval) ends the run with status ``"parked"``: the message
+            was parked by the journal and nothing else is written.
+        resume: ``agent``'s history already holds this item's conversation
+            (a re-claimed work item): continue it (``query(None)``) instead of
+            sending the task prompt again.
 
     Returns a :class:`WorkItemOutcome`; member failures never raise (spec "Handoff
     failure isolation"): an agent error (``MaxTurnsError``, ``APIError``...) marks
@@ -289,6 +306,8 @@ async def run_work_item(
             agent=agent,
             query_options=query_options,
             stream_events=stream_events,
+            journal=journal,
+            resume=resume,
         )
 
 
@@ -314,6 +333,8 @@ async def _run_work_item(
     agent: Any,
     query_options: dict[str, Any] | None,
     stream_events: bool,
+    journal: Any,
+    resume: bool,
 ) -> WorkItemOutcome:
     team_name: str = team.name
     member_names = [m.name for m in team.members]
@@ -359,8 +380,8 @@ async def _run_work_item(
     try:
         if takes_tools:
             ensure_mailbox_tools(target)
-            options["runtime"] = MemberRuntime(state)
-            prompt = member_prompt(team_name, member, message)
+            options["runtime"] = MemberRuntime(state, journal)
+            prompt = None if resume else member_prompt(team_name, member, message)
         else:
             prompt = message.content
         queried = takes_tools or kind == "team"  # gets the query options; a host AgentLike gets none
@@ -408,6 +429,13 @@ async def _run_work_item(
         )
     if state.claim_lost is not None:
         return _claim_lost(message, state.claim_lost)
+    if subtype == "suspended" and journal is not None and journal.waiting is not None:
+        wait = journal.waiting
+        return WorkItemOutcome(
+            message=_ended(message, MessageStatus.PARKED),
+            status="parked",
+            content=f"{wait['kind']} {wait['id']}: {wait['reason']}",
+        )
 
     aborted = (
         (signal is not None and signal.aborted)

@@ -1,9 +1,22 @@
 """Tools: ``tool()`` / ``@tool``, ``ToolDefinition``, ``ToolResult``, ``ToolContext``
-(:mod:`.tool`); the built-in workspace tools (:mod:`.builtin`); skills (:mod:`.skills`).
+(:mod:`.tool`); effects (:mod:`.effects`), recovery by effect (:mod:`.recovery`)
+and deferred tools (:mod:`.tool_search`); the built-in workspace tools
+(:mod:`.builtin`); skills (:mod:`.skills`).
 
-Spec: AgentLattice "Tools". See :mod:`.tool`.
+Spec: AgentLattice "Tools"; ``docs/tool-effects.md``. See :mod:`.tool`.
 """
 
+from .effects import (
+    EFFECTS,
+    Effect,
+    LookupFound,
+    LookupNotFound,
+    LookupResult,
+    LookupUnknown,
+    Reconcile,
+    builtin_tool_effect,
+    effect_from_mcp_annotations,
+)
 from .tool import (
     TOOL_NAME_PATTERN,
     ToolContext,
@@ -14,6 +27,15 @@ from .tool import (
 )
 
 __all__ = [
+    "EFFECTS",
+    "Effect",
+    "LookupFound",
+    "LookupNotFound",
+    "LookupResult",
+    "LookupUnknown",
+    "Reconcile",
+    "builtin_tool_effect",
+    "effect_from_mcp_annotations",
     "TOOL_NAME_PATTERN",
     "ToolContext",
     "ToolDefinition",

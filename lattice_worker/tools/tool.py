@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from ..errors import ConfigError, ToolExecutionError
+from .effects import Effect, Reconcile, check_effect_options
 
 if TYPE_CHECKING:
     from ..agent.abort import AbortSignal
@@ -85,6 +86,12 @@ class ToolContext:
             aborted when the query's ``signal`` is (spec "Deadlines").
         runtime: the query's ``runtime`` option (team / distributed runtimes), or ``None``.
         agent: the :class:`~lattice_worker.agent.agent.Agent` running the call.
+        effect_key: the call's idempotency key (a str): the same for every attempt
+            of this one call -- after a crash, a re-claim or a recovery on another
+            worker -- and different for every other call. Send it to your provider
+            as its idempotency key (``effect="idempotent"``) and look it up in
+            ``Reconcile.lookup`` (``effect="reconcilable"``). ``None`` only for a
+            context built by hand.
     """
 
     tool_use_id: str
@@ -92,6 +99,7 @@ class ToolContext:
     signal: AbortSignal | None = None
     runtime: Any = None
     agent: Any = None
+    effect_key: str | None = None
 
 
 def _json_type_name(value: Any) -> str:
@@ -108,6 +116,16 @@ def _json_type_name(value: Any) -> str:
     if isinstance(value, dict):
         return "object"
     return type(value).__name__
+
+
+def content_text(content: Any) -> str:
+    """The text of a message or tool_result ``content``: the str itself, or the
+    ``text`` of its text blocks joined; ``""`` for anything else."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
+    return ""
 
 
 def format_validation_error(exc: ValidationError) -> str:
@@ -147,6 +165,15 @@ class ToolDefinition:
             the model (spec "Tool metadata").
         kind: ``"tool"`` or ``"agent_tool"`` (what ``tool_batch_policy`` sees).
         is_concurrency_safe: ``None``, a bool, or ``callable(parsed_input) -> bool``.
+        effect: ``"read_only"`` | ``"idempotent"`` | ``"reconcilable"`` | ``"unguarded"``
+            (see :mod:`lattice_worker.tools.effects`).
+        dedup_window_s: seconds the provider drops a repeated effect key (idempotent
+            tools only; ``math.inf`` for a call idempotent over its input), else ``None``.
+        reconcile: the :class:`~lattice_worker.tools.effects.Reconcile` of a
+            reconcilable tool, else ``None``.
+        ends_turn: a successful call ends the turn without another model call.
+        concurrent: calls of one model response may overlap (read_only tools only).
+        defer: the model sees only the tool's name until ``tool_search`` loads it.
 
     Build one with :func:`tool`; the team runtime builds ``agent_tool`` kinds directly.
     Raises :class:`ConfigError` on an invalid name, description, schema or handler.
@@ -160,6 +187,12 @@ class ToolDefinition:
         "metadata",
         "kind",
         "is_concurrency_safe",
+        "effect",
+        "dedup_window_s",
+        "reconcile",
+        "ends_turn",
+        "concurrent",
+        "defer",
         "_handler",
         "_pass_context",
         "_unpack_fields",
@@ -179,6 +212,13 @@ class ToolDefinition:
         kind: ToolKind = "tool",
         unpack_fields: bool = False,
         context_param: str | None = None,
+        effect: Effect = "unguarded",
+        dedup_window_s: float | None = None,
+        reconcile: Reconcile | None = None,
+        ends_turn: bool = False,
+        concurrent: bool = False,
+        defer: bool = False,
+        runs: str = "host",
     ) -> None:
         if not isinstance(name, str) or not TOOL_NAME_PATTERN.match(name):
             raise ConfigError(
@@ -200,6 +240,17 @@ class ToolDefinition:
             raise ConfigError(f"{where}: metadata must be a dict, got {type(metadata).__name__}")
         if kind not in ("tool", "agent_tool"):
             raise ConfigError(f"{where}: kind must be 'tool' or 'agent_tool', got {kind!r}")
+        effects = check_effect_options(
+            where,
+            effect=effect,
+            dedup_window_s=dedup_window_s,
+            reconcile=reconcile,
+            ends_turn=ends_turn,
+            concurrent=concurrent,
+            defer=defer,
+            runs=runs,
+            is_concurrency_safe=is_concurrency_safe,
+        )
 
         self._schema_validator: Any = None
         if (
@@ -227,6 +278,12 @@ class ToolDefinition:
         self.metadata: dict[str, Any] | None = dict(metadata) if metadata is not None else None
         self.kind: ToolKind = kind
         self.is_concurrency_safe = is_concurrency_safe
+        self.effect: Effect = effects.effect
+        self.dedup_window_s = effects.dedup_window_s
+        self.reconcile = effects.reconcile
+        self.ends_turn = effects.ends_turn
+        self.concurrent = effects.concurrent
+        self.defer = effects.defer
         self._handler = handler
         self._unpack_fields = unpack_fields
         self._context_param = context_param
@@ -237,7 +294,7 @@ class ToolDefinition:
             self._pass_context = arity is None or arity >= 2
 
     def __repr__(self) -> str:
-        return f"ToolDefinition(name={self.name!r}, kind={self.kind!r})"
+        return f"ToolDefinition(name={self.name!r}, kind={self.kind!r}, effect={self.effect!r})"
 
     def to_model_tool(self) -> dict[str, Any]:
         """The tool as the model sees it: ``{"name", "description", "input_schema"}``."""
@@ -273,9 +330,11 @@ class ToolDefinition:
         return raw
 
     def check_concurrency_safe(self, parsed: Any) -> bool:
-        """``is_concurrency_safe(parsed)``; missing, false, raising, or anything but
-        ``True`` -> ``False``. The check is synchronous: an ``async def`` check's
+        """``True`` for a ``concurrent`` tool, else ``is_concurrency_safe(parsed)``;
+        missing, false, raising, or anything but ``True`` -> ``False``. The check is synchronous: an ``async def`` check's
         coroutine is closed unawaited and counts as ``False``."""
+        if self.concurrent:
+            return True
         check = self.is_concurrency_safe
         if check is None or check is False:
             return False
@@ -384,7 +443,17 @@ def normalize_tool_output(name: str, value: Any) -> ToolResult:
 
 # --------------------------------------------------------------------------- tool()
 
-_TOOL_OPTIONS = ("is_concurrency_safe", "metadata")
+_TOOL_OPTIONS = (
+    "is_concurrency_safe",
+    "metadata",
+    "effect",
+    "dedup_window_s",
+    "reconcile",
+    "ends_turn",
+    "concurrent",
+    "defer",
+    "runs",
+)
 
 
 def _check_tool_options(where: str, options: dict[str, Any]) -> None:
@@ -459,19 +528,35 @@ def _from_function(
 def tool(*args: Any, **kwargs: Any) -> Any:
     """Create a tool (spec "Tools"). Three forms:
 
-    * ``tool(name, description, InputModel, handler, *, is_concurrency_safe=None, metadata=None)``
-      -- ``InputModel`` is a pydantic ``BaseModel`` subclass (or a JSON Schema dict);
-      ``handler(input)`` or ``handler(input, ctx)`` gets the validated model instance.
+    * ``tool(name, description, InputModel, handler, *, effect="unguarded", dedup_window_s=None,
+      reconcile=None, ends_turn=False, concurrent=False, defer=False, runs="host",
+      is_concurrency_safe=None, metadata=None)`` -- ``InputModel`` is a pydantic
+      ``BaseModel`` subclass (or a JSON Schema dict); ``handler(input)`` or
+      ``handler(input, ctx)`` gets the validated model instance.
     * ``@tool`` on a typed function -- the input model is derived from the signature
       (a parameter annotated :class:`ToolContext` receives the context instead), the
       description is the docstring's first paragraph, the name the function's.
-    * ``@tool(name=..., description=..., is_concurrency_safe=..., metadata=...)`` -- the
-      same with overrides.
+    * ``@tool(name=..., description=..., effect=..., ...)`` -- the same with overrides
+      and any of the keyword options above.
+
+    Effect options (``docs/tool-effects.md``): ``effect`` says what the tool does to
+    the outside world and so what happens after a crash; ``dedup_window_s``
+    (**seconds**, idempotent tools only) how long the provider drops a repeated
+    ``ToolContext.effect_key``; ``reconcile`` a
+    :class:`~lattice_worker.tools.effects.Reconcile` (reconcilable tools only);
+    ``ends_turn`` ends the turn when the call succeeds (the run's result is the
+    model's last text); ``concurrent`` lets calls of one model response overlap
+    (read_only tools only, at most 8 at once); ``defer`` hides the tool behind
+    ``tool_search`` until the model loads it.
 
     Returns a :class:`ToolDefinition` (or, for the configured decorator form, a
     decorator producing one). Raises :class:`ConfigError` on an unknown option key,
-    an invalid name (``^[a-zA-Z0-9_-]{1,64}$``), a missing description, or an
-    input model that is not a pydantic model class / JSON Schema dict.
+    an invalid name (``^[a-zA-Z0-9_-]{1,64}$``), a missing description, an
+    input model that is not a pydantic model class / JSON Schema dict, or an
+    effect setup error: ``dedup_window_s`` without ``effect="idempotent"`` or the
+    reverse; ``reconcile`` without ``effect="reconcilable"`` or the reverse;
+    ``concurrent`` on a tool that is not read_only or that ends the turn;
+    ``defer`` with ``ends_turn``; ``runs="sandbox"`` (not supported yet).
     """
     # @tool  (bare decorator)
     if len(args) == 1 and callable(args[0]) and not isinstance(args[0], str) and not kwargs:
@@ -531,6 +616,7 @@ __all__ = [
     "ToolInputError",
     "ToolKind",
     "ToolResult",
+    "content_text",
     "format_validation_error",
     "normalize_tool_output",
     "tool",

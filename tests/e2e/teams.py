@@ -12,7 +12,8 @@ order, then the handoff reports in handoff order). A plain-text prompt gets a
 direct answer ``"direct: <prompt>"`` with no member call.
 
 Template members (``worker``, ``other``) call the ``work`` tool once with the
-task and then ``team_reply`` with the tool's output. ``work`` records what
+task and then ``team_reply`` with the tool's output. ``work`` and ``chore``
+are declared ``read_only`` (docs/tool-effects.md): after a crash they run again. ``work`` records what
 happens in Redis under the test's key prefix (``LATTICE_KEY_PREFIX``):
 
 * ``<prefix>:test:exec:<task>`` -- INCR per execution;
@@ -151,13 +152,13 @@ def member_model(request: Any) -> AssistantModelMessage:
     return _text("replied")
 
 
-@tool
+@tool(effect="read_only")  # so a re-claimed member runs it again (docs/tool-effects.md)
 async def work(task: str) -> str:
     """Do the task (records executions in Redis for the tests)."""
     return await _work(task)
 
 
-@tool
+@tool(effect="read_only")  # so a recovered lead runs it again
 async def chore(task: str, mode: str = "ask") -> str:
     """A lead's own tool (not a member): does the task like ``work`` (``mode`` is ignored)."""
     return await _work(task)

@@ -631,3 +631,70 @@ async def test_bad_claim_and_lease_arguments_are_refused_and_change_nothing(stor
         await store.requeue_expired(now_ms=1.5)
     stored = await store.get(m.id)
     assert (stored.status, stored.lease_until) == (MessageStatus.PROCESSING, c.lease_until)
+
+
+# --------------------------------------------------------------------------- parked (crash-safe tool calls)
+
+
+async def test_the_claim_holder_parks_a_message_and_nobody_claims_or_requeues_it(store):
+    first = await store.send("t::lead", "t::w", "first")
+    second = await store.send("t::lead", "t::w", "second")
+    claimed = await store.claim_next("t::w", lease_s=1, worker_id="w1")
+    assert claimed.id == first.id
+    with pytest.raises(ClaimTakenError):
+        await store.complete(first.id, "0" * 32, "parked")  # only the holder parks it
+    parked = await store.complete(first.id, claimed.claim_token, "parked")
+    assert (parked.status, parked.claimed_by, parked.lease_until, parked.attempts) == (
+        MessageStatus.PARKED,
+        None,
+        None,
+        1,
+    )
+    assert await store.complete(first.id, claimed.claim_token, "parked") == parked  # replay
+    with pytest.raises(ClaimMissingError):
+        await store.extend_lease(first.id, claimed.claim_token, 30)
+    # never requeued by the reaper, never claimed
+    assert await store.requeue_expired(now_ms=now_ms() + 10**9, max_attempts=1) == []
+    assert (await store.claim_next("t::w")).id == second.id
+    assert await store.claim_next("t::w") is None
+    assert [m.id for m in await store.inbox("t::w", "parked")] == [first.id]
+    assert [m.id for m in await store.inbox("t::w", MessageStatus.PARKED)] == [first.id]
+    assert (await store.counts("t::w"))["parked"] == 1
+    assert (await store.get(first.id)).status == MessageStatus.PARKED
+
+
+async def test_a_parked_message_goes_back_to_pending_in_its_fifo_place_or_ends(store):
+    first = await store.send("t::lead", "t::w", "first")
+    claimed = await store.claim_next("t::w", lease_s=30)
+    await store.complete(first.id, claimed.claim_token, "parked")
+    later = await store.send("t::lead", "t::w", "later")
+    for refused in ("read", "processing"):
+        with pytest.raises(InvalidTransitionError):
+            await store.update_status(first.id, refused)
+    assert (await store.get(first.id)).status == MessageStatus.PARKED
+    with pytest.raises(ClaimMissingError):
+        await store.complete(first.id, claimed.claim_token, "done")  # a parked message has no claim
+    assert await store.update_status(first.id, "pending")  # retry
+    again = await store.claim_next("t::w", lease_s=30)
+    assert again.id == first.id and again.attempts == 2  # ahead of the later message
+    await store.complete(first.id, again.claim_token, "parked")
+    assert await store.update_status(first.id, "done")
+    assert (await store.get(first.id)).status == MessageStatus.DONE
+    assert (await store.claim_next("t::w")).id == later.id
+    for end in ("failed", "cancelled"):
+        m = await store.send("t::lead", f"t::{end}", end)
+        c = await store.claim_next(f"t::{end}")
+        await store.complete(m.id, c.claim_token, "parked")
+        assert await store.update_status(m.id, end)
+        assert (await store.get(m.id)).status == end
+
+
+async def test_a_parked_message_keeps_its_place_in_a_serial_mailbox(store):
+    first = await store.send("t::lead", "t::serial", "first")
+    await store.send("t::lead", "t::serial", "second")
+    claimed = await store.claim_next("t::serial", max_in_flight=1, lease_s=30)
+    await store.complete(first.id, claimed.claim_token, "parked")
+    assert await store.claim_next("t::serial", max_in_flight=1) is None  # parked counts as in flight
+    assert (await store.claim_next("t::serial", max_in_flight=2)).content == "second"
+    assert await store.update_status(first.id, "cancelled")
+    assert await store.claim_next("t::serial", max_in_flight=2) is None  # nothing pending

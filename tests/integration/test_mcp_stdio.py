@@ -67,6 +67,11 @@ async def test_names_schemas_and_annotations(tmp_path):
         assert search.is_concurrency_safe is True
         assert tools["die"].metadata["mcp"]["annotations"] == {"destructiveHint": True}
         assert tools["die"].is_concurrency_safe is None
+        # effects from the annotations (docs/tool-effects.md)
+        assert (search.effect, search.dedup_window_s) == ("read_only", None)
+        assert (tools["die"].effect, tools["die"].dedup_window_s) == ("unguarded", None)
+        unannotated = [t for t in conn.tools if not t.metadata["mcp"]["annotations"]]
+        assert unannotated and {t.effect for t in unannotated} == {"unguarded"}
 
         # $defs: Place inlined everywhere, the recursive Item kept as a resolvable $ref
         event = tools["make_event"].input_schema

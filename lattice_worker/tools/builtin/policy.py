@@ -34,6 +34,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from ...errors import ConfigError
+from ..effects import builtin_tool_effect
 from ..tool import ToolContext, ToolDefinition, ToolResult
 
 DEFAULT_BASH_TIMEOUT_MS = 120_000
@@ -244,7 +245,10 @@ def define_tool(
     loop), a coroutine function on the loop. :class:`Refusal` and ``OSError``
     become an error result ``"<name>: <message>"``. Read-only tools are
     concurrency-safe. ``metadata`` is ``{"builtin": True, "workspace": workspace}``
-    (host-owned, never shown to the model).
+    (host-owned, never shown to the model). The effect is the built-in tool's
+    (:func:`~lattice_worker.tools.effects.builtin_tool_effect`: ``Read``/``LS``/
+    ``Glob``/``Grep`` read_only, ``Write``/``Edit`` idempotent over their input,
+    ``Bash`` unguarded).
     """
     is_async = inspect.iscoroutinefunction(run)
 
@@ -260,6 +264,7 @@ def define_tool(
         except OSError as exc:
             return ToolResult(content=f"{name}: {describe_os_error(exc)}", is_error=True)
 
+    effect, dedup_window_s = builtin_tool_effect(name)
     return ToolDefinition(
         name=name,
         description=description,
@@ -267,6 +272,8 @@ def define_tool(
         handler=handler,
         is_concurrency_safe=True if read_only else None,
         metadata={"builtin": True, "workspace": workspace},
+        effect=effect,
+        dedup_window_s=dedup_window_s,
     )
 
 

@@ -13,7 +13,10 @@ one :class:`~lattice_worker.tools.tool.ToolDefinition` per tool:
   ``destructiveHint``, ``idempotentHint``, ``openWorldHint``, ``title``) as
   the server sent them}``;
 * ``is_concurrency_safe``: ``True`` for a tool the server marks
-  ``readOnlyHint: true``.
+  ``readOnlyHint: true``;
+* ``effect``: from the annotations (:func:`~lattice_worker.tools.effects.effect_from_mcp_annotations`:
+  ``readOnlyHint`` -> read_only, else ``idempotentHint`` -> idempotent over its
+  input, else unguarded; ``docs/tool-effects.md``).
 
 A call never raises into the agent loop for a server-side problem: an error
 result (``isError``), an MCP error, a connection the server closed, or a call
@@ -34,6 +37,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
 from ...errors import ConfigError
+from ..effects import effect_from_mcp_annotations
 from ..mcp_servers import DEFAULT_CALL_TIMEOUT_SECONDS
 from ..tool import ToolContext, ToolDefinition, ToolInputError, ToolResult
 from .naming import assign_tool_names
@@ -235,6 +239,7 @@ def build_tools(
             if not description:
                 description = f'The "{tool.name}" tool of the MCP server "{server_name}".'
             annotations = _annotations_of(tool)
+            effect, dedup_window_s = effect_from_mcp_annotations(annotations)
             definition = ToolDefinition(
                 name=model_name,
                 description=description,
@@ -250,6 +255,8 @@ def build_tools(
                 ),
                 is_concurrency_safe=True if annotations.get("readOnlyHint") is True else None,
                 metadata={"mcp": {"server": server_name, "name": tool.name, "annotations": annotations}},
+                effect=effect,
+                dedup_window_s=dedup_window_s,
             )
         except (MCPSchemaError, ConfigError) as exc:
             reason = str(exc)
