@@ -2,8 +2,9 @@
 
 Design: DESIGN.md section 5 ("Submit", "Resume") and section 9 (pinned names);
 issue 6 item 5. A backend service installs only this package's thin parts: the
-client never imports ``lattice_worker`` at module level (a team *reference*
-that no worker registered yet is imported lazily, see :meth:`AsyncLatticeClient.submit`).
+client never imports ``lattice_worker``, nor a team's module -- names and
+references are resolved through the live workers' registry
+(:mod:`lattice_client.registry`, see :meth:`AsyncLatticeClient.resolve_team`).
 
 * :class:`AsyncLatticeClient` - the asyncio API.
 * :class:`LatticeClient` - the same API, blocking; it runs the async client on a
@@ -20,10 +21,7 @@ the broker's Redis (``settings.broker_url``); mailboxes at
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
-import re
-import sys
 import threading
 import time
 import uuid
@@ -40,8 +38,16 @@ from lattice_mailbox import MessageStatus, TeamMessage, mailbox_from_url, mask_u
 
 from .celery_config import RUN_LEAD_TASK, make_celery_app, queue_name
 from .decisions import DecisionsMixin, ParkedCall, PendingApproval, SyncDecisionsMixin
-from .errors import RunNotFoundError, describe_module_error
+from .errors import RunNotFoundError
 from .models import RunRecord, RunResult, RunStatus
+from .registry import (
+    LiveRegistry,
+    WorkerInfo,
+    check_submitted_run_id,
+    check_team_name,
+    check_team_ref,
+    read_workers,
+)
 from .runstore import RunStore, check_run_id, dumps, final_from_reply, result_from_reply
 from .settings import LatticeSettings, get_settings
 
@@ -49,16 +55,14 @@ T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
-_TEAM_NAME = re.compile(r"[^\s:]+")
-_REF = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 _EVENT_BATCH = 200
 # Below redis-py's default socket timeout (5 s): a longer XREAD BLOCK fails with
 # redis.exceptions.TimeoutError on a quiet stream instead of returning empty.
 _MAX_BLOCK_MS = 4_000
 # Retries of the run_lead send when the broker connection fails.
 _SEND_RETRY = {"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 1.0}
-# How long resolve_team keeps a registered answer (seconds), and for how many teams.
-_TEAM_CACHE_SECONDS = 30.0
+# How long resolve_team keeps a live worker's answer (seconds), and for how many teams.
+_TEAM_CACHE_SECONDS = 5.0
 _TEAM_CACHE_SIZE = 1_000
 
 
@@ -97,13 +101,15 @@ class StatusReport(BaseModel):
     """Mailbox counts and recent runs, as :meth:`AsyncLatticeClient.status` returns them.
 
     ``mailboxes``: mailbox id -> {status value -> number of messages};
-    ``runs``: the most recent runs, newest first; ``parked`` / ``approvals``:
-    the tool calls waiting for a person (oldest first).
+    ``runs``: the most recent runs, newest first; ``workers``: the live
+    workers (of ``team`` when given), see :class:`~lattice_client.registry.WorkerInfo`;
+    ``parked`` / ``approvals``: the tool calls waiting for a person (oldest first).
     """
 
     team: str | None = None
     mailboxes: dict[str, dict[str, int]] = Field(default_factory=dict)
     runs: list[RunRecord] = Field(default_factory=list)
+    workers: list[WorkerInfo] = Field(default_factory=list)
     parked: list[ParkedCall] = Field(default_factory=list)
     approvals: list[PendingApproval] = Field(default_factory=list)
 
@@ -213,63 +219,68 @@ class AsyncLatticeClient(DecisionsMixin):
                 self._celery = make_celery_app(self.settings)
             return self._celery
 
-    @property
-    def teams_key(self) -> str:
-        """The Redis hash workers fill at start-up: team ref or name -> team name."""
-        return f"{self.settings.key_prefix}:teams"
-
     # -- submit -----------------------------------------------------------------------------------
 
+    async def live_workers(self) -> list[WorkerInfo]:
+        """The live workers of this key prefix (their heartbeat has not expired),
+        with the teams and queues each serves; ``[]`` when none is running.
+        See :mod:`lattice_client.registry`."""
+        return await read_workers(await self.runs.redis(), self.settings.key_prefix)
+
     async def registered_teams(self) -> dict[str, str]:
-        """The registry hash ``<prefix>:teams``: team ref or name -> team name
-        (``{}`` before any worker of this key prefix has started)."""
-        client = await self.runs.redis()
-        raw = await client.hgetall(self.teams_key)
-        return {_text(k): _text(v) for k, v in raw.items()}
+        """``{team reference or name -> team name}`` as the live workers published
+        them (``{}`` when no worker of this key prefix is running)."""
+        return LiveRegistry(await self.live_workers()).mapping()
 
     async def resolve_team(self, team: str, *, require_registered: bool = True) -> tuple[str, str | None]:
-        """``(team name, team ref or None)`` for a registered name or a
-        ``"package.module:attribute"`` reference.
+        """``(team name, team ref or None)`` for a team name or a
+        ``"package.module:attribute"`` reference, through the live registry:
+        what the running workers published (:mod:`lattice_client.registry`).
+        The client never imports a team's module.
 
-        The registry hash ``<prefix>:teams`` (written by every worker at
-        start-up) is asked first; its answer is reused for a while (30 s), so
-        most submits make no registry round trip. A reference no worker registered is imported
-        here, lazily; its object must be a ``Team`` (or a zero-argument callable
-        returning one) and the team's ``name`` is used. A plain name no worker
-        registered is refused, because its run would wait on a queue nobody
-        consumes -- unless ``require_registered=False`` (for services that submit
-        before any worker has started: the name is then taken as is).
+        A live worker's answer is reused for a while (5 s), so most submits make
+        no registry round trip. A name or reference no live worker serves is
+        refused: its run would wait on a queue nobody consumes. With
+        ``require_registered=False`` a plain *name* is accepted anyway (for
+        services that submit before their workers start, or while they
+        restart): a warning is logged (logger ``lattice_client.client``) and
+        the run waits in Redis until a worker for that name consumes its queue.
+        A reference is never accepted unresolved: only a worker started with it
+        knows its team's name (submit by name instead).
 
-        Raises ``ValueError`` (nothing is written) for an empty name, whitespace
-        or ``':'`` in a name, an unregistered name (with
-        ``require_registered=True``), or a reference that cannot be imported or
-        is not a ``Team``.
+        Raises ``ValueError`` (nothing is written) for a malformed name (not
+        1-64 characters of ``[A-Za-z0-9_.-]``) or reference, a reference no
+        live worker serves, or a name no live worker serves (with
+        ``require_registered=True``).
         """
         if not isinstance(team, str) or not team.strip():
             raise ValueError("team must be a non-empty team name or a 'package.module:attribute' reference")
+        is_ref = ":" in team
+        if is_ref:
+            check_team_ref(team)
+        else:
+            check_team_name(team)
         cached = self._cached_team(team)
         if cached is not None:
             return cached
-        client = await self.runs.redis()
-        registered = await client.hget(self.teams_key, team)
-        is_ref = ":" in team
-        if registered:
-            # Registered answers are kept a little while (a registered name stays
-            # registered; a ref's name changes only with a redeploy): no registry
-            # round trip before each submit. Other answers are not kept.
-            answer = _text(registered), team if is_ref else None
+        live = LiveRegistry(await self.live_workers())
+        name = live.resolve(team)
+        if name is not None:
+            # A live worker's answer is kept a little while: no registry round trip before
+            # each submit. Other answers are not kept.
+            answer = name, team if is_ref else None
             if len(self._teams) >= _TEAM_CACHE_SIZE:
                 self._teams.clear()
             self._teams[team] = (*answer, time.monotonic() + _TEAM_CACHE_SECONDS)
             return answer
-        if is_ref:
-            return _import_team_name(team), team
-        if not _TEAM_NAME.fullmatch(team):
-            raise ValueError(f"invalid team name {team!r}: no whitespace or ':' allowed")
-        if require_registered:
-            raise ValueError(
-                _unregistered_message(team, self.settings.key_prefix, await self.registered_teams())
-            )
+        if is_ref or require_registered:
+            raise ValueError(_unserved_message(team, self.settings.key_prefix, live, is_ref=is_ref))
+        logger.warning(
+            "no live worker serves team %r under key prefix %r; the run is queued and waits until a worker "
+            "for it starts (lattice worker package.module:attribute)",
+            team,
+            self.settings.key_prefix,
+        )
         return team, None
 
     def _cached_team(self, team: str) -> tuple[str, str | None] | None:
@@ -290,21 +301,22 @@ class AsyncLatticeClient(DecisionsMixin):
         """Create a run of ``team`` on ``prompt`` and send ``lattice.run_lead``
         to the queue ``<prefix>.<team>.lead``.
 
-        ``team``: a team name registered by a running (or earlier) worker, or a
-        ``"package.module:attribute"`` reference to a ``Team`` (see
-        :meth:`resolve_team`). ``require_registered=False`` also accepts a plain
-        name no worker has registered yet -- the escape hatch for services that
-        submit before their workers start; the run then waits in Redis until a
-        worker for that name consumes its queue (a misspelt name waits forever).
-        ``run_id``: your own id (1-128 characters of ``[A-Za-z0-9_.:-]``;
-        default a fresh ``run_<hex>``). ``metadata``: a JSON-serialisable dict
-        kept on the run record.
+        ``team``: the name or the ``"package.module:attribute"`` reference of a
+        team a live worker serves (see :meth:`resolve_team`; nothing is
+        imported here). ``require_registered=False`` also accepts a plain name
+        no live worker serves -- for services that submit before their workers
+        start: a warning is logged and the run waits in Redis until a worker
+        for that name consumes its queue (a misspelt name waits forever).
+        ``run_id``: your own id (1-128 characters of ``[A-Za-z0-9_.:-]``, not
+        starting with ``child.``, the runtime's own namespace; default a fresh
+        ``run_<hex>``). ``metadata``: a JSON-serialisable dict kept on the run record.
 
-        Raises ``ValueError`` for bad input (unknown team, empty prompt, prompt
-        over ``settings.max_message_bytes`` bytes, duplicate or malformed run id,
-        metadata not a JSON object) with nothing written and no task sent. When the task cannot be
-        sent (broker down), the run is finished as ``failed`` with the error and
-        the error is raised.
+        Raises ``ValueError`` for bad input (unknown or unserved team, malformed
+        team name or reference, empty prompt, prompt over
+        ``settings.max_message_bytes`` bytes, duplicate, malformed or reserved
+        run id, metadata not a JSON object) with nothing written and no task
+        sent. When the task cannot be sent (broker down), the run is finished
+        as ``failed`` with the error and the error is raised.
         """
         run_id, queue = await self._create_run(
             team, prompt, run_id=run_id, metadata=metadata, require_registered=require_registered
@@ -345,7 +357,7 @@ class AsyncLatticeClient(DecisionsMixin):
             if not isinstance(metadata, dict):
                 raise ValueError(f"metadata must be a dict, got {type(metadata).__name__}")
             dumps(metadata, "metadata")
-        return check_run_id(run_id) if run_id is not None else f"run_{uuid.uuid4().hex}"
+        return check_submitted_run_id(run_id) if run_id is not None else f"run_{uuid.uuid4().hex}"
 
     async def _send_failed(self, run_id: str, queue: str, exc: Exception) -> None:
         # the run_lead task could not be sent: the run fails with the error
@@ -533,19 +545,29 @@ class AsyncLatticeClient(DecisionsMixin):
 
     async def status(self, team: str | None = None, *, limit: int = 20) -> StatusReport:
         """Per-status message counts of every ``<team>::*`` mailbox (every mailbox
-        when ``team`` is ``None``), the ``limit`` most recent runs and the tool
-        calls waiting for a person. ``team``
-        may also be a ``"package.module:attribute"`` reference (resolved as in
+        when ``team`` is ``None``), the ``limit`` most recent runs, the live
+        workers (those serving ``team`` when given) and the tool calls waiting
+        for a person. ``team`` may also be a ``"package.module:attribute"``
+        reference a live worker serves (see
         :meth:`resolve_team`)."""
+        workers = await self.live_workers()
         if team and ":" in team and "::" not in team:
-            team, _ = await self.resolve_team(team)
+            live = LiveRegistry(workers)
+            name = live.resolve(check_team_ref(team))
+            if name is None:
+                raise ValueError(_unserved_message(team, self.settings.key_prefix, live, is_ref=True))
+            team = name
         prefix = f"{team}::" if team else None
         mailbox = self.mailbox
         ids = await mailbox.mailbox_ids(prefix)
         counts = {mailbox_id: await mailbox.counts(mailbox_id) for mailbox_id in ids}
         runs = await self.runs.list_runs(team, limit=limit)
+        if team:
+            workers = [w for w in workers if team in w.team_names()]
         parked, approvals = await self.parked(team), await self.approvals(team)
-        return StatusReport(team=team, mailboxes=counts, runs=runs, parked=parked, approvals=approvals)
+        return StatusReport(
+            team=team, mailboxes=counts, runs=runs, workers=workers, parked=parked, approvals=approvals
+        )
 
     async def known_mailboxes(self, team: str | None = None) -> list[str]:
         """Ids of the mailboxes that ever received a message (of ``team``'s
@@ -592,59 +614,24 @@ def _text(value: Any) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
-def _unregistered_message(team: str, prefix: str, registered: dict[str, str]) -> str:
-    names = sorted(set(registered.values()))
-    known = ", ".join(names[:20]) + (", ..." if len(names) > 20 else "") if names else "none yet"
-    hint = ""
-    if "." in team:
-        hint = f" A reference needs ':attribute', e.g. '{team}:team'."
+def _unserved_message(team: str, prefix: str, live: LiveRegistry, *, is_ref: bool) -> str:
+    names = live.team_names()
+    served = ", ".join(names[:20]) + (", ..." if len(names) > 20 else "") if names else "none"
+    workers = f"{len(live.workers)} live worker(s) serving: {served}" if live.workers else "no live worker"
+    if is_ref:
+        return (
+            f"unknown team reference {team!r}: no live worker under key prefix {prefix!r} was started with it "
+            f"({workers}). The client never imports a team's module: start a worker for it first "
+            f"(lattice worker {team}), or submit by the team's name with require_registered=False "
+            "(CLI: --allow-unregistered) to queue the run for workers that start later."
+        )
+    hint = f" A reference needs ':attribute', e.g. '{team}:team'." if "." in team else ""
     return (
-        f"unknown team {team!r}: no worker has registered a team of that name under key prefix "
-        f"{prefix!r} (registered: {known}), and it is not a 'package.module:attribute' reference.{hint} "
-        "Check the name, start a worker for the team first (lattice worker package.module:attribute), "
+        f"no live worker serves team {team!r} under key prefix {prefix!r} ({workers}).{hint} "
+        "Check the name, start a worker for the team (lattice worker package.module:attribute), "
         "or submit with require_registered=False (CLI: --allow-unregistered) to queue it for workers "
         "that start later."
     )
-
-
-def _loaded_team_class() -> type | None:
-    # The Team class, if the worker side is loaded (an object of that class implies it is):
-    # the thin client never imports lattice_worker itself.
-    module = sys.modules.get("lattice_worker.team.team")
-    team_class = getattr(module, "Team", None)
-    return team_class if isinstance(team_class, type) else None
-
-
-def _import_team_name(ref: str) -> str:
-    if not _REF.fullmatch(ref):
-        raise ValueError(f"invalid team reference {ref!r}: expected 'package.module:attribute'")
-    module_name, _, attribute = ref.partition(":")
-    try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attribute.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(
-            f"team reference {ref!r} is not registered by any worker and cannot be imported here: {exc}"
-        ) from None
-    except Exception as exc:  # the module itself raised: name it, keep the traceback as the cause
-        raise ValueError(describe_module_error(module_name, exc)) from exc
-    team_class = _loaded_team_class()
-    if not (team_class is not None and isinstance(obj, team_class)) and callable(obj):
-        try:
-            obj = obj()
-        except Exception as exc:
-            raise ValueError(f"team reference {ref!r}: calling {attribute} failed: {exc!r}") from exc
-        team_class = _loaded_team_class()
-    if team_class is None or not isinstance(obj, team_class):
-        raise ValueError(
-            f"team reference {ref!r} is a {type(obj).__name__}, not a Team "
-            "(create_team(...), or a zero-argument callable returning one)"
-        )
-    name = getattr(obj, "name", None)
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"team reference {ref!r} names a team without a name")
-    return name
 
 
 # -- the blocking client -------------------------------------------------------------------------

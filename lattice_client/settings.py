@@ -110,6 +110,12 @@ class LatticeSettings(BaseSettings):
     """Seconds (float, > 0) between two reaper sweeps in a worker.
     Env: ``LATTICE_REAPER_INTERVAL_SECONDS``."""
 
+    registry_heartbeat_seconds: float = Field(default=5.0, gt=0)
+    """Seconds (float, > 0) between two heartbeats of a worker's entry in the
+    live registry (``<prefix>:worker:<node>``, see :mod:`lattice_client.registry`);
+    the entry expires three heartbeats after the last one.
+    Env: ``LATTICE_REGISTRY_HEARTBEAT_SECONDS``."""
+
     max_message_bytes: int = Field(default=1024 * 1024, ge=1)
     """Upper bound in **bytes** of one mailbox message body (content + metadata
     JSON, on every mailbox store) and of a submitted prompt (default 1 MiB).

@@ -48,9 +48,9 @@ turned off on clients built here: the operations are not idempotent (a blind
 resend of ``claim_next`` would claim a second message), so a dropped connection
 surfaces as :class:`redis.exceptions.ConnectionError` and the caller decides.
 Each script is atomic, so a failed call never leaves a half-written message.
-The hot ``EVALSHA`` calls of a store's own clients go over connections held
-between calls (:mod:`lattice_mailbox.held`: the one place below redis-py's
-command path, kept because it measurably shortens the handoff round trip).
+Scripts are called with redis-py's own ``Redis.evalsha`` (connections held
+between calls, below redis-py's command path, were measured at about 1% of the
+handoff round trip of ``bench/distributed.py``: not worth it).
 """
 
 from __future__ import annotations
@@ -70,7 +70,6 @@ from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError
 
 from .base import ClaimMissingError, ClaimTakenError, MailboxError
-from .held import HeldConnections
 from .message import MessageStatus, TeamMessage
 from .transitions import STATUS_ORDER, invalid_transition, sources_for
 from .urls import mask_url
@@ -240,7 +239,6 @@ class RedisMailbox(CheckedSend):
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aioredis.Redis] = (
             weakref.WeakKeyDictionary()
         )
-        self._held = HeldConnections()  # the connections _evalsha keeps between calls
         self._tag_keys: dict[str, _Keys] = {}
         self._box_keys: dict[str, tuple[_Keys, bytes]] = {}  # validated mailbox id -> keys, UTF-8 id
         # mailbox ids this object has added to the registry set (nothing removes a member
@@ -286,12 +284,8 @@ class RedisMailbox(CheckedSend):
         return found
 
     async def _evalsha(self, sha: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """``EVALSHA`` on the running loop's client: on a client this store built
-        (no retries, no response callback for EVALSHA) over a connection held
-        between calls (:class:`~lattice_mailbox.held.HeldConnections`)."""
-        if self._client is not None:  # a client passed in: its own settings apply
-            return await self._client.evalsha(sha, len(keys), *keys, *args)
-        return await self._held.evalsha(self.client(), sha, keys, args)
+        """``EVALSHA`` on the running loop's client (``Redis.evalsha``)."""
+        return await self.client().evalsha(sha, len(keys), *keys, *args)
 
     async def _eval(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         script = _SCRIPTS[name]
@@ -584,7 +578,6 @@ class RedisMailbox(CheckedSend):
             loop = None
         client = self._clients.pop(loop, None) if loop is not None else None
         self._clients.clear()
-        self._held.clear()  # closing the client closes them (the pool counts them as in use)
         if client is not None:
             await client.aclose()
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -198,19 +197,12 @@ def _main(
             )
 
 
-def ensure_cwd_importable() -> None:
-    """Make modules of the current directory importable, as on the worker side."""
-    # the console script's sys.path[0] is its own directory, and a team
-    # reference usually names a module in the current directory
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.append(cwd)
-
-
 def client_for(options: Options) -> Any:
     """A :class:`~lattice_client.client.LatticeClient` on the settings of ``options``."""
+    from ..cli_logging import show_client_warnings
     from ..client import LatticeClient
 
+    show_client_warnings(err)
     return LatticeClient(settings=options.settings())
 
 
@@ -222,6 +214,5 @@ __all__ = [
     "app",
     "client_for",
     "command",
-    "ensure_cwd_importable",
     "options_of",
 ]

@@ -15,7 +15,8 @@ from typing import Annotated, Any
 import typer
 
 from ..tables import inbox_table, mailboxes_table, runs_table, waits_table
-from .app import client_for, command, ensure_cwd_importable, options_of
+from ..workers_view import workers_table
+from .app import client_for, command, options_of
 from .output import fail, guard, out
 
 _STATUS_CHOICES = "pending, processing, done, failed, cancelled, read, parked or all"
@@ -71,10 +72,11 @@ def status(
     ] = 10,
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
-    """Show mailbox message counts, recent runs and the tool calls waiting for a person.
+    """Show the live workers per queue, mailbox message counts, recent runs and the calls waiting for a person.
 
-    Counts per mailbox and status (pending, processing, done, ..., parked), the
-    most recent runs, then any parked calls and pending approvals.
+    Live workers per queue, counts per mailbox and status (pending, processing,
+    done, ..., parked), the most recent runs, then any parked calls and
+    pending approvals.
 
     Tables fit the terminal width; in a narrow one the least useful columns are
     hidden (a note says which) and --json shows everything. An unknown team
@@ -84,7 +86,6 @@ def status(
         options = options_of(ctx)
         client = client_for(options)
         try:
-            ensure_cwd_importable()
             if team and ":" not in team:
                 check_team(client, team, client.settings.key_prefix)
             report = client.status(team, limit=limit)
@@ -93,6 +94,11 @@ def status(
     if as_json:
         out.print_json(report.model_dump_json())
         return
+    if report.workers:
+        title = f"live workers of {report.team}" if report.team else "live workers"
+        out.print(workers_table(title, report.workers, out.width))
+    else:
+        out.print("no live worker" + (f" serves team {report.team!r}" if report.team else ""), markup=False)
     if report.mailboxes:
         title = f"mailboxes of {team}" if team else "mailboxes"
         out.print(mailboxes_table(title, report.mailboxes, out.width))

@@ -16,7 +16,7 @@ from typing import Annotated, Any, BinaryIO
 
 import typer
 
-from .app import Options, client_for, command, ensure_cwd_importable, options_of
+from .app import Options, client_for, command, options_of
 from .output import EXIT_INTERRUPTED, check_timeout, err, fail, guard, out, print_result
 
 BOUND_VARIABLE = "LATTICE_MAX_MESSAGE_BYTES"
@@ -124,7 +124,7 @@ def submit(
         bool,
         typer.Option(
             "--allow-unregistered",
-            help="Accept a team name no worker has registered yet (workers start later); "
+            help="Accept a team name no live worker serves (its workers start later; a warning is printed); "
             "a misspelt name then waits in Redis forever.",
         ),
     ] = False,
@@ -132,12 +132,12 @@ def submit(
 ) -> None:
     """Submit a run to a team's lead queue; print its run id (and, with --wait, its result).
 
-    TEAM is a name a worker has registered (workers register their teams when
-    they start) or a 'package.module:attribute' reference to a Team; anything
-    else is refused with nothing queued (--allow-unregistered accepts a name
-    before its workers start). A worker for the team must be running
-    (lattice worker TEAM_REF) for the run to make progress; the task waits in
-    Redis until one is. Ctrl-C while waiting leaves the run going.
+    TEAM is the name or the 'package.module:attribute' reference of a team a
+    live worker serves (workers publish their teams while they run; nothing is
+    imported here); anything else is refused with nothing queued.
+    --allow-unregistered accepts a team name no live worker serves (a warning
+    is printed): the run waits in Redis until a worker for it starts. Ctrl-C
+    while waiting leaves the run going.
 
     Examples: lattice submit lattice_worker.examples.team:team "Look through ./docs for the word lease" --wait --timeout 120;
     lattice submit demo - < prompt.txt; lattice submit demo @prompt.txt --wait
@@ -161,7 +161,6 @@ def submit(
     with guard():
         client = client_for(options)
         try:
-            ensure_cwd_importable()
             handle = client.submit(
                 team, text, run_id=run_id, metadata=meta, require_registered=not allow_unregistered
             )

@@ -104,14 +104,22 @@ def worker(
     concurrency: Annotated[
         int | None,
         typer.Option(
-            "--concurrency", "-c", min=1, metavar="N", help="Worker processes (Celery --concurrency)."
+            "--concurrency",
+            "-c",
+            min=1,
+            metavar="N",
+            help="Steps in flight: threads of the default threads pool (default 200), "
+            "or processes with --pool prefork (default: one per CPU).",
         ),
     ] = None,
 ) -> None:
     """Start a Celery worker for a team's queues.
 
-    Other Celery worker options go after TEAM_REF and pass through, e.g.:
-    lattice worker lattice_worker.examples.team:team --member searcher --concurrency 4 --loglevel INFO
+    The default pool is Celery's threads pool with 200 threads: model calls
+    mostly wait on the network, so one process keeps many in flight. For
+    CPU-bound tools use --pool prefork (one process per step). Other Celery
+    worker options go after TEAM_REF and pass through, e.g.:
+    lattice worker lattice_worker.examples.team:team --member searcher --pool prefork --concurrency 4 --loglevel INFO
     """
     if concurrency is not None and _pool(list(ctx.args)) == "solo":
         fail("--concurrency does nothing with --pool solo (one task at a time): leave one of them out")

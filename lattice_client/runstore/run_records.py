@@ -149,6 +149,16 @@ class RunRecords(RunStoreCore):
         raw = await self._conn().client.hget(self.keys(run_id).record, "status")
         return RunStatus.parse(as_text(raw)) if raw is not None else None
 
+    async def status_and_parent(self, run_id: str) -> tuple[RunStatus | None, RunParent | None]:
+        """The run's status and its ``parent`` (a nested team's child run) in one
+        ``HMGET``: ``(None, None)`` when there is no such run, parent ``None``
+        for a root run."""
+        status, parent = await self._conn().client.hmget(self.keys(run_id).record, ["status", "parent"])
+        if status is None:
+            return None, None
+        link = RunParent.model_validate_json(as_text(parent)) if parent else None
+        return RunStatus.parse(as_text(status)), link
+
     async def get(self, run_id: str) -> RunRecord | None:
         """The run record, or ``None`` when there is no such run."""
         raw = await self._conn().client.hgetall(self.keys(run_id).record)

@@ -11,9 +11,11 @@ Signals used:
 
 * ``worker_process_init`` (each prefork pool process): drop the loop and the
   contexts inherited from the parent and create this process's own loop.
-* ``worker_ready`` (the main worker process): start the reaper thread
-  (:class:`~lattice_worker.runtime.reaper.Reaper`), unless ``LATTICE_REAPER=0``.
-* ``worker_shutdown``: stop it.
+* ``worker_ready`` (the main worker process): start the registry heartbeat
+  (:class:`~lattice_worker.runtime.heartbeat.Heartbeat`: the teams and queues
+  this worker serves, with an expiring entry) and, unless ``LATTICE_REAPER=0``,
+  the reaper thread (:class:`~lattice_worker.runtime.reaper.Reaper`).
+* ``worker_shutdown``: stop both (the heartbeat deletes the entry).
 * ``worker_process_shutdown`` (each pool process) and ``worker_shutdown``:
   flush the tracers of the served teams (:func:`~lattice_worker.runtime.run_trace.flush_tracers`),
   so spans an exporter still buffers are sent before the process exits.
@@ -34,6 +36,7 @@ from celery import signals
 from lattice_client.celery_config import make_celery_app
 
 from . import loops, process, tasks
+from .heartbeat import Heartbeat, pool_name, worker_info
 from .reaper import Reaper
 from .run_trace import flush_tracers
 
@@ -53,11 +56,40 @@ def _send_task(name: str, args: list[Any], queue: str) -> None:
 process.set_task_sender(_send_task)
 
 _reaper: Reaper | None = None
+_heartbeat: Heartbeat | None = None
 
 
 @signals.worker_process_init.connect
 def _init_pool_process(**_: Any) -> None:
     loops.reset_after_fork()
+
+
+@signals.worker_ready.connect
+def _start_heartbeat(sender: Any = None, **_: Any) -> None:
+    global _heartbeat
+    if _heartbeat is not None:
+        return
+    settings = process.settings()
+    controller = getattr(sender, "controller", None)
+    info = worker_info(
+        node=str(getattr(sender, "hostname", "") or process.worker_id()),
+        teams=process.registry().publication(),
+        queues=list(app.amqp.queues.consume_from or {}),
+        pool=pool_name(getattr(controller, "pool", None) or app.conf.worker_pool),
+        concurrency=int(getattr(controller, "concurrency", 0) or 0),
+        interval_s=settings.registry_heartbeat_seconds,
+    )
+    _heartbeat = Heartbeat(
+        info, settings.broker_url, settings.key_prefix, settings.registry_heartbeat_seconds
+    )
+    _heartbeat.start()
+    logger.info(
+        "registry: %s serves %s on %d queue(s) (heartbeat every %.1f s)",
+        info.node,
+        ", ".join(sorted(info.team_names())) or "no team",
+        len(info.queues),
+        info.heartbeat_seconds,
+    )
 
 
 @signals.worker_ready.connect
@@ -75,10 +107,13 @@ def _start_reaper(**_: Any) -> None:
 
 @signals.worker_shutdown.connect
 def _stop_reaper(**_: Any) -> None:
-    global _reaper
+    global _reaper, _heartbeat
     if _reaper is not None:
         _reaper.stop()
         _reaper = None
+    if _heartbeat is not None:
+        _heartbeat.stop()
+        _heartbeat = None
 
 
 @signals.worker_process_shutdown.connect

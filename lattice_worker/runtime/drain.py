@@ -27,6 +27,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 
 from lattice_client.celery_config import make_celery_app
+from lattice_client.registry import LiveRegistry, read_workers_blocking
 from lattice_client.runstore import RunStore
 from lattice_client.settings import get_settings
 
@@ -37,7 +38,7 @@ from ..team.team import Team
 from .context import WorkerContext, default_worker_id
 from .member_step import process_claimed
 from .process import make_mailbox
-from .registry import TeamRegistry, member_mode, teams_key
+from .registry import TeamRegistry, member_mode
 
 
 @dataclass
@@ -120,9 +121,9 @@ async def drain_async(
 
 def load_root(registry: TeamRegistry, team_ref: str, broker_url: str, prefix: str) -> Team:
     """The team ``lattice drain`` works on: a reference, a name registered in
-    this process, or -- failing both -- a name a running worker published in
-    the Redis hash ``<prefix>:teams`` (its reference is imported here, see
-    :meth:`TeamRegistry.load_published`). Raises :class:`ConfigError`."""
+    this process, or -- failing both -- a name a live worker published in the
+    live registry (:mod:`lattice_client.registry`; that worker's reference is
+    imported here, see :meth:`TeamRegistry.load_published`). Raises :class:`ConfigError`."""
     try:
         return registry.load(team_ref)
     except ConfigError:
@@ -130,7 +131,7 @@ def load_root(registry: TeamRegistry, team_ref: str, broker_url: str, prefix: st
             raise
     client = redis.Redis.from_url(broker_url, decode_responses=True)
     try:
-        published = client.hgetall(teams_key(prefix))
+        published = LiveRegistry(read_workers_blocking(client, prefix)).mapping()
     finally:
         client.close()
     return registry.load_published(team_ref, published)

@@ -44,6 +44,7 @@ from .lead_lease import LeadLease
 from .lead_recovery import recover_segment
 from .lead_resume import prepare_resume
 from .lead_session import spawn_lead, team_for_run
+from .registry import TeamNotServedError
 from .run_end import cancel_run, finish_run
 from .run_trace import RunTrace
 from .tool_journal import LeadJournal
@@ -60,7 +61,9 @@ async def run_lead(ctx: WorkerContext, run_id: str) -> str:
     cancelled run), ``"suspended"``, ``"parked"`` / ``"awaiting_approval"``
     (suspended on a lead tool call that waits for a person), ``"completed"``,
     ``"failed"``, ``"cancelled"``, ``"lost"`` (the lease was lost: another
-    worker owns the run now)."""
+    worker owns the run now), ``"refused"`` (the run names a team this worker
+    does not serve: it fails with an error naming the team and the worker;
+    nothing is imported)."""
     start = await _begin_segment(ctx, run_id, RunStatus.QUEUED)
     if start is None:
         record = await ctx.runs.get(run_id)
@@ -148,6 +151,11 @@ async def _guarded(
             return trace.outcome
     except RunLeaseLostError:
         return await _lost(ctx, record.run_id)
+    except TeamNotServedError as exc:
+        logger.error("run %s refused: %s", record.run_id, exc)
+        refused = RunResult(run_id=record.run_id, status="failed", error=str(exc))
+        await finish_run(ctx, record, refused, lease=lease)
+        return "refused"
     except Exception as exc:
         if lease.lost:
             return await _lost(ctx, record.run_id)

@@ -81,16 +81,12 @@ def spawn_lead(
 
 
 def team_for_run(ctx: WorkerContext, record: RunRecord) -> Team:
-    """The rebound team of a run record: by name, else by its reference
-    (loaded on demand). Raises :class:`ConfigError` when this worker cannot serve it."""
-    team = ctx.registry.get(record.team)
-    if team is not None:
-        return team
-    if record.team_ref:
-        loaded = ctx.registry.load(record.team_ref)
-        if loaded.name == record.team:
-            return loaded
-    return ctx.registry.require(record.team)
+    """The rebound team of a run record, by its name, among the teams this
+    worker was started with (and their nested teams). The record's
+    ``team_ref`` is never imported. Raises
+    :class:`~lattice_worker.runtime.registry.TeamNotServedError` (naming the
+    team and this worker) when the worker does not serve it."""
+    return ctx.registry.serving(record.team, ctx.worker_id)
 
 
 __all__ = ["spawn_lead", "team_for_run"]

@@ -120,7 +120,11 @@ async def process_claimed(ctx: WorkerContext, team: Team, member: TeamMember, me
     (see :func:`deliver`; also used by ``lattice drain``)."""
     link = _run_link(message) or await ctx.links.run_of(message.work_item_id)
     run_id = link[0] if link else None
-    status = await ctx.runs.status(run_id) if run_id else None  # the status alone: cheaper than the record
+    status = None
+    if run_id:  # the status and the parent alone (cheaper than the record); the parent seeds the emitter
+        status, parent = await ctx.runs.status_and_parent(run_id)
+        if status is not None:
+            ctx.events.note_parent(run_id, parent)
     token = message.claim_token
     if run_id and status is not None and status.finished:
         record = await ctx.runs.get(run_id)

@@ -27,6 +27,7 @@ _lock = threading.RLock()
 _settings: LatticeSettings | None = None
 _registry: TeamRegistry | None = None
 _local = threading.local()
+_shared_ctx: WorkerContext | None = None
 _sender: TaskSender | None = None
 _worker_id: str | None = None
 
@@ -74,7 +75,15 @@ def worker_id() -> str:
 
 
 def context() -> WorkerContext:
-    """This thread's :class:`WorkerContext` (created on first use)."""
+    """This thread's :class:`WorkerContext` (created on first use); in the shared
+    loop mode (:func:`~lattice_worker.runtime.loops.in_shared_mode`) the one
+    context of the shared loop."""
+    global _shared_ctx
+    if loops.in_shared_mode():
+        with _lock:
+            if _shared_ctx is None:
+                _shared_ctx = new_context()
+            return _shared_ctx
     ctx: WorkerContext | None = getattr(_local, "ctx", None)
     if ctx is None:
         ctx = new_context()
@@ -100,8 +109,9 @@ def new_context(sender: Callable[[str, list[Any], str], None] | None = None) -> 
 
 
 def _reset() -> None:
-    global _worker_id
+    global _worker_id, _shared_ctx
     _local.ctx = None
+    _shared_ctx = None
     _worker_id = None
 
 

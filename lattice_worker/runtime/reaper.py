@@ -69,6 +69,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lattice_client.models import RunRecord
+from lattice_client.registry import LiveRegistry, read_workers
 from lattice_mailbox.message import MessageStatus, TeamMessage
 
 from ..team.events import TeamMessageEvent
@@ -76,7 +77,6 @@ from ..team.ids import LEAD, split_mailbox_id
 from ..team.work import WorkItemOutcome
 from .completion import complete_work_item, send_failure_report
 from .context import WorkerContext
-from .registry import teams_key
 from .run_end import end_failed_run
 
 logger = logging.getLogger("lattice_worker.runtime.reaper")
@@ -213,7 +213,7 @@ async def fail_exhausted(ctx: WorkerContext, message: TeamMessage) -> WorkItemOu
 
 async def _published_teams(ctx: WorkerContext) -> set[str]:
     client = await ctx.redis()
-    names = {str(v) for v in (await client.hvals(teams_key(ctx.prefix))) or []}
+    names = set(LiveRegistry(await read_workers(client, ctx.prefix)).team_names())
     names.update(ctx.registry.names())
     return names
 

@@ -27,9 +27,12 @@ live ``Agent`` or another AgentLike is a ``"session"`` member (serial per
 mailbox: claimed with ``max_in_flight=1``; an ``Agent``'s history is kept in
 Redis per mailbox); a ``Team`` member is ``"team"`` (a child run).
 
-Workers write ``{ref -> name, name -> name}`` into the Redis hash
-``<prefix>:teams`` at start-up (:func:`publish_teams`); the client resolves
-references through it.
+Workers publish ``{ref -> name, name -> name}`` (:meth:`TeamRegistry.publication`)
+in their entry of the live registry (:mod:`lattice_client.registry`, written by
+:mod:`lattice_worker.runtime.heartbeat`); the client resolves names and
+references through it. A worker runs only the teams its registry loaded at
+start (:class:`TeamNotServedError` otherwise); nothing a run record names is
+ever imported.
 """
 
 from __future__ import annotations
@@ -62,9 +65,19 @@ _named: dict[str, Team | Callable[[], Team]] = {}
 _named_lock = threading.Lock()
 
 
-def teams_key(prefix: str) -> str:
-    """The Redis hash the workers publish their teams in: ``<prefix>:teams``."""
-    return f"{prefix}:teams"
+class TeamNotServedError(ConfigError):
+    """A run (or step) names a team this worker was not started with.
+
+    ``team``: the team named; ``worker``: this worker's id; ``served``: the
+    names of the teams it serves."""
+
+    def __init__(self, team: str, worker: str, served: Iterable[str]) -> None:
+        self.team, self.worker, self.served = team, worker, sorted(served)
+        super().__init__(
+            f"team {team!r} is not served by worker {worker} (it serves: {', '.join(self.served) or 'none'}); "
+            "a worker runs only the teams it was started with (and their nested teams), and nothing a run "
+            "names is imported"
+        )
 
 
 def member_mode(member: TeamMember) -> MemberMode:
@@ -251,9 +264,9 @@ class TeamRegistry:
         return rebound
 
     def load_published(self, name: str, published: Mapping[str, str]) -> Team:
-        """Load team ``name`` through the references workers published
-        (``published``: the hash ``<prefix>:teams``, ``{ref -> name, name -> name}``,
-        see :func:`publish_teams`) -- for a team registered by name in a worker
+        """Load team ``name`` through the references live workers published
+        (``published``: ``{ref -> name, name -> name}``, see
+        :meth:`lattice_client.registry.LiveRegistry.mapping`) -- for a team registered by name in a worker
         process but not in this one. A reference published for ``name`` is
         loaded; a nested team (published by name only) is found by loading, in
         a scratch registry, each published reference until one holds it.
@@ -356,21 +369,21 @@ class TeamRegistry:
                 raise ConfigError(f"unknown member(s) {', '.join(missing)}; this team has: {available}")
         return queues
 
+    def serving(self, name: str, worker: str) -> Team:
+        """The rebound team ``name`` this worker serves; raises
+        :class:`TeamNotServedError` (naming the team and ``worker``) otherwise.
+        Never imports anything."""
+        team = self._teams.get(name) if isinstance(name, str) else None
+        if team is None:
+            raise TeamNotServedError(str(name), worker, self._teams)
+        return team
+
     def publication(self) -> dict[str, str]:
-        """What :func:`publish_teams` writes: ``{ref -> name}`` for every loaded
+        """What the worker publishes in the live registry: ``{ref -> name}`` for every loaded
         reference plus ``{name -> name}`` for every team (nested ones included)."""
         mapping = {name: name for name in self._teams}
         mapping.update(self._refs)
         return mapping
-
-
-async def publish_teams(redis: Any, prefix: str, registry: TeamRegistry) -> dict[str, str]:
-    """``HSET <prefix>:teams`` with :meth:`TeamRegistry.publication` (idempotent).
-    ``redis`` is a ``redis.asyncio.Redis``. Returns what was written."""
-    mapping = registry.publication()
-    if mapping:
-        await redis.hset(teams_key(prefix), mapping=mapping)
-    return mapping
 
 
 def refs_from_env() -> list[str]:
@@ -382,12 +395,11 @@ def refs_from_env() -> list[str]:
 __all__ = [
     "MemberMode",
     "TEAMS_ENV",
+    "TeamNotServedError",
     "TeamRegistry",
     "import_team",
     "member_mode",
-    "publish_teams",
     "refs_from_env",
     "register_team",
-    "teams_key",
     "unregister_team",
 ]

@@ -92,14 +92,15 @@ def test_b_two_workers_on_one_member_queue_overlap_that_members_work_items(deplo
 
 
 def test_c_kill9_while_a_member_works_recovers_after_the_lease(deployment_factory):
+    # on the prefork pool (CPU-bound tools); tests/e2e/test_threads_pool.py kills the default pool
     d = deployment_factory(lease_seconds=2, max_attempts=3)
-    doomed = d.worker("tests.e2e.teams:team", "--concurrency", "1")
+    doomed = d.worker("tests.e2e.teams:team", "--pool", "prefork", "--concurrency", "1")
     handle = d.client.submit("tests.e2e.teams:team", plan(("worker", "handoff", "job hang-first")))
     wait_for(lambda: "start:job hang-first" in d.work_log(), 30, "the member to start working")
     doomed.kill9()
     [message] = d.client.inbox("e2e::worker", "processing")
     assert message.attempts == 1
-    d.worker("tests.e2e.teams:team", "--concurrency", "1")
+    d.worker("tests.e2e.teams:team", "--pool", "prefork", "--concurrency", "1")
     result = handle.wait(timeout=60)
     assert result.status == "completed", result
     assert result.result == "final: done:worked[job hang-first]"
@@ -115,7 +116,7 @@ def test_d_duplicated_doorbell_and_redelivered_messages_execute_once(deployment)
     settings = get_settings(broker_url=d.env["LATTICE_BROKER_URL"], key_prefix=d.prefix)
     lead_queue = queue_name(d.prefix, "e2e", "lead")
     member_queue = queue_name(d.prefix, "e2e", "worker")
-    handle = d.client.submit("tests.e2e.teams:team", plan(("worker", "handoff", "dup")))
+    handle = d.client.submit("e2e", plan(("worker", "handoff", "dup")), require_registered=False)
     # the broker redelivers the run_lead message: the same raw message twice on the queue
     [raw] = d.redis.lrange(f"{d.prefix}:{lead_queue}", 0, -1)
     d.redis.lpush(f"{d.prefix}:{lead_queue}", raw)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import sys
 import threading
 import time
 import uuid
@@ -23,6 +22,7 @@ from lattice_client.cli import EXIT_ERROR, EXIT_TIMEOUT, app
 from lattice_client.models import RunResult
 from lattice_client.runstore import RunStore
 from lattice_mailbox import RedisMailbox
+from tests.support.registry import publish_fake_worker
 from tests.support.services import REDIS_URL
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
@@ -31,12 +31,8 @@ runner = CliRunner()
 
 
 def register_teams(prefix: str, *names: str) -> None:
-    """Write the team registry hash as the workers of that deployment do at start-up."""
-    sync = redis.Redis.from_url(REDIS_URL)
-    try:
-        sync.hset(f"{prefix}:teams", mapping={name: name for name in names})
-    finally:
-        sync.close()
+    """Write a live-registry entry as a running worker serving ``names`` does."""
+    publish_fake_worker(prefix, {name: name for name in names})
 
 
 @pytest.fixture
@@ -105,9 +101,9 @@ def test_submit_prints_the_run_id_and_enqueues_the_lead_task(prefix):
 @pytest.mark.parametrize(
     ("team", "expected"),
     [
-        ("nosuchteam", "unknown team 'nosuchteam'"),
+        ("nosuchteam", "no live worker serves team 'nosuchteam'"),
         ("lattice_worker.examples.team", "needs ':attribute', e.g. 'lattice_worker.examples.team:team'"),
-        ("lattice_worker.examples.team:TEAM_NAME", "is a str, not a Team"),
+        ("lattice_worker.examples.team:TEAM_NAME", "unknown team reference 'lattice_worker.examples.team:TEAM_NAME'"),
     ],
 )
 def test_submit_refuses_a_team_no_worker_registered_and_queues_nothing(prefix, team, expected):
@@ -115,12 +111,15 @@ def test_submit_refuses_a_team_no_worker_registered_and_queues_nothing(prefix, t
     assert result.exit_code == EXIT_ERROR, result.output
     errors = [line for line in result.output.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and expected in errors[0], result.output
-    if ":" not in team:
-        assert "--allow-unregistered" in errors[0]
+    assert "--allow-unregistered" in errors[0]
     assert result.stdout.strip() == ""  # no run id printed
     raw = redis.Redis.from_url(REDIS_URL, decode_responses=True)
     try:
-        assert sorted(raw.scan_iter(match=f"{prefix}:*")) == [f"{prefix}:teams"]  # nothing written, no task
+        registry = sorted(raw.scan_iter(match=f"{prefix}:*"))
+        assert registry == [
+            f"{prefix}:worker:fake-worker@test",
+            f"{prefix}:workers",
+        ]  # nothing written, no task
     finally:
         raw.close()
 
@@ -129,6 +128,8 @@ def test_submit_allow_unregistered_queues_a_name_before_its_workers_start(prefix
     result = lattice(prefix, "submit", "latecomer", "hi", "--run-id", "early-1", "--allow-unregistered")
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == "early-1"
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "no live worker serves team 'latecomer'" in warnings[0], result.stderr
     raw = redis.Redis.from_url(REDIS_URL, decode_responses=True)
     try:
         assert raw.llen(f"{prefix}:{prefix}.latecomer.lead") == 1
@@ -137,23 +138,18 @@ def test_submit_allow_unregistered_queues_a_name_before_its_workers_start(prefix
         raw.close()
 
 
-def test_submit_imports_an_unregistered_reference_from_the_current_directory(prefix, tmp_path, monkeypatch):
+def test_submit_never_imports_an_unregistered_reference_from_the_current_directory(
+    prefix, tmp_path, monkeypatch
+):
     module = f"lattice_cli_team_{uuid.uuid4().hex[:8]}"
-    (tmp_path / f"{module}.py").write_text(
-        "from lattice_worker import ScriptedModelClient, define_agent, text_turn\n"
-        "from lattice_worker.team import create_team\n"
-        "team = create_team(name='cwdteam', lead=define_agent(name='lead', "
-        "model_client=ScriptedModelClient([text_turn('ok')])), members=[])\n"
-    )
+    marker = tmp_path / "imported.marker"
+    (tmp_path / f"{module}.py").write_text(f"open({str(marker)!r}, 'w').write('imported')\n")
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("sys.path", [p for p in sys.path if p not in ("", str(tmp_path))])
-    result = lattice(prefix, "submit", f"{module}:team", "hi", "--run-id", "from-cwd")
-    assert result.exit_code == 0, result.output
-    raw = redis.Redis.from_url(REDIS_URL, decode_responses=True)
-    try:
-        assert raw.llen(f"{prefix}:{prefix}.cwdteam.lead") == 1
-    finally:
-        raw.close()
+    for extra in ((), ("--allow-unregistered",)):
+        result = lattice(prefix, "submit", f"{module}:team", "hi", "--run-id", "from-cwd", *extra)
+        assert result.exit_code == EXIT_ERROR, result.output
+        assert "never imports" in result.output
+    assert not marker.exists()
 
 
 def test_submit_wait_prints_the_result(prefix):

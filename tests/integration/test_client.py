@@ -30,6 +30,7 @@ from lattice_client import (
     get_settings,
 )
 from lattice_mailbox import RedisMailbox
+from tests.support.registry import publish_fake_worker
 from tests.support.services import REDIS_URL
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
@@ -49,18 +50,16 @@ def _cleanup(*prefixes: str) -> None:
 REGISTERED = ("example", "other")
 
 
-def register_teams(prefix: str, *names: str) -> None:
-    """Write the team registry hash as the workers of that deployment do at start-up."""
-    sync = redis.Redis.from_url(REDIS_URL)
-    try:
-        sync.hset(f"{prefix}:teams", mapping={name: name for name in names})
-    finally:
-        sync.close()
+def register_teams(prefix: str, *names: str, refs: dict[str, str] | None = None) -> None:
+    """Write a live-registry entry as a running worker serving ``names`` (and ``refs``) does."""
+    teams = {name: name for name in names} | (refs or {})
+    publish_fake_worker(prefix, teams, node=f"fake-{'-'.join(sorted(teams))}@test")
 
 
 def written(raw: redis.Redis, prefix: str) -> list[str]:
-    """Every key under ``prefix`` but the workers' team registry."""
-    return sorted(k for k in raw.scan_iter(match=f"{prefix}:*") if k != f"{prefix}:teams")
+    """Every key under ``prefix`` but the live worker registry's."""
+    registry = (f"{prefix}:workers", f"{prefix}:worker:")
+    return sorted(k for k in raw.scan_iter(match=f"{prefix}:*") if not k.startswith(registry))
 
 
 @pytest.fixture
@@ -73,6 +72,11 @@ def prefix():
 
 
 TEAM_MODULE = """
+import os
+from pathlib import Path
+
+Path(os.environ["LATTICE_TEST_IMPORT_MARKER"]).write_text("imported")
+
 from lattice_worker import ScriptedModelClient, define_agent, text_turn
 from lattice_worker.team import create_team, team_member
 
@@ -154,7 +158,7 @@ def test_submit_writes_the_run_and_exactly_one_json_run_lead_message(client, raw
 
 
 def test_submit_resolves_refs_through_the_worker_registry(client, raw, prefix):
-    raw.hset(f"{prefix}:teams", mapping={"lattice_worker.examples.team:team": "alpha", "alpha": "alpha"})
+    register_teams(prefix, "alpha", refs={"lattice_worker.examples.team:team": "alpha"})
     handle = client.submit("lattice_worker.examples.team:team", "hi", run_id="my-run-1")
     assert handle.run_id == "my-run-1"
     record = client.get_run("my-run-1")
@@ -165,53 +169,57 @@ def test_submit_resolves_refs_through_the_worker_registry(client, raw, prefix):
     assert len(queue_messages(raw, prefix, f"{prefix}.alpha.lead")) == 2
 
 
-def test_an_unregistered_ref_to_a_team_is_imported_lazily(client, raw, prefix, tmp_path, monkeypatch):
+def test_an_unregistered_ref_is_refused_and_never_imported(client, raw, prefix, tmp_path, monkeypatch):
     module = f"lattice_test_team_{uuid.uuid4().hex[:8]}"
     (tmp_path / f"{module}.py").write_text(TEAM_MODULE)
+    marker = tmp_path / "imported.marker"
+    monkeypatch.setenv("LATTICE_TEST_IMPORT_MARKER", str(marker))
     monkeypatch.syspath_prepend(str(tmp_path))
-    handle = client.submit(f"{module}:team", "hi")
-    record = client.get_run(handle.run_id)
+    for allow in (False, True):
+        with pytest.raises(ValueError, match=rf"unknown team reference '{module}:team'.*never imports"):
+            client.submit(f"{module}:team", "hi", require_registered=not allow)
+    with pytest.raises(ValueError, match="unknown team reference"):
+        client.status(f"{module}:team")
+    assert written(raw, prefix) == []  # no run record, no task
+    assert not marker.exists() and module not in sys.modules  # the module was never imported
+    # once a live worker publishes the reference, it resolves by the name that worker gave
+    register_teams(prefix, "beta", refs={f"{module}:team": "beta"})
+    record = client.get_run(client.submit(f"{module}:team", "hi").run_id)
     assert (record.team, record.team_ref) == ("beta", f"{module}:team")
-    assert len(queue_messages(raw, prefix, f"{prefix}.beta.lead")) == 1
-    # a zero-argument factory works too
-    assert client.get_run(client.submit(f"{module}:build", "hi").run_id).team == "beta"
-    # an object with a name that is not a Team is refused, nothing written, no task sent
-    before = written(raw, prefix)
-    with pytest.raises(ValueError, match=r"is a _NotATeam, not a Team"):
-        client.submit(f"{module}:not_a_team", "hi")
-    assert written(raw, prefix) == before
-    assert queue_messages(raw, prefix, f"{prefix}.gamma.lead") == []
+    assert not marker.exists() and module not in sys.modules
 
 
 @pytest.mark.parametrize(
     ("team", "match"),
     [
-        ("nosuchteam", r"unknown team 'nosuchteam': no worker has registered .*registered: example, other"),
+        ("nosuchteam", r"no live worker serves team 'nosuchteam'.*serving: example, other"),
         (
             "lattice_worker.examples.team",
-            r"unknown team 'lattice_worker.examples.team'.*needs ':attribute', e.g. 'lattice_worker.examples.team:team'",
+            r"no live worker serves team 'lattice_worker.examples.team'.*needs ':attribute', e.g. 'lattice_worker.examples.team:team'",
         ),
-        (
-            "lattice_worker.examples.team:TEAM_NAME",
-            r"'lattice_worker.examples.team:TEAM_NAME' is a str, not a Team",
-        ),
-        ("lattice_worker.examples.team:no_such_attribute", "cannot be imported"),
+        ("lattice_worker.examples.team:TEAM_NAME", r"unknown team reference 'lattice_worker.examples.team:TEAM_NAME'"),
+        ("x" * 65, "invalid team name"),
+        ("bad/name", "invalid team name"),
+        ("pkg.mod:" + "a" * 200, "at most 200 characters"),
+        ("pkg mod:team", "invalid team reference"),
     ],
 )
-def test_a_team_neither_registered_nor_a_team_reference_is_refused(client, raw, prefix, team, match):
+def test_a_team_no_live_worker_serves_or_malformed_is_refused(client, raw, prefix, team, match):
     with pytest.raises(ValueError, match=match) as refused:
         client.submit(team, "hi")
     assert written(raw, prefix) == []  # no run record, no index, no queue: no task sent
-    if ":" not in team:
+    if "no live worker" in str(refused.value):
         assert "require_registered=False" in str(refused.value) and "--allow-unregistered" in str(
             refused.value
         )
 
 
-def test_require_registered_false_queues_a_name_before_its_workers_start(client, raw, prefix):
-    with pytest.raises(ValueError, match="unknown team 'latecomer'"):
+def test_require_registered_false_queues_a_name_before_its_workers_start(client, raw, prefix, caplog):
+    with pytest.raises(ValueError, match="no live worker serves team 'latecomer'"):
         client.submit("latecomer", "hi")
-    handle = client.submit("latecomer", "early", require_registered=False)
+    with caplog.at_level("WARNING", logger="lattice_client"):
+        handle = client.submit("latecomer", "early", require_registered=False)
+    assert "no live worker serves team 'latecomer'" in caplog.text and "queued" in caplog.text
     record = client.get_run(handle.run_id)
     assert (record.team, record.team_ref, record.status) == ("latecomer", None, RunStatus.QUEUED)
     assert len(queue_messages(raw, prefix, f"{prefix}.latecomer.lead")) == 1
@@ -224,9 +232,26 @@ def test_require_registered_false_queues_a_name_before_its_workers_start(client,
     assert len(queue_messages(raw, prefix, f"{prefix}.latecomer.lead")) == 2
 
 
+def test_a_worker_whose_entry_expired_serves_nothing(client, raw, prefix):
+    publish_fake_worker(prefix, {"brief": "brief"}, node="short-lived@test", ttl_seconds=0.3)
+    client.submit("brief", "while it lives")
+    time.sleep(0.5)
+    client.aio._teams.clear()  # past the client's short cache of live answers
+    with pytest.raises(ValueError, match="no live worker serves team 'brief'"):
+        client.submit("brief", "after it expired")
+    assert "short-lived@test" not in raw.smembers(f"{prefix}:workers")  # the reader dropped it
+
+
+@pytest.mark.parametrize("run_id", ["child.m_123", "child.", "a" * 129, "bad id", "é"])
+def test_reserved_or_malformed_run_ids_are_refused(client, raw, prefix, run_id):
+    with pytest.raises(ValueError, match="invalid run id"):
+        client.submit("example", "hi", run_id=run_id)
+    assert written(raw, prefix) == []
+
+
 async def test_async_client_refuses_unregistered_names_too(prefix, raw):
     async with AsyncLatticeClient(REDIS_URL, key_prefix=prefix) as c:
-        with pytest.raises(ValueError, match="unknown team 'nosuchteam'"):
+        with pytest.raises(ValueError, match="no live worker serves team 'nosuchteam'"):
             await c.submit("nosuchteam", "hi")
         handle = await c.submit("nosuchteam", "hi", require_registered=False)
         assert (await handle.get()).team == "nosuchteam"
@@ -236,7 +261,7 @@ async def test_async_client_refuses_unregistered_names_too(prefix, raw):
 @pytest.mark.parametrize(
     ("team", "prompt", "kwargs", "match"),
     [
-        ("no_such_module_xyz:team", "hi", {}, "cannot be imported"),
+        ("no_such_module_xyz:team", "hi", {}, "unknown team reference"),
         ("example", "", {}, "prompt"),
         ("example", "   ", {}, "prompt"),
         ("has space", "hi", {}, "invalid team name"),
@@ -461,13 +486,8 @@ def test_status_counts_team_mailboxes_and_lists_recent_runs(client, prefix):
     assert report.mailboxes["example::searcher"]["processing"] == 1
     assert report.mailboxes["example::counter"]["pending"] == 1
     assert [r.run_id for r in report.runs] == [second.run_id, first.run_id]
-    raw = redis.Redis.from_url(REDIS_URL)
-    raw.hset(f"{prefix}:teams", "lattice_worker.examples.team:team", "example")
-    raw.close()
-    assert set(client.status("lattice_worker.examples.team:team").mailboxes) == {
-        "example::searcher",
-        "example::counter",
-    }
+    register_teams(prefix, refs={"lattice_worker.examples.team:team": "example"})
+    assert set(client.status("lattice_worker.examples.team:team").mailboxes) == {"example::searcher", "example::counter"}
     everything = client.status()
     assert set(everything.mailboxes) == {"example::searcher", "example::counter", "other::worker"}
     assert len(everything.runs) == 3

@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from lattice_client import AsyncLatticeClient, LatticeClient, RunStatus, RunStore
+from tests.support.registry import publish_fake_worker
 from tests.support.services import REDIS_URL
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
@@ -27,27 +28,29 @@ def lead_queue(raw, prefix: str, team: str) -> list[str]:
 
 
 def test_a_registered_team_is_resolved_once_and_unregistered_answers_are_not_kept(prefix, raw):
-    raw.hset(f"{prefix}:teams", mapping={"example": "example", "pkg.mod:team": "example"})
+    publish_fake_worker(prefix, {"example": "example", "pkg.mod:team": "example"})
     with LatticeClient(REDIS_URL, key_prefix=prefix) as client:
         client.submit("example", "one")
         client.submit("pkg.mod:team", "two")
-        raw.delete(f"{prefix}:teams")  # the registry answer was kept: no lookup now
+        raw.delete(
+            f"{prefix}:workers", f"{prefix}:worker:fake-worker@test"
+        )  # the answer was kept: no lookup now
         third = client.submit("example", "three")
         fourth = client.submit("pkg.mod:team", "four")
         assert client.get_run(fourth.run_id).team_ref == "pkg.mod:team"
         assert client.get_run(third.run_id).team == "example"
         assert len(lead_queue(raw, prefix, "example")) == 4
         # a refusal is not kept: once a worker registers the name it is accepted
-        with pytest.raises(ValueError, match="unknown team 'late'"):
+        with pytest.raises(ValueError, match="no live worker serves team 'late'"):
             client.submit("late", "hi")
-        raw.hset(f"{prefix}:teams", "late", "late")
+        publish_fake_worker(prefix, {"late": "late"}, node="late@test")
         assert client.get_run(client.submit("late", "hi").run_id).team == "late"
 
 
 def test_blocking_submit_sends_from_the_calling_thread_and_a_failed_send_fails_the_run(
     prefix, raw, monkeypatch
 ):
-    raw.hset(f"{prefix}:teams", "example", "example")
+    publish_fake_worker(prefix, {"example": "example"})
     with LatticeClient(REDIS_URL, key_prefix=prefix) as client:
         senders: list[threading.Thread] = []
         original = client.aio._send_run_lead
@@ -75,7 +78,7 @@ def test_blocking_submit_sends_from_the_calling_thread_and_a_failed_send_fails_t
 
 
 async def test_async_submit_with_a_failed_send_fails_the_run(prefix, raw, monkeypatch):
-    raw.hset(f"{prefix}:teams", "example", "example")
+    publish_fake_worker(prefix, {"example": "example"})
     async with AsyncLatticeClient(REDIS_URL, key_prefix=prefix) as client:
 
         def broken(run_id: str, queue: str) -> None:
@@ -89,7 +92,7 @@ async def test_async_submit_with_a_failed_send_fails_the_run(prefix, raw, monkey
 
 
 def test_submit_publishes_the_task_and_its_task_sent_event(prefix, raw):
-    raw.hset(f"{prefix}:teams", "example", "example")
+    publish_fake_worker(prefix, {"example": "example"})
     pubsub = raw.pubsub()
     pubsub.psubscribe(f"{prefix}:*celeryev/task.sent")
     try:
@@ -118,7 +121,7 @@ class _BrokenBatch:
 
 
 def test_a_failed_publish_batch_is_sent_again_the_plain_way(prefix, raw, monkeypatch):
-    raw.hset(f"{prefix}:teams", "example", "example")
+    publish_fake_worker(prefix, {"example": "example"})
     monkeypatch.setattr(kombu.Producer, "batch", lambda self, *args, **kwargs: _BrokenBatch())
     with LatticeClient(REDIS_URL, key_prefix=prefix) as client:
         handle = client.submit("example", "hi")

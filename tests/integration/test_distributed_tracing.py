@@ -37,7 +37,8 @@ from tests.e2e.teams import lead_model, member_model, plan, work
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
+from tests.support.services import REDIS_URL
+
 PLAN = plan(("worker", "handoff", "a"), ("other", "ask", "b"))
 
 

@@ -22,6 +22,7 @@ from lattice_worker.runtime.context import WorkerContext
 from lattice_worker.runtime.drain import run_drain
 from lattice_worker.runtime.registry import TeamRegistry
 from tests.e2e.teams import plan
+from tests.support.registry import publish_fake_worker
 from tests.support.services import REDIS_URL
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
@@ -124,12 +125,8 @@ def test_drain_rejects_bad_input(prefix):
 
 
 def publish(prefix: str, mapping: dict[str, str]) -> None:
-    """What ``lattice worker`` writes at start-up (``<prefix>:teams``)."""
-    sync = redis.Redis.from_url(REDIS_URL)
-    try:
-        sync.hset(f"{prefix}:teams", mapping=mapping)
-    finally:
-        sync.close()
+    """What a live ``lattice worker`` publishes in the registry."""
+    publish_fake_worker(prefix, mapping)
 
 
 async def test_drain_by_a_name_only_a_running_worker_registered(prefix):

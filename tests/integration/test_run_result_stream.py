@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from lattice_client import AsyncLatticeClient, LatticeClient, RunNotFoundError, RunResult, RunStore
+from tests.support.registry import publish_fake_worker
 from tests.support.services import REDIS_URL
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
@@ -25,7 +26,7 @@ pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
 @pytest.fixture
 async def client(prefix, raw):
-    raw.hset(f"{prefix}:teams", mapping={"example": "example"})
+    publish_fake_worker(prefix, {"example": "example"})
     c = AsyncLatticeClient(REDIS_URL, key_prefix=prefix)
     yield c
     await c.aclose()
@@ -179,7 +180,7 @@ async def test_delete_removes_the_result_stream(store, raw):
 
 @pytest.fixture
 def sync_client(prefix, raw):
-    raw.hset(f"{prefix}:teams", mapping={"example": "example"})
+    publish_fake_worker(prefix, {"example": "example"})
     c = LatticeClient(REDIS_URL, key_prefix=prefix)
     yield c
     c.close()

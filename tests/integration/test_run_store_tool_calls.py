@@ -14,7 +14,7 @@ from lattice_client.runstore import RunStore, WaitStateError
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
+from tests.support.services import REDIS_URL
 
 
 @pytest.fixture

@@ -29,7 +29,8 @@ from tests.e2e.effect_teams import lead_plan, member_plan
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(90)]
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
+from tests.support.services import REDIS_URL
+
 FAR_FUTURE = 10**13
 
 

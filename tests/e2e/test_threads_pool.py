@@ -1,0 +1,57 @@
+"""End-to-end: the default pool (Celery's threads pool, 200 threads) under kill -9 and cancellation.
+
+Issue 10 item 7. Many member calls are in flight in ONE worker process; its
+process group is killed with SIGKILL while they work. Another worker on the
+default pool recovers every one of them after the lease (each executed once
+more, none lost, none left processing). A run cancelled while its member
+works on the default pool stops that member (its lease check aborts it).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.conftest import wait_for
+from tests.e2e.teams import plan
+
+pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(150)]
+
+RUNS = 6
+
+
+def test_kill9_of_a_default_pool_worker_with_many_calls_in_flight_recovers_them_all(deployment_factory):
+    d = deployment_factory(lease_seconds=2, max_attempts=3)
+    doomed = d.worker("tests.e2e.teams:team")  # the default pool and size
+    [info] = d.client.status("e2e").workers
+    assert (info.pool, info.concurrency) == ("threads", 200)
+    tasks = [f"job{i} hang-first" for i in range(RUNS)]
+    handles = [d.client.submit("e2e", plan(("worker", "handoff", task))) for task in tasks]
+    # every member call is in flight at once in the one process
+    wait_for(lambda: all(f"start:{t}" in d.work_log() for t in tasks), 45, "every member call to start")
+    pids = {entry.split(":")[-1] for entry in d.redis.lrange(f"{d.prefix}:test:pids", 0, -1)}
+    assert pids == {str(doomed.proc.pid)}  # threads: the worker's own process runs them all
+    doomed.kill9()
+    assert len(d.client.inbox("e2e::worker", "processing")) == RUNS
+
+    d.worker("tests.e2e.teams:team")
+    for handle, task in zip(handles, tasks, strict=True):
+        result = handle.wait(timeout=60)
+        assert result.status == "completed", result
+        assert result.result == f"final: done:worked[{task}]"
+        assert d.executions(task) == 2
+    messages = d.client.inbox("e2e::worker", "all")
+    assert sorted((m.status.value, m.attempts) for m in messages) == [("done", 2)] * RUNS
+
+
+def test_cancel_stops_a_member_working_on_the_default_pool(deployment):
+    d = deployment
+    d.worker("tests.e2e.teams:team")
+    handle = d.client.submit("e2e", plan(("worker", "handoff", "long sleep=40")))
+    wait_for(lambda: "start:long sleep=40" in d.work_log(), 30, "the member to start")
+    report = d.client.cancel(handle.run_id)
+    assert report.status.value == "cancelled"
+    assert handle.wait(timeout=10).status == "cancelled"
+    # the member's lease check aborts it: it never ends its work, and nothing stays processing
+    wait_for(lambda: not d.client.inbox("e2e::worker", "processing"), 30, "the member to be stopped")
+    assert "end:long sleep=40" not in d.work_log()
+    assert [m.status.value for m in d.client.inbox("e2e::worker", "all")] == ["cancelled"]
