@@ -34,10 +34,10 @@ from lattice_worker.runtime.run_trace import TRACE_CARRIER_KEY, run_tracer
 from lattice_worker.team import create_team, team_member
 from lattice_worker.tracing import create_jsonl_context_tracer, create_otel_context_tracer
 from tests.e2e.teams import lead_model, member_model, plan, work
+from tests.support.services import REDIS_URL
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
-from tests.support.services import REDIS_URL
 
 PLAN = plan(("worker", "handoff", "a"), ("other", "ask", "b"))
 

@@ -11,10 +11,9 @@ import pytest
 
 from lattice_client.errors import RunLeaseLostError
 from lattice_client.runstore import RunStore, WaitStateError
+from tests.support.services import REDIS_URL
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
-
-from tests.support.services import REDIS_URL
 
 
 @pytest.fixture

@@ -26,10 +26,10 @@ from lattice_worker.runtime import lead_segment, member_step
 from lattice_worker.runtime.context import WorkerContext
 from lattice_worker.runtime.registry import TeamRegistry
 from tests.e2e.effect_teams import lead_plan, member_plan
+from tests.support.services import REDIS_URL
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(90)]
 
-from tests.support.services import REDIS_URL
 
 FAR_FUTURE = 10**13
 
