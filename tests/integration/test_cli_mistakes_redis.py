@@ -16,12 +16,12 @@ import sys
 import time
 
 import pytest
-import redis
 from typer.testing import CliRunner
 
 from lattice_client.cli import EXIT_ERROR, app
 from lattice_client.runstore import RunStore
 from lattice_mailbox import RedisMailbox
+from tests.support.registry import publish_fake_worker
 from tests.support.services import REDIS_URL
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(90)]
@@ -56,11 +56,7 @@ def send(prefix: str, to: str, content: str = "task") -> str:
 
 
 def register(prefix: str, *names: str) -> None:
-    sync = redis.Redis.from_url(REDIS_URL)
-    try:
-        sync.hset(f"{prefix}:teams", mapping={name: name for name in names})
-    finally:
-        sync.close()
+    publish_fake_worker(prefix, {name: name for name in names})
 
 
 def test_an_unknown_team_is_refused_with_the_known_ones(prefix):
@@ -228,27 +224,19 @@ def test_drain_progress_reads_cleanly_without_a_terminal(prefix):
     assert lines[-1].startswith("drained 1 message(s)"), lines
 
 
-def test_an_error_in_a_team_module_submitted_by_reference_names_the_module(prefix, tmp_path, monkeypatch):
-    (tmp_path / "lattice_broken_submit.py").write_text("raise RuntimeError('config missing')\n")
+def test_a_reference_submitted_with_no_live_worker_is_refused_without_importing_it(
+    prefix, tmp_path, monkeypatch
+):
+    """The client never imports a team's module: a broken module named by a
+    reference no live worker serves is refused, and its code never runs."""
+    (tmp_path / "lattice_broken_submit.py").write_text(
+        f"open({str(tmp_path / 'imported')!r}, 'w').close()\nraise RuntimeError('config missing')\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "lattice_broken_submit", raising=False)
     result = lattice(prefix, "submit", "lattice_broken_submit:team", "hi")
     assert result.exit_code == EXIT_ERROR, result.output
     line = error_line(result)
-    assert "error in team module 'lattice_broken_submit'" in line
-    assert f"{tmp_path / 'lattice_broken_submit.py'}, line 1" in line
-    assert "RuntimeError: config missing" in line and line.endswith("(--debug shows the traceback)")
-    debug = runner.invoke(
-        app,
-        [
-            "--debug",
-            "--broker-url",
-            REDIS_URL,
-            "--key-prefix",
-            prefix,
-            "submit",
-            "lattice_broken_submit:team",
-            "hi",
-        ],
-    )
-    assert "Traceback (most recent call last)" in debug.output and "config missing" in debug.output
+    assert "lattice_broken_submit:team" in line and "no live worker" in line, line
+    assert "lattice_broken_submit" not in sys.modules
+    assert not (tmp_path / "imported").exists()
