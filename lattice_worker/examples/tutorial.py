@@ -7,6 +7,12 @@
   receipt comes back at once; the editor's report arrives before the lead's
   next model request) and answers the caller with the edited text.
 
+``reviewed`` is the same team under another name whose editor also
+``publish``-es the draft: an ``unguarded`` tool, and the editor runs with
+``permission_mode="by_effect"``, so on workers every ``publish`` call waits for
+a person to approve it (``lattice approvals`` / ``lattice approve``; see
+``docs/operate.md``).
+
 Every agent is a ``define_agent`` template, so the same team runs in one
 process (``build_team().prompt_sync(...)``) and on workers
 (``lattice worker lattice_worker.examples.tutorial:team``). Offline every agent
@@ -59,6 +65,12 @@ def count_words(text: str) -> str:
     return str(len(text.split()))
 
 
+@tool
+def publish(text: str) -> str:
+    """Publish a text (an unguarded tool: it changes the world, and may not be repeated blindly)."""
+    return f"published {len(text.split())} words"
+
+
 # --------------------------------------------------------------------------- the scripted (offline) model
 
 
@@ -71,7 +83,11 @@ def task_of(request: ModelRequest) -> str:
     ``from <team>::lead:`` and the closing instructions.
     """
     first = request.messages[0]["content"] if request.messages else ""
-    text = first if isinstance(first, str) else "".join(b.get("text", "") for b in first if b.get("type") == "text")
+    text = (
+        first
+        if isinstance(first, str)
+        else "".join(b.get("text", "") for b in first if b.get("type") == "text")
+    )
     match = re.search(r"::lead:\n\n(.*?)\n\nWhen your work is finished", text, re.DOTALL)
     return match.group(1) if match else text
 
@@ -96,12 +112,19 @@ def librarian_turn(request: ModelRequest) -> AssistantModelMessage:
 
 
 def editor_turn(request: ModelRequest) -> AssistantModelMessage:
-    """Count the draft's words, then reply with the draft and the count."""
+    """Count the draft's words (and, with the ``publish`` tool, publish it), then
+    reply with the draft and what the tools said. The turn follows from how many
+    messages the request holds: task, then one call and its result per step."""
     draft = task_of(request).split(":", 1)[-1].strip()
-    words = last_tool_result(request)
-    if words is not None:
-        return tool_turn(("team_reply", {"content": f"{draft} ({words} words, checked)"}))
-    return tool_turn(("count_words", {"text": draft}))
+    publishes = any(t["name"] == "publish" for t in request.tools)
+    steps = len(request.messages) // 2  # tool results so far
+    if steps == 0:
+        return tool_turn(("count_words", {"text": draft}))
+    if steps == 1 and publishes:
+        return tool_turn(("publish", {"text": draft}))
+    words = request.messages[2]["content"][0].get("content")
+    note = f"; {last_tool_result(request)}" if publishes else ""
+    return tool_turn(("team_reply", {"content": f"{draft} ({words} words, checked{note})"}))
 
 
 def lead_turn(request: ModelRequest) -> AssistantModelMessage:
@@ -132,11 +155,19 @@ def scripted_model(request: ModelRequest) -> AssistantModelMessage:
 # --------------------------------------------------------------------------- the team
 
 
-def build_team(mailbox: TeamMailbox | None = None, model_client: Any = None) -> Team:
+def build_team(
+    mailbox: TeamMailbox | None = None,
+    model_client: Any = None,
+    *,
+    name: str = TEAM_NAME,
+    publishes: bool = False,
+) -> Team:
     """The ``tutorial`` team. ``mailbox``: any ``TeamMailbox`` (default a new
     ``MemoryMailbox``); ``model_client``: every agent's model (default the
-    stateless :func:`scripted_model`)."""
+    stateless :func:`scripted_model`); ``name``: the team's name; ``publishes``:
+    the editor also gets ``publish``, under ``permission_mode="by_effect"``."""
     model = {"model_client": model_client or ScriptedModelClient(scripted_model)}
+    review: dict[str, Any] = {"permission_mode": "by_effect"} if publishes else {}
     librarian = define_agent(
         name="librarian",
         system_prompt="Answer questions about cities with the lookup tool, then call team_reply.",
@@ -147,9 +178,10 @@ def build_team(mailbox: TeamMailbox | None = None, model_client: Any = None) -> 
     editor = define_agent(
         name="editor",
         system_prompt="Check the draft you are given with count_words, then call team_reply with it.",
-        tools=[count_words],
+        tools=[count_words, publish] if publishes else [count_words],
         workspace=False,
         **model,
+        **review,
     )
     lead = define_agent(
         name="lead",
@@ -161,7 +193,7 @@ def build_team(mailbox: TeamMailbox | None = None, model_client: Any = None) -> 
         **model,
     )
     return create_team(
-        name=TEAM_NAME,
+        name=name,
         lead=lead,
         members=[
             team_member(name="librarian", role="researcher", focus="Facts about cities", agent=librarian),
@@ -173,3 +205,7 @@ def build_team(mailbox: TeamMailbox | None = None, model_client: Any = None) -> 
 
 team = build_team()
 """What ``lattice worker lattice_worker.examples.tutorial:team`` loads."""
+
+reviewed = build_team(name="reviewed", publishes=True)
+"""The team ``reviewed`` (``lattice worker lattice_worker.examples.tutorial:reviewed``): its
+editor's ``publish`` calls wait for an approval."""

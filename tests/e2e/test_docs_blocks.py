@@ -102,7 +102,9 @@ def test_the_guide_has_runnable_blocks() -> None:
     assert len(runnable) >= 10, [b.id for b in runnable]
     guide = [b for b in BLOCKS if b.path.parent == DOCS]
     assert sum(not b.run for b in guide) <= 3, "no-run blocks must stay rare in the guide"
-    assert any(b.run and b.path.name == "README.md" for b in BLOCKS), "the README's quickstart blocks must run"
+    assert any(b.run and b.path.name == "README.md" for b in BLOCKS), (
+        "the README's quickstart blocks must run"
+    )
 
 
 def test_markers_are_checked(tmp_path: Path) -> None:

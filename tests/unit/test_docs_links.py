@@ -28,7 +28,10 @@ def anchors(page: Path) -> set[str]:
 
 
 def test_slug_matches_github() -> None:
-    assert slug("3. What a member receives, and what it must do") == "3-what-a-member-receives-and-what-it-must-do"
+    assert (
+        slug("3. What a member receives, and what it must do")
+        == "3-what-a-member-receives-and-what-it-must-do"
+    )
     assert slug("The `lattice` command's options") == "the-lattice-commands-options"
     assert slug("Crash: leases and fencing") == "crash-leases-and-fencing"
 
