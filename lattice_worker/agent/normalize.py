@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..tools.tool import _json_type_name
+from ..tools.tool_definition import _json_type_name
 
 _TOOL_USE_TYPES = frozenset({"tool_use", "server_tool_use", "mcp_tool_use"})
 

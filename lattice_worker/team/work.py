@@ -9,16 +9,18 @@ upstream) and "Team tracing" (member runs share the root trace session, with
 :func:`run_work_item` is shared by the in-process runner, ``Team.drain`` and
 the distributed runtime's ``deliver`` task, so a message ends the same way
 whichever of them ran it.
+
+What it returns, :class:`WorkItemOutcome`, is defined in :mod:`.outcome`; the
+member's prompt, ``runtime`` option and trace context in :mod:`.member_run`.
+Both are re-exported here.
 """
 
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from lattice_mailbox.base import ClaimError, InvalidTransitionError, TeamMailbox
@@ -38,6 +40,7 @@ from .events import (
 )
 from .ids import LEAD, mailbox_id
 from .member import TeamMember
+from .member_run import REPORT_KINDS, MemberRuntime, member_prompt, member_trace_context
 from .member_tools import (
     EmitFn,
     MailboxToolState,
@@ -46,86 +49,13 @@ from .member_tools import (
     ensure_mailbox_tools,
     set_message_status,
 )
+from .outcome import WorkItemOutcome, outcome_tool_text
 
 if TYPE_CHECKING:
     from ..agent.abort import AbortSignal
     from ..tracing.base import ContextTracer
 
 logger = logging.getLogger("lattice_worker.team")
-
-#: ``metadata["kind"]`` values of messages that *report* on earlier work
-#: (replies, progress, failure reports, diagnostics). A member that receives
-#: one is informed; it is not required to answer, so reports never ping-pong.
-REPORT_KINDS = frozenset({"reply", "followup", "failure", "diagnostic"})
-
-
-@dataclass
-class WorkItemOutcome:
-    """How one message ended.
-
-    Attributes:
-        message: the original message, with its final status.
-        status: ``"done"`` (replied), ``"failed"``, ``"cancelled"`` (abort),
-            ``"open"`` (the member sent only ``team_followup``: the message stays
-            open in status ``read`` and can be closed later with ``team_reply``),
-            or ``"parked"`` (a tool call waits for a person: the runtime's journal
-            parked the message; the work item is not finished).
-        content: the reply text, the last progress text, or the failure text.
-        structured_result: the member's structured result (``submit_output`` /
-            ``end_turn``), JSON-ready, or ``None``.
-        error: the normalised failure (:class:`~lattice_worker.team.events.AgentRuntimeFailure`
-            as a dict) for ``failed`` / ``cancelled``, else ``None``.
-        report: the upstream message sent (reply, failure report or diagnostic), or ``None``.
-    """
-
-    message: TeamMessage
-    status: str
-    content: str
-    structured_result: Any = None
-    error: dict[str, Any] | None = None
-    report: TeamMessage | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (the distributed runtime stores outcomes as JSON)."""
-        return {
-            "message": self.message.to_json_dict(),
-            "status": self.status,
-            "content": self.content,
-            "structured_result": self.structured_result,
-            "error": self.error,
-            "report": self.report.to_json_dict() if self.report is not None else None,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> WorkItemOutcome:
-        """Inverse of :meth:`to_dict`."""
-        report = data.get("report")
-        return cls(
-            message=TeamMessage.model_validate(data["message"]),
-            status=data["status"],
-            content=data.get("content") or "",
-            structured_result=data.get("structured_result"),
-            error=data.get("error"),
-            report=TeamMessage.model_validate(report) if report else None,
-        )
-
-
-class MemberRuntime:
-    """The ``runtime`` query option of a member run: it exposes the member's
-    :class:`MailboxToolState` to the mailbox tools and injects nothing after
-    tool batches. With a ``journal`` (the distributed runtime's tool journal of
-    the work item) it also gives the loop ``tool_journal``, ``effect_scope`` and
-    ``approve_tool_call`` (docs/contracts.md)."""
-
-    def __init__(self, state: MailboxToolState, journal: Any = None) -> None:
-        self.team_mailbox_state = state
-        if journal is not None:
-            self.tool_journal = journal
-            self.effect_scope = journal.effect_scope
-            self.approve_tool_call = journal.approve_tool_call
-
-    async def after_tool_batch(self, outcome: Any) -> list[dict[str, Any]] | None:
-        return None
 
 
 class _Sink:
@@ -147,49 +77,6 @@ class _Sink:
         if self.tracer is not None and getattr(event, "type", None) in ("team_message", "team_agent"):
             await self.tracer.emit(event.type, event.model_dump())
         await emit_event(self.emit, event)
-
-
-def member_trace_context(
-    parent: TraceContext | None, team: str, member: str, agent_session_id: str | None
-) -> TraceContext | None:
-    """The trace context of a member run under ``parent`` (the team's root
-    run): same trace ``session_id``, the member's own session kept as
-    ``agent_session_id``, ``source = {"kind": "team_member", "name", "member",
-    "mailbox"}``, ``parent_run_id`` = the root run, and the root's
-    ``remote_parent`` (a root traced in another process). ``None`` without a parent."""
-    if parent is None:
-        return None
-    return TraceContext(
-        session_id=parent.session_id,
-        source={"kind": "team_member", "name": member, "member": member, "mailbox": mailbox_id(team, member)},
-        agent_session_id=agent_session_id,
-        parent_run_id=parent.run_id,
-        remote_parent=parent.remote_parent,
-    )
-
-
-def member_prompt(team_name: str, member: TeamMember, message: TeamMessage) -> str:
-    """The prompt a tool-capable member gets for ``message``."""
-    who = f'You are "{member.name}", a member of team "{team_name}"'
-    if member.role:
-        who += f" (role: {member.role})"
-    who += "."
-    if member.focus:
-        who += f" Your focus: {member.focus}."
-    kind = message.metadata.get("kind")
-    if kind in REPORT_KINDS:
-        return (
-            f"{who}\n\nA {kind} arrived in your mailbox from {message.from_} (message {message.id}, "
-            f"about your message {message.reply_to}):\n\n{message.content}\n\n"
-            "This is information for you; no reply is required."
-        )
-    return (
-        f"{who}\n\nYou have been assigned message {message.id} (work item {message.work_item_id}, "
-        f"thread {message.thread_id}) from {message.from_}:\n\n{message.content}\n\n"
-        "When your work is finished, call team_reply with your final result: it goes back upstream and closes "
-        "the message. Use team_followup only for progress that leaves the message open. If you end without "
-        "either, the work item fails."
-    )
 
 
 def _result_text(result: Any) -> str:
@@ -591,14 +478,6 @@ async def _fail(
     )
     await sink(TeamMessageEvent(subtype="failed", team=team, message=failed.to_json_dict(), error=failure))
     return WorkItemOutcome(message=failed, status="failed", content=text, error=failure, report=report)
-
-
-def outcome_tool_text(outcome: WorkItemOutcome) -> str:
-    """The ``ask`` tool-result text of an outcome: the structured result as JSON
-    when there is one, else the reply / failure text."""
-    if outcome.status == "done" and outcome.structured_result is not None:
-        return json.dumps(outcome.structured_result, ensure_ascii=False, default=str)
-    return outcome.content
 
 
 __all__ = [

@@ -1,0 +1,110 @@
+"""What :class:`~lattice_client.client.AsyncLatticeClient` shows of a deployment:
+``status`` (mailbox counts, recent runs, live workers, calls waiting for a
+person), the known mailboxes and teams, and a mailbox's messages (``inbox``).
+
+:class:`ViewsMixin` reads through the client's ``runs`` and ``mailbox`` and its
+``live_workers`` / ``registered_teams`` (:mod:`lattice_client.submit`) and
+``parked`` / ``approvals`` (:mod:`lattice_client.decisions`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from lattice_mailbox import MessageStatus, TeamMessage
+
+from .decisions import ParkedCall, PendingApproval
+from .models import RunRecord
+from .registry import LiveRegistry, WorkerInfo, check_team_ref
+from .submit import _unserved_message
+
+
+class StatusReport(BaseModel):
+    """Mailbox counts and recent runs, as :meth:`AsyncLatticeClient.status` returns them.
+
+    ``mailboxes``: mailbox id -> {status value -> number of messages};
+    ``runs``: the most recent runs, newest first; ``workers``: the live
+    workers (of ``team`` when given), see :class:`~lattice_client.registry.WorkerInfo`;
+    ``parked`` / ``approvals``: the tool calls waiting for a person (oldest first).
+    """
+
+    team: str | None = None
+    mailboxes: dict[str, dict[str, int]] = Field(default_factory=dict)
+    runs: list[RunRecord] = Field(default_factory=list)
+    workers: list[WorkerInfo] = Field(default_factory=list)
+    parked: list[ParkedCall] = Field(default_factory=list)
+    approvals: list[PendingApproval] = Field(default_factory=list)
+
+
+class ViewsMixin:
+    """The status and inbox views of :class:`~lattice_client.client.AsyncLatticeClient`
+    (it gives ``runs``, ``mailbox``, ``settings``, ``live_workers``,
+    ``registered_teams``, ``parked`` and ``approvals``)."""
+
+    runs: Any
+    mailbox: Any
+    settings: Any
+    live_workers: Callable[[], Awaitable[list[WorkerInfo]]]
+    registered_teams: Callable[[], Awaitable[dict[str, str]]]
+    parked: Callable[[str | None], Awaitable[list[ParkedCall]]]
+    approvals: Callable[[str | None], Awaitable[list[PendingApproval]]]
+
+    async def status(self, team: str | None = None, *, limit: int = 20) -> StatusReport:
+        """Per-status message counts of every ``<team>::*`` mailbox (every mailbox
+        when ``team`` is ``None``), the ``limit`` most recent runs, the live
+        workers (those serving ``team`` when given) and the tool calls waiting
+        for a person. ``team`` may also be a ``"package.module:attribute"``
+        reference a live worker serves (see
+        :meth:`resolve_team`)."""
+        workers = await self.live_workers()
+        if team and ":" in team and "::" not in team:
+            live = LiveRegistry(workers)
+            name = live.resolve(check_team_ref(team))
+            if name is None:
+                raise ValueError(_unserved_message(team, self.settings.key_prefix, live, is_ref=True))
+            team = name
+        prefix = f"{team}::" if team else None
+        mailbox = self.mailbox
+        ids = await mailbox.mailbox_ids(prefix)
+        counts = {mailbox_id: await mailbox.counts(mailbox_id) for mailbox_id in ids}
+        runs = await self.runs.list_runs(team, limit=limit)
+        if team:
+            workers = [w for w in workers if team in w.team_names()]
+        parked, approvals = await self.parked(team), await self.approvals(team)
+        return StatusReport(
+            team=team, mailboxes=counts, runs=runs, workers=workers, parked=parked, approvals=approvals
+        )
+
+    async def known_mailboxes(self, team: str | None = None) -> list[str]:
+        """Ids of the mailboxes that ever received a message (of ``team``'s
+        mailboxes only, when given), sorted."""
+        return list(await self.mailbox.mailbox_ids(f"{team}::" if team else None))
+
+    async def known_teams(self) -> list[str]:
+        """Team names this deployment knows, sorted: those a worker registered
+        and those with mailboxes."""
+        names = set((await self.registered_teams()).values())
+        names |= {box.partition("::")[0] for box in await self.known_mailboxes()}
+        return sorted(names)
+
+    async def team_exists(self, team: str) -> bool:
+        """Whether ``team`` (a name) is registered, has mailboxes or has runs."""
+        if team in (await self.registered_teams()).values():
+            return True
+        if await self.known_mailboxes(team):
+            return True
+        return bool(await self.runs.list_runs(team, limit=1))
+
+    async def inbox(self, mailbox_id: str, status: MessageStatus | str = "pending") -> list[TeamMessage]:
+        """Messages of one mailbox (``"<team>::<member>"``) with ``status`` (a
+        :class:`MessageStatus` value or ``"all"``), oldest first. Raises
+        ``ValueError`` for an unknown status."""
+        if status != "all":
+            status = MessageStatus.parse(status)
+        return await self.mailbox.inbox(mailbox_id, status)
+
+
+__all__ = ["StatusReport", "ViewsMixin"]
