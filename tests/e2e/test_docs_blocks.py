@@ -30,8 +30,11 @@ import pytest
 
 from tests.e2e.conftest import REPO, Deployment
 
+pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(300)]
+
 DOCS = REPO / "docs"
 BLOCK_TIMEOUT_S = 120
+"""Seconds a block may run (its workers' start is bounded separately, 45 s each)."""
 _FENCE = re.compile(r"^```python\s*$")
 _MARKER = re.compile(r"^<!--\s*(.*?)\s*-->$")
 
