@@ -1,7 +1,7 @@
 """lattice_client: the thin client of the distributed runtime.
 
 Submit team runs to Celery workers, wait for their results, stream their
-events, cancel them and inspect mailboxes (DESIGN.md sections 5, 7 and 9).
+events, cancel them and inspect mailboxes (docs/tutorial.md, docs/operate.md; docs/architecture.md).
 This package never imports ``lattice_worker`` at module level, so a backend
 service needs only the thin dependencies (celery, redis, pydantic).
 

@@ -1,6 +1,6 @@
 """The Celery application configuration shared by the client, the workers and Flower.
 
-Design: DESIGN.md section 5 (queues, JSON only, late acks, task events) and
+Design: docs/architecture.md, "Steps as Celery tasks" (queues, JSON only, late acks, task events) and
 issue 6 item 1. The client only *sends* tasks, by name
 (``app.send_task("lattice.run_lead", args=[run_id], queue=queue_name(...))``);
 the worker side (``lattice_worker.runtime.celery_app``) builds its app with the same
@@ -48,7 +48,7 @@ RESUME_LEAD_TASK = "lattice.resume_lead"
 def queue_name(prefix: str, team: str, member: str = LEAD_MEMBER) -> str:
     """The Celery queue of one team member: ``"<prefix>.<team>.<member>"``.
 
-    ``member="lead"`` names the lead's queue (DESIGN.md section 5). Raises
+    ``member="lead"`` names the lead's queue (docs/deploy.md). Raises
     ``ValueError`` when a part is empty or contains whitespace.
     """
     for label, part in (("prefix", prefix), ("team", team), ("member", member)):

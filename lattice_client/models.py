@@ -1,6 +1,6 @@
 """Records of the distributed runtime: run status, run record, final result.
 
-Design: DESIGN.md section 5 ("Submit", "Resume": the final result is written to
+Design: docs/architecture.md, "Steps as Celery tasks" (steps 1 and 4: the final result is written to
 the run record and to the run's event stream). Times are **milliseconds**
 since the Unix epoch.
 """

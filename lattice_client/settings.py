@@ -1,6 +1,6 @@
 """Settings of the distributed runtime, read from ``LATTICE_*`` environment variables.
 
-Design: DESIGN.md section 7 ("Configuration comes from flags and environment
+Documented in docs/configure.md ("Configuration comes from flags and environment
 variables through pydantic-settings"). Every field can be given as a keyword
 argument, through its environment variable (``LATTICE_<FIELD NAME>``, case
 insensitive) or through a ``.env``-free process environment; keyword arguments

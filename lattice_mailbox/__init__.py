@@ -1,6 +1,7 @@
 """lattice_mailbox: the ``TeamMailbox`` protocol and its stores.
 
-Spec: AgentLattice "Durable mailbox storage"; design DESIGN.md sections 3 and 5.
+Spec: AgentLattice "Durable mailbox storage"; design docs/architecture.md
+("Core model", "Lua scripts and Redis keys").
 This package knows nothing about agents.
 
 * :class:`MemoryMailbox` - in-process (the embedded default).

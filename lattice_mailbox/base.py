@@ -3,7 +3,7 @@
 Five message-centric methods make a mailbox (spec "Durable mailbox storage").
 Stores used by the distributed runtime also implement :class:`LeasedMailbox`:
 claims carry a lease and a token, and the token fences late writers
-(DESIGN.md section 5, "Crash").
+(docs/architecture.md, "Crash: leases and fencing").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``MemoryMailbox``: the embedded, in-process mailbox store (the default).
 
 Spec: AgentLattice "Durable mailbox storage" (``createMemoryMailbox``); leases
-and fencing from DESIGN.md section 5. Every operation is one critical section
+and fencing from docs/architecture.md. Every operation is one critical section
 with no ``await`` inside, guarded by a ``threading.Lock``, so it is safe under
 asyncio concurrency and when called from several threads. Nothing survives the
 process.

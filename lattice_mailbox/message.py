@@ -1,7 +1,7 @@
 """The message record every mailbox store persists, and its status values.
 
 Spec: AgentLattice "Durable mailbox storage" (the state machine); design
-DESIGN.md section 3. ``created_at`` and ``lease_until`` are **milliseconds**
+docs/architecture.md, "Core model". ``created_at`` and ``lease_until`` are **milliseconds**
 since the Unix epoch.
 """
 

@@ -1,7 +1,7 @@
 """``SQLMailbox``: the durable mailbox store on SQLAlchemy (SQLite or PostgreSQL).
 
 Spec: AgentLattice "Durable mailbox storage" (``createSQLiteMailbox``); leases
-and fencing from DESIGN.md section 5.
+and fencing from docs/architecture.md.
 
 * ``sqlite:///path/to/file.db`` (default driver ``sqlite3``, WAL journal).
   Every write runs in ``BEGIN IMMEDIATE`` (one writer at a time; others wait

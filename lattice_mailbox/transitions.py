@@ -2,7 +2,7 @@
 
 Spec: AgentLattice "Durable mailbox storage" (``send`` writes ``pending``,
 ``claim_next`` moves ``pending`` -> ``processing``, ``update_status`` finishes);
-design DESIGN.md section 3 (``parked``) and section 5 (leases).
+design docs/architecture.md, "Core model" (``parked``) and "Crash: leases and fencing".
 
 The full table (every store enforces the same one; the Redis scripts receive
 the allowed source states from here, so there is one source of truth):

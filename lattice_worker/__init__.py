@@ -1,4 +1,4 @@
-"""agent-lattice: agents, tools, hooks, teams (DESIGN §9 public names).
+"""agent-lattice: agents, tools, hooks, teams (public names: docs/architecture.md, "Public API").
 
 Keep this a plain explicit list; each area appends its own exports.
 

@@ -1,6 +1,6 @@
 """``lattice demo [DIRECTORY] [--word W]``: the example team end to end, in this process.
 
-DESIGN.md section 7. Runs ``lattice_worker.examples.team`` (a lead plus ``searcher`` and
+README, set-up. Runs ``lattice_worker.examples.team`` (a lead plus ``searcher`` and
 ``counter``, working with the built-in ``Grep`` and ``Bash`` tools in their
 workspaces under ``~/.agent/workspaces``) on the embedded default
 ``MemoryMailbox``: no Redis, no workers. Without an API key every agent plays the example's

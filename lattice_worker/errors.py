@@ -2,7 +2,7 @@
 
 Every error subclasses :class:`LatticeError`, so a host can catch the whole
 family with one ``except``. Names follow the AgentLattice "Errors" section of
-the specification; ``ModelTimeoutError`` is the spec's ``TimeoutError`` and is
+AgentLattice; ``ModelTimeoutError`` is its ``TimeoutError`` and is
 also a Python :class:`TimeoutError`.
 """
 

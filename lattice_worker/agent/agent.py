@@ -486,7 +486,7 @@ class AgentSpec:
 
 
 def create_agent(**options: Any) -> Agent:
-    """Create an :class:`Agent` (DESIGN §9 options, keyword-only).
+    """Create an :class:`Agent` (options: lattice_worker.agent.options.AgentOptions, keyword-only).
 
     Raises :class:`ConfigError` naming an unknown option key or an option of the
     wrong type, on duplicate tool names, or a tool named ``submit_output`` while

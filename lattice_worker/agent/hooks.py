@@ -1,6 +1,6 @@
 """Agent hooks: rewrite tool results and outgoing model requests (spec "Hooks").
 
-Rules (from the spec):
+Rules:
 
 * Return, do not mutate. ``None`` keeps the value. Hooks get deep copies, so
   editing the context in place changes nothing (in a composite, each hook gets

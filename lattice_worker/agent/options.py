@@ -217,7 +217,8 @@ _QUERY_EXPECTED: dict[str, str] = {
 
 
 class AgentOptions(BaseModel):
-    """Options of ``create_agent`` / ``create_bare_agent`` / ``define_agent`` (DESIGN §9).
+    """Options of ``create_agent`` / ``create_bare_agent`` / ``define_agent``
+    (docs/architecture.md, "Public API").
 
     See the module doc for strictness. ``skills``: see
     :mod:`lattice_worker.tools.skills`; ``workspace`` (a directory, ``False`` or
@@ -233,7 +234,7 @@ class AgentOptions(BaseModel):
     ``thinking_config`` ``{"type": "enabled", "budget_tokens": N}``: ``N`` is
     capped at ``max_tokens - 1`` on every request; a budget (or a cap) below
     1,024, the provider's minimum, raises :class:`ConfigError`.
-    ``mcp_servers`` (not in the spec): MCP servers whose tools each query offers
+    ``mcp_servers`` (Python only): MCP servers whose tools each query offers
     beside ``tools``, connected lazily per process and event loop
     (:mod:`lattice_worker.tools.mcp_servers`).
     """

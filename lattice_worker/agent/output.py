@@ -3,7 +3,7 @@
 Spec: AgentLattice "Agent Loop -- Structured output with submit_output".
 
 ``output_schema`` is either a pydantic ``BaseModel`` subclass or any object
-with ``parse(value) -> T`` (the spec's ``OutputSchema``; ``parse`` may be
+with ``parse(value) -> T`` (an ``OutputSchema``; ``parse`` may be
 ``async``). For a parse-object the
 JSON Schema shown to the model comes from its ``model_json_schema()`` or
 ``json_schema()`` method, or a ``json_schema`` / ``schema`` dict attribute; without

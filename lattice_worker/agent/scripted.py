@@ -1,6 +1,6 @@
 """``ScriptedModelClient``: a model client that plays scripted assistant turns.
 
-Used by tests and the offline demo (DESIGN §3, §9). ``ScriptedModelClient(turns)``
+Used by tests and the offline demo (docs/testing.md). ``ScriptedModelClient(turns)``
 takes either
 
 * a list whose items are played in order, one per request: an

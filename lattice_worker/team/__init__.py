@@ -2,7 +2,7 @@
 teams (``create_team``, ``team_member``, the runner, ``drain``).
 
 Spec: AgentLattice "Agent delegation and teams", "Supervisor delegation",
-"Mailbox team", "Team tracing"; DESIGN.md section 4. The distributed runtime
+"Mailbox team", "Team tracing"; docs/architecture.md, "Teams in one process". The distributed runtime
 reuses :func:`~lattice_worker.team.work.run_work_item`,
 :func:`~lattice_worker.team.lead_tools.make_lead_member_tools` and
 :func:`~lattice_worker.team.reports.format_report_message`.

@@ -2,7 +2,7 @@
 
 Spec: AgentLattice "Modes for calling a member" (``ask`` / ``handoff`` /
 ``observe``, the handoff receipt) and "Supervisor delegation > Tool input"
-(``{mode, task, expected_output, acceptance_criteria}``); DESIGN.md section 9.
+(``{mode, task, expected_output, acceptance_criteria}``); docs/architecture.md, "Teams in one process".
 
 A tool call validates its input, puts the task in the member's mailbox (from
 ``"<team>::lead"``, a new work item id, thread id = the task message's id) and

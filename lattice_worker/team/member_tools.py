@@ -2,7 +2,7 @@
 ``team_reply``, ``team_followup``, ``team_status``.
 
 Spec: AgentLattice "Mailbox tools for members" (and ``exposeLeadMailboxTools``
-for the lead); model-facing inputs exactly as DESIGN.md section 9.
+for the lead); model-facing inputs as docs/tutorial.md shows them.
 
 The tools are generic: one set is installed on an agent once, and every call
 finds *who* is calling and *which message* it works on through the query's

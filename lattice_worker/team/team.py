@@ -1,7 +1,7 @@
 """``create_team`` and the agent-like :class:`Team`.
 
 Spec: AgentLattice "Mailbox team" (create a team, modes, concurrency, failure
-isolation, member tools, nested teams, manual draining); DESIGN.md section 4.
+isolation, member tools, nested teams, manual draining); docs/architecture.md, "Teams in one process".
 A team is not a new kind of agent: calling it means talking to its lead,
 whose member tools put work in member mailboxes that the runner (or
 ``drain``) drives to completion.
@@ -223,7 +223,7 @@ def create_team(
     tracer: Any = None,
     **unknown: Any,
 ) -> Team:
-    """Create a mailbox team (spec "Create a team"; DESIGN.md section 4).
+    """Create a mailbox team (spec "Create a team"; docs/tutorial.md).
 
     Args:
         name: the team name, ``^[A-Za-z0-9_.-]{1,64}$``; mailbox ids are ``"<name>::<member>"``.

@@ -1,6 +1,6 @@
 """Teams for the distributed-runtime tests (in-process protocol tests and real workers).
 
-Every model is a *stateless* callable of the request (DESIGN §9), so a run
+Every model is a *stateless* callable of the request (docs/testing.md), so a run
 can suspend in one process and resume in another. The plan of a run is in its
 prompt, as JSON::
 

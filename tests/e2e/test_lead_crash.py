@@ -1,6 +1,6 @@
 """End-to-end: a worker killed (``kill -9`` of its process group) during a lead turn.
 
-Issue 6, crash safety of lead segments; DESIGN.md section 5 "Crash". The
+Issue 6, crash safety of lead segments; docs/architecture.md "Crash: leases and fencing". The
 lead's tool batch sends two member tasks and then stalls in a tool of its own
 (``chore ... hang-first``); the worker is killed there. Another worker's
 reaper finds the run's expired lead lease, the run resumes from its persisted

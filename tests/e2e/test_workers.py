@@ -1,6 +1,6 @@
 """End-to-end: real ``lattice worker`` processes, the real Redis, the client in this process.
 
-Issue 6 "Must show" (a)-(f); DESIGN.md sections 5 and 7. Teams come from
+Issue 6 "Must show" (a)-(f); docs/architecture.md, docs/deploy.md. Teams come from
 ``lattice_worker/examples/team.py`` and ``tests/e2e/teams.py``; every model is scripted and
 stateless, every tool is real.
 """

@@ -525,7 +525,7 @@ async def test_reaper_re_enqueues_a_resume_left_behind_by_a_dead_worker(env, raw
     assert (await ctx.runs.get(run_id)).result.result == "final: done:worked[a]"
 
 
-# -- lead leases: a worker dying during a lead turn (issue 6, DESIGN.md section 5 "Crash") ----
+# -- lead leases: a worker dying during a lead turn (issue 6, architecture.md "Crash") ----
 
 
 class Gate:

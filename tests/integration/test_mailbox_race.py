@@ -3,7 +3,7 @@ asyncio tasks claim from one mailbox of 2,000 messages with short leases while
 a 9th process runs ``requeue_expired`` in a loop. Some claims deliberately
 sleep past their lease, so requeues and fenced-out completions really happen.
 
-Must hold (issue 4, DESIGN.md section 5 "Crash"): every message completed
+Must hold (issue 4, docs/architecture.md "Crash"): every message completed
 exactly once, none lost, none completed by a fenced-out claim (a stale
 ``complete`` raises ``ClaimTakenError``/``ClaimMissingError`` and writes nothing).
 """

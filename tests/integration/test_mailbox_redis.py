@@ -1,6 +1,6 @@
 """Redis-specific behaviour of ``RedisMailbox``: key layout and hash tags, Lua
 script headers and EVALSHA reloading, one client per event loop, the tag
-collision guard, and Redis going away mid-call (DESIGN.md section 5).
+collision guard, and Redis going away mid-call (docs/architecture.md).
 
 Real Redis on 127.0.0.1:6379; every test uses its own key prefix and deletes
 its keys. The connection cuts go through a tiny asyncio TCP proxy.

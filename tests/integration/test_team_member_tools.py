@@ -2,8 +2,8 @@
 diagnostic, fencing, and bad input to team tools.
 
 Spec: AgentLattice "Mailbox tools for members", "Manual draining" (no reply ->
-failed + diagnostic), "Durable mailbox storage" (state machine); DESIGN.md
-sections 4, 5 (fencing) and 9 (model-facing tool inputs). Every test runs
+failed + diagnostic), "Durable mailbox storage" (state machine); docs/architecture.md
+(teams, fencing) and docs/tutorial.md (model-facing tool inputs). Every test runs
 against MemoryMailbox and RedisMailbox (real Redis, unique prefix, keys
 deleted after).
 """

@@ -2,7 +2,7 @@
 failure isolation, abort, events and tracing.
 
 Spec: AgentLattice "Mailbox team" (modes, receipts, controlled handoff
-concurrency, handoff failure isolation) and "Team tracing"; DESIGN.md section 4.
+concurrency, handoff failure isolation) and "Team tracing"; docs/architecture.md.
 Every test runs against MemoryMailbox and RedisMailbox (real Redis on
 127.0.0.1:6379, a unique key prefix per test, keys deleted after).
 """

@@ -1,5 +1,5 @@
 """Pinned names, defaults and rules of issues 2 and 3 that had no test that would
-fail when they broke (DESIGN §9; spec "Public API", "Errors", "Tools -- Run
+fail when they broke (docs/architecture.md, "Public API"; spec "Public API", "Errors", "Tools -- Run
 independent tools concurrently", "Hooks -- Rules", "Context Tracing -- Custom
 sinks", "Interrupting a query", "Tool metadata")."""
 
@@ -44,7 +44,7 @@ async def run(agent, prompt="go", **options):
     return [e async for e in agent.query(prompt, stream=False, **options)]
 
 
-# --------------------------------------------------------------------------- DESIGN §9 names
+# --------------------------------------------------------------------------- public names
 
 DESIGN_AGENT_OPTIONS = (
     "api_key base_url name model system_prompt max_tokens max_turns thinking_config reasoning_effort "

@@ -1,4 +1,4 @@
-"""ScriptedModelClient and its turn helpers (DESIGN §9)."""
+"""ScriptedModelClient and its turn helpers (docs/testing.md)."""
 
 from __future__ import annotations
 

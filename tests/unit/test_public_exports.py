@@ -1,4 +1,4 @@
-"""DESIGN §9 pins public names to packages; these tests import them from there."""
+"""docs/architecture.md ("Public API") pins public names to packages; these tests import them from there."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ WORKER_NAMES = [
     "ModelClient",
     "ModelRequest",
     "AssistantModelMessage",
-    # round 2 (DESIGN §9b): built-in workspace tools and skills
+    # round 2: built-in workspace tools and skills
     "create_builtin_tools",
     "create_agent_workspace_tools",
     "skill",

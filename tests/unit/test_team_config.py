@@ -3,7 +3,7 @@ agent-like surface of ``Team`` (in-memory mailbox, no services).
 
 Spec: AgentLattice "Mailbox team" (create a team, controlled handoff
 concurrency, nested teams), "Handoff failure isolation" (normalised errors);
-DESIGN.md sections 4 and 9.
+docs/architecture.md, "Teams in one process".
 """
 
 from __future__ import annotations
