@@ -1,6 +1,6 @@
 """lattice_mailbox: the ``TeamMailbox`` protocol and its stores.
 
-Spec: AgentLattice "Durable mailbox storage"; design docs/architecture.md
+Design: docs/architecture.md
 ("Core model", "Lua scripts and Redis keys").
 This package knows nothing about agents.
 

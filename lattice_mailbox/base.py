@@ -1,6 +1,6 @@
 """The ``TeamMailbox`` protocol and the optional lease capability.
 
-Five message-centric methods make a mailbox (spec "Durable mailbox storage").
+Five message-centric methods make a mailbox (docs/architecture.md, "Core model").
 Stores used by the distributed runtime also implement :class:`LeasedMailbox`:
 claims carry a lease and a token, and the token fences late writers
 (docs/architecture.md, "Crash: leases and fencing").

@@ -1,6 +1,6 @@
 """``MemoryMailbox``: the embedded, in-process mailbox store (the default).
 
-Spec: AgentLattice "Durable mailbox storage" (``createMemoryMailbox``); leases
+Mailbox semantics: docs/architecture.md, "Core model"; leases
 and fencing from docs/architecture.md. Every operation is one critical section
 with no ``await`` inside, guarded by a ``threading.Lock``, so it is safe under
 asyncio concurrency and when called from several threads. Nothing survives the

@@ -1,6 +1,6 @@
 """The message record every mailbox store persists, and its status values.
 
-Spec: AgentLattice "Durable mailbox storage" (the state machine); design
+Fields and status values are described in
 docs/architecture.md, "Core model". ``created_at`` and ``lease_until`` are **milliseconds**
 since the Unix epoch.
 """

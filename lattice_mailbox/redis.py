@@ -1,8 +1,7 @@
 """``RedisMailbox``: the distributed mailbox store on ``redis.asyncio`` + Lua.
 
-Spec: AgentLattice "Durable mailbox storage" (``claimNext`` must be atomic on a
-distributed backend); design docs/architecture.md (hash tags, leases, fencing,
-one Lua script per operation, bounded bodies).
+``claim_next`` is atomic across processes and hosts; design docs/architecture.md
+(hash tags, leases, fencing, one Lua script per operation, bounded bodies).
 
 Key scheme
 ----------

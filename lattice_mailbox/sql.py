@@ -1,6 +1,6 @@
 """``SQLMailbox``: the durable mailbox store on SQLAlchemy (SQLite or PostgreSQL).
 
-Spec: AgentLattice "Durable mailbox storage" (``createSQLiteMailbox``); leases
+Mailbox semantics: docs/architecture.md, "Core model"; leases
 and fencing from docs/architecture.md.
 
 * ``sqlite:///path/to/file.db`` (default driver ``sqlite3``, WAL journal).

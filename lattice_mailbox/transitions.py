@@ -1,6 +1,6 @@
 """The mailbox state machine: which ``update_status`` moves are allowed.
 
-Spec: AgentLattice "Durable mailbox storage" (``send`` writes ``pending``,
+The mailbox life cycle (``send`` writes ``pending``,
 ``claim_next`` moves ``pending`` -> ``processing``, ``update_status`` finishes);
 design docs/architecture.md, "Core model" (``parked``) and "Crash: leases and fencing".
 

@@ -1,8 +1,7 @@
 """Errors raised by the agent loop, tools and team runtime.
 
 Every error subclasses :class:`LatticeError`, so a host can catch the whole
-family with one ``except``. Names follow the AgentLattice "Errors" section of
-AgentLattice; ``ModelTimeoutError`` is its ``TimeoutError`` and is
+family with one ``except``. ``ModelTimeoutError`` (a model request past ``request_timeout_ms``) is
 also a Python :class:`TimeoutError`.
 """
 

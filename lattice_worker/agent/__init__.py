@@ -1,6 +1,6 @@
 """The agent loop: agents, options, events, the model boundary, scripted model.
 
-Spec: AgentLattice "Agent Loop", "Streaming Events", "Configuration". The
+Design: docs/architecture.md, "Core model"; options: docs/configure.md. The
 Anthropic client lives in :mod:`.anthropic_client`; ``AnthropicModelClient``
 is exported here lazily (module ``__getattr__``), so importing this package
 does not import the ``anthropic`` SDK until the name is used.

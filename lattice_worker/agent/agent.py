@@ -1,5 +1,5 @@
-"""``Agent`` and its factories (spec "Quickstart", "Configuration", "Agent Loop",
-"Public API -- Agent").
+"""``Agent`` and its factories (docs/architecture.md, "Core model";
+options: docs/configure.md, "What is configured in code").
 
 One :class:`Agent` holds one conversation. Create it with :func:`create_agent`,
 :func:`create_bare_agent` or :meth:`AgentSpec.spawn` (from :func:`define_agent`).
@@ -119,7 +119,7 @@ def _message_problem(message: Any) -> str | None:
 
 
 class Agent:
-    """One conversation with a model, plus its tools (spec "Agent").
+    """One conversation with a model, plus its tools.
 
     Create with :func:`create_agent` / :func:`create_bare_agent` / ``AgentSpec.spawn()``;
     the constructor is internal. Attributes: ``session_id`` (a fresh UUID string),
@@ -338,8 +338,7 @@ class Agent:
         return _copy(self._history)
 
     async def replace_history(self, messages: list[dict[str, Any]]) -> None:
-        """Replace the whole conversation (and the history store's copy) -- spec
-        "Persistent history and resume".
+        """Replace the whole conversation (and the history store's copy).
 
         ``messages``: a list of Anthropic wire-format message dicts. Idle only:
         raises :class:`ConcurrentQueryError` while a query runs. Only the shape is
@@ -456,7 +455,7 @@ class Agent:
 
 
 class AgentSpec:
-    """A stateless agent template from :func:`define_agent` (spec ``AgentSpec``).
+    """A stateless agent template from :func:`define_agent`.
 
     ``options`` is the validated :class:`AgentOptions`; :meth:`spawn` creates an
     independent :class:`Agent` (own session id and history) from it.

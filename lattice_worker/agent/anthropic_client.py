@@ -3,11 +3,10 @@
 It speaks the Anthropic Messages API to Anthropic itself or to any compatible
 endpoint (DeepSeek, Kimi, a local fake server) chosen with ``base_url``.
 
-Spec sections: "Provider Compatibility" (wire format of ``thinking``,
-``reasoning_effort`` and ``output_config``), "Configuration" (thinking and
-reasoning options), "Agent Loop" -> "Token usage and truncation" (``usage``,
-``stop_reason``, ``provider_response_id``, ``model``) and "Streaming Events"
-(raw provider events forwarded while they arrive).
+It sends the thinking and reasoning options on the wire (``thinking``,
+``reasoning_effort`` and ``output_config``), reports each response's ``usage``,
+``stop_reason``, ``provider_response_id`` and ``model``, and forwards the raw
+provider events while they arrive.
 
 Wire format produced from a :class:`~lattice_worker.agent.model.ModelRequest`:
 

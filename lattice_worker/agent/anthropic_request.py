@@ -69,7 +69,7 @@ def _wire_message(message: Any, index: int) -> dict[str, Any]:
 
 
 def serialize_thinking(config: Any, max_tokens: int) -> dict[str, Any] | None:
-    """Map a thinking config to the wire ``thinking`` object (spec "Provider Compatibility").
+    """Map a thinking config to the wire ``thinking`` object.
 
     ``{"type": "enabled", "budget_tokens": N}`` (or ``budgetTokens``) becomes
     ``{"type": "enabled", "budget_tokens": min(N, max_tokens - 1)}``;

@@ -2,7 +2,7 @@
 ``permission_mode="by_effect"``, the approval step (``docs/tool-effects.md``).
 
 ``permission_mode="allow"`` (the default): every registered tool may run; a
-``permission`` callback, when given, decides each call (spec "Permissions").
+``permission`` callback, when given, decides each call.
 
 ``permission_mode="by_effect"``: a call of a ``read_only`` tool runs without
 asking anyone (the ``permission`` callback included). Every other call needs
@@ -36,7 +36,7 @@ from .suspend import SuspendQuery
 
 @dataclass
 class PermissionRequest:
-    """What a ``permission`` callback receives (spec "Permissions -- Request shape").
+    """What a ``permission`` callback receives (docs/tool-effects.md, "Approvals by effect").
 
     ``input`` is the raw, unvalidated input the model sent. ``effect`` (the
     tool's effect) and ``effect_key`` (the call's idempotency key) are there

@@ -1,4 +1,4 @@
-"""SDK events yielded by ``Agent.query()`` (spec "Streaming Events").
+"""SDK events yielded by ``Agent.query()``.
 
 Every event is a pydantic model with a ``type`` field; ``event.model_dump()``
 is its wire dict and :func:`parse_sdk_message` reads one back. Order within a

@@ -1,6 +1,6 @@
 """The ``HistoryStore`` protocol: durable storage of one Agent's conversation.
 
-Spec: AgentLattice "Persistent history and resume". ``load()`` runs once per
+``load()`` runs once per
 Agent lifetime before the first query; ``append(message)`` follows every
 message added to the history; ``replace(messages)`` follows wholesale rewrites
 (``replace_history``, compaction). Messages are Anthropic wire-format dicts.

@@ -1,7 +1,7 @@
 """Built-in :class:`~lattice_worker.agent.history.HistoryStore` implementations.
 
-Spec: AgentLattice "Persistent history and resume" and Public API
-(``createJsonlHistoryStore``, ``defineHistoryStore``). Three stores:
+An agent takes one as its ``history_store`` option (docs/configure.md, "What is
+configured in code"). Three stores:
 
 * :func:`create_jsonl_history_store` — one JSON message per line in a local file.
 * :func:`define_history_store` — wraps host callables (sync or async).
@@ -239,7 +239,6 @@ def create_jsonl_history_store(
 ) -> JsonlHistoryStore:
     """A history store writing one JSON message per line to ``path``.
 
-    Spec: "Persistent history and resume" / ``createJsonlHistoryStore``.
     ``path`` need not exist; its missing parent directories are created on the
     first write. ``fsync=True`` forces each append to disk (slower; the default
     flushes to the OS only). Raises :class:`ConfigError` when ``path`` is empty
@@ -296,7 +295,7 @@ def define_history_store(
     replace: Callable[[list[Message]], Any],
     fail_on_error: bool = False,
 ) -> DefinedHistoryStore:
-    """A custom history store from three callables (spec ``defineHistoryStore``).
+    """A custom history store from three callables.
 
     ``load()`` returns the stored messages (a list of dicts, or ``None`` for
     none); ``append(message)`` and ``replace(messages)`` persist writes. Each

@@ -1,4 +1,4 @@
-"""Agent hooks: rewrite tool results and outgoing model requests (spec "Hooks").
+"""Agent hooks: rewrite tool results and outgoing model requests.
 
 Rules:
 
@@ -212,7 +212,7 @@ def coerce_hooks(value: Any) -> AgentHooks | None:
 
 
 def create_composite_agent_hooks(hooks: Sequence[AgentHooks | Mapping[str, Any] | None]) -> AgentHooks:
-    """Chain several hook sets in list order (spec "Composing").
+    """Chain several hook sets in list order.
 
     Each hook receives the previous one's output (a hook returning ``None`` passes
     the value on unchanged); ``None`` entries are skipped. Raises

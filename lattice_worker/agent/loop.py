@@ -1,4 +1,4 @@
-"""The agent loop: one query of one Agent (spec "Agent Loop", "Streaming Events").
+"""The agent loop: one query of one Agent (docs/architecture.md, "Core model").
 
 For each query: load the history store once (first query only), yield the
 ``system`` event, add the prompt to the history (never echoed as an event),

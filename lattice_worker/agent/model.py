@@ -3,7 +3,7 @@
 Messages and content blocks use Anthropic's Messages API wire format as plain
 dicts (``{"role": "user", "content": [...]}``, ``{"type": "tool_use", ...}``),
 so history can be stored as JSON and replayed in another process unchanged.
-Spec: AgentLattice "Agent Loop" and "Provider Compatibility".
+Design: docs/architecture.md, "Core model".
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Agent and query options, validated strictly (spec "Configuration",
-"Public API -- AgentOptions / QueryOptions", "Tools -- Strict option validation").
+"""Agent and query options, validated strictly (docs/configure.md, "What is
+configured in code").
 
 Options are keyword-only. An unknown key raises :class:`ConfigError` naming it;
 a value of the wrong type raises :class:`ConfigError` naming the option and what
@@ -51,7 +51,7 @@ UNKNOWN_OPTION_HINT = (
 
 
 class ToolConcurrencyOptions(BaseModel):
-    """``tool_concurrency`` (spec "Run independent tools concurrently").
+    """``tool_concurrency`` (docs/tool-effects.md, "How concurrency fits together").
 
     ``mode``: ``"safe"`` (default; consecutive calls whose tool says
     ``is_concurrency_safe(input)`` overlap), ``"all"`` (every call may overlap) or

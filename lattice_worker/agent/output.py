@@ -1,7 +1,5 @@
 """Structured output: the ``submit_output`` tool injected by ``output_schema``.
 
-Spec: AgentLattice "Agent Loop -- Structured output with submit_output".
-
 ``output_schema`` is either a pydantic ``BaseModel`` subclass or any object
 with ``parse(value) -> T`` (an ``OutputSchema``; ``parse`` may be
 ``async``). For a parse-object the

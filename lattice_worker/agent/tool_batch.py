@@ -1,7 +1,7 @@
 """Execution of one tool batch (all ``tool_use`` blocks of one assistant turn).
 
-Spec: AgentLattice "Tools" (concurrency, batch policy), "Permissions",
-"Agent Loop" (structured output exclusivity, truncation at ``max_tokens``).
+Concurrency and approvals: docs/tool-effects.md ("How concurrency fits together",
+"Approvals by effect").
 
 Order of checks, batch level first (each rejects the whole batch, no handler runs):
 

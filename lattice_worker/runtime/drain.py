@@ -1,7 +1,7 @@
 """``lattice drain TEAM_REF``: process member mailboxes by hand against the live Redis mailbox.
 
-Spec: AgentLattice "Manual draining" (each member claims from its *own*
-mailbox and is prompted; nothing is rerouted); docs/architecture.md. Unlike
+Each member claims from its *own* mailbox and is prompted; nothing is rerouted
+(docs/operate.md, "drain: do a member's work by hand"). Unlike
 ``Team.drain`` (in-process, embedded mailbox), this drives the distributed
 runtime's own member step (:func:`lattice_worker.runtime.member_step.process_claimed`)
 in this process: claims carry a lease renewed while the member works, the

@@ -1,8 +1,7 @@
 """Teams in one process: supervisor delegation (``agent_tool``) and mailbox
 teams (``create_team``, ``team_member``, the runner, ``drain``).
 
-Spec: AgentLattice "Agent delegation and teams", "Supervisor delegation",
-"Mailbox team", "Team tracing"; docs/architecture.md, "Teams in one process". The distributed runtime
+Guide: docs/tutorial.md; design: docs/architecture.md, "Teams in one process". The distributed runtime
 reuses :func:`~lattice_worker.team.work.run_work_item`,
 :func:`~lattice_worker.team.lead_tools.make_lead_member_tools` and
 :func:`~lattice_worker.team.reports.format_report_message`.

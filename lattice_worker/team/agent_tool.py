@@ -1,9 +1,9 @@
 """Supervisor delegation: expose an agent-like child as a plain tool.
 
-Spec: AgentLattice "Supervisor delegation" (basic shape, tool input, spec or
+It covers the basic shape, the tool input, a template (``AgentSpec``) or
 session target, structured child output with contract inheritance and
 assembly-time checks, structured passthrough without a schema, typed
-delegation). ``agent_tool()`` returns a :class:`ToolDefinition` of kind
+delegation. ``agent_tool()`` returns a :class:`ToolDefinition` of kind
 ``"agent_tool"``; when the supervisor model calls it with ``mode: "ask"`` the
 child runs once and its final answer becomes the ``tool_result``.
 """
@@ -55,8 +55,7 @@ class TaskFields(Protocol):
 
 def format_task(data: TaskFields) -> str:
     """The prompt (or member message) for a delegated task: the task, then the
-    expected output and acceptance criteria when given (spec "Supervisor
-    delegation > Tool input")."""
+    expected output and acceptance criteria when given."""
     parts = [data.task.strip()]
     if data.expected_output:
         parts.append(f"Expected output: {data.expected_output.strip()}")
@@ -175,7 +174,7 @@ def _text(result: Any) -> str:
 def child_output_invalid(code: str, message: str) -> ToolResult:
     """The error result for a child whose structured output is missing or
     invalid: ``is_error`` with content ``"child_output_invalid: <code>: <message>"``
-    exactly (no ``"Error: "`` prefix; spec "Structured child output")."""
+    exactly (no ``"Error: "`` prefix)."""
     return ToolResult(content=f"{CHILD_OUTPUT_INVALID}: {code}: {message}", is_error=True)
 
 
@@ -245,7 +244,7 @@ def agent_tool(
     metadata: Mapping[str, Any] | None = None,
     **unknown: Any,
 ) -> ToolDefinition:
-    """Wrap an agent-like ``target`` as a tool (spec "Supervisor delegation").
+    """Wrap an agent-like ``target`` as a tool.
 
     Args:
         name: the tool name (``^[a-zA-Z0-9_-]{1,64}$``).

@@ -1,6 +1,6 @@
 """Manual draining of a team's member mailboxes.
 
-Spec: AgentLattice "Manual draining": ``drain()`` iterates members, claims
+``drain()`` iterates members, claims
 messages from each member's own mailbox and prompts that member; it never
 chooses a different member or reroutes work. A member that ends without
 ``team_reply`` / ``team_followup`` fails its message and a diagnostic goes

@@ -1,9 +1,9 @@
 """Team runtime events and the normalised failure record.
 
-Spec: AgentLattice "Mailbox team" (``team.query()`` streams the lead's SDK
+``team.query()`` streams the lead's SDK
 messages plus ``team_message``, ``team_agent`` and nested ``agent_message``
-events) and "Handoff failure isolation" (a ``team_message`` event with
-``subtype: "failed"`` and a normalised error). The models serialise with
+events (docs/tutorial.md, section 5); a failed work item gives a ``team_message`` event with
+``subtype: "failed"`` and a normalised error. The models serialise with
 ``model_dump()`` to plain JSON-ready dicts, exactly like the loop's SDK events,
 so the distributed runtime can put them on a run's event stream unchanged.
 """

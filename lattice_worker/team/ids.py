@@ -1,6 +1,6 @@
 """Mailbox and work-item identifiers of a team.
 
-Spec: AgentLattice "Mailbox team" / "Manual draining"; design docs/architecture.md,
+Design: docs/architecture.md,
 "Core model" ("Mailbox ids are ``<team>::<member>``; the lead's is
 ``<team>::lead``"). Used identically by the in-process runner and the
 distributed runtime, so the format must not change.

@@ -1,7 +1,7 @@
 """The lead's member tools: one tool per member, named exactly as the member.
 
-Spec: AgentLattice "Modes for calling a member" (``ask`` / ``handoff`` /
-``observe``, the handoff receipt) and "Supervisor delegation > Tool input"
+The modes of calling a member (``ask`` / ``handoff`` /
+``observe``, the handoff receipt; docs/tutorial.md, section 2) and the tool input
 (``{mode, task, expected_output, acceptance_criteria}``); docs/architecture.md, "Teams in one process".
 
 A tool call validates its input, puts the task in the member's mailbox (from

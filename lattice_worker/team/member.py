@@ -1,7 +1,7 @@
 """Team members: a name, an agent-like target, and an optional role and focus.
 
-Spec: AgentLattice "Mailbox team" (``teamMember({name, role, focus, agent})``)
-and "Nested teams" (``agent`` accepts any AgentLike, a team included).
+``team_member(name=, agent=, role=, focus=)`` (docs/tutorial.md, section 2);
+``agent`` accepts any agent-like target, a team included.
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ class TeamMember:
 def team_member(
     *, name: str, agent: Any, role: str | None = None, focus: str | None = None, **unknown: Any
 ) -> TeamMember:
-    """Declare a team member (spec "Create a team").
+    """Declare a team member (docs/tutorial.md, section 2).
 
     Keyword-only: ``name``, ``agent`` (``Agent`` | ``AgentSpec`` | ``Team`` | AgentLike),
     ``role`` and ``focus`` (optional text). Raises :class:`ConfigError` on an

@@ -1,8 +1,8 @@
 """The team mailbox tools: ``team_send``, ``team_inbox``, ``team_read``,
 ``team_reply``, ``team_followup``, ``team_status``.
 
-Spec: AgentLattice "Mailbox tools for members" (and ``exposeLeadMailboxTools``
-for the lead); model-facing inputs as docs/tutorial.md shows them.
+Installed on every member (and, with ``expose_lead_mailbox_tools``, on the
+lead); model-facing inputs as docs/tutorial.md shows them.
 
 The tools are generic: one set is installed on an agent once, and every call
 finds *who* is calling and *which message* it works on through the query's

@@ -1,10 +1,10 @@
 """Reports of member work: the user message that carries handoff reports back
 to the lead, and what the team's caller gets about them.
 
-Spec: AgentLattice "Modes for calling a member" (after a batch with handoffs
-the reports reach the lead in handoff order with their identifiers) and
-"Handoff failure isolation" (the lead is resumed with successful and failed
-reports alike). The distributed runtime builds the same message on resume, so
+After a batch with handoffs the reports reach the lead in handoff order with
+their identifiers, and the lead is resumed with successful and failed reports
+alike (docs/architecture.md, "Teams in one process"). The distributed runtime
+builds the same message on resume, so
 the lead sees one format whichever runtime ran its members.
 
 The caller sees failed work items too, not only the lead: a team query ends

@@ -1,12 +1,11 @@
 """The in-process team runner: the lead's query runtime.
 
-Spec: AgentLattice "Modes for calling a member" (after a batch with handoffs
-the lead model is not called again until every accepted item completed or
-failed; reports in handoff order), "Controlled handoff concurrency"
-(``max_concurrent_work_items`` across mailboxes, one mailbox serial), "Handoff
-failure isolation" (one failure never stops the others; an abort cancels the
-current and remaining accepted work before propagating) and "Team tracing"
-(one root run per ``query``).
+After a batch with handoffs the lead model is not called again until every
+accepted item completed or failed; reports come in handoff order; up to
+``max_concurrent_work_items`` items run at once across mailboxes, one mailbox
+serial; one failure never stops the others; an abort cancels the current and
+remaining accepted work before propagating; a traced ``query`` has one root
+run (docs/architecture.md, "Teams in one process").
 
 A :class:`TeamRunner` serves one team query: it is the lead's ``runtime``
 query option (docs/contracts.md) and the :class:`~lattice_worker.team.lead_tools.Dispatcher`
@@ -534,7 +533,7 @@ def create_team_runner(
     tracer: ContextTracer | None = None,
     trace_context: TraceContext | None = None,
 ) -> TeamRunner:
-    """Build a :class:`TeamRunner` for ``team`` (spec ``createTeamRunner``).
+    """Build a :class:`TeamRunner` for ``team``.
 
     ``options`` defaults to the team's own runner options;
     ``max_concurrent_work_items`` / ``max_delegate_depth`` override it (positive

@@ -1,7 +1,6 @@
 """``create_team`` and the agent-like :class:`Team`.
 
-Spec: AgentLattice "Mailbox team" (create a team, modes, concurrency, failure
-isolation, member tools, nested teams, manual draining); docs/architecture.md, "Teams in one process".
+Guide: docs/tutorial.md; design: docs/architecture.md, "Teams in one process".
 A team is not a new kind of agent: calling it means talking to its lead,
 whose member tools put work in member mailboxes that the runner (or
 ``drain``) drives to completion.
@@ -116,7 +115,7 @@ class Team:
     # -- agent-like -------------------------------------------------------------------
 
     def query(self, prompt: Any, /, **query_options: Any) -> AsyncIterator[Any]:
-        """Talk to the lead (spec "Create a team").
+        """Talk to the lead.
 
         Yields the lead's SDK events (``system``, ``assistant``, ``user``, ...,
         one ``result``) merged with team events as they happen:
@@ -127,7 +126,7 @@ class Team:
         ``query_options``: the lead's query options (``signal``, ``stream``,
         ``tracer``...). ``signal`` and ``stream`` also apply to member runs; a
         ``tracer`` (default: the team's own, see :func:`create_team`) traces
-        the whole team under one root run (spec "Team tracing").
+        the whole team under one root run.
         Raises :class:`ConfigError` for bad options (on first iteration).
         """
         return TeamRunner(self, self.runner_options).query(prompt, **query_options)
@@ -181,7 +180,7 @@ class Team:
         members: Iterable[str] | None = None,
         **options: Any,
     ) -> DrainResult:
-        """Process member mailboxes by hand (spec "Manual draining").
+        """Process member mailboxes by hand.
 
         See :func:`~lattice_worker.team.drain.drain_team`: each round claims at
         most one message from each member's own mailbox and prompts that member;
@@ -223,7 +222,7 @@ def create_team(
     tracer: Any = None,
     **unknown: Any,
 ) -> Team:
-    """Create a mailbox team (spec "Create a team"; docs/tutorial.md).
+    """Create a mailbox team (docs/tutorial.md).
 
     Args:
         name: the team name, ``^[A-Za-z0-9_.-]{1,64}$``; mailbox ids are ``"<name>::<member>"``.

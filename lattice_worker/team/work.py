@@ -1,10 +1,9 @@
 """One unit of member work: run a member on one claimed message.
 
-Spec: AgentLattice "Mailbox team" (the member claims, works and replies
-upstream), "Handoff failure isolation" (steps 1-3 for one item), "Mailbox tools
-for members", "Manual draining" (no reply -> ``failed`` + a diagnostic
-upstream) and "Team tracing" (member runs share the root trace session, with
-``source.kind == "team_member"``).
+The member claims, works and replies upstream; a member that ends without a
+reply fails its message (``failed`` + a diagnostic upstream); member runs share
+the root trace session, with ``source.kind == "team_member"``
+(docs/architecture.md, "Teams in one process"; docs/tutorial.md, sections 3 and 4).
 
 :func:`run_work_item` is shared by the in-process runner, ``Team.drain`` and
 the distributed runtime's ``deliver`` task, so a message ends the same way
@@ -166,8 +165,8 @@ async def run_work_item(
             (a re-claimed work item): continue it (``query(None)``) instead of
             sending the task prompt again.
 
-    Returns a :class:`WorkItemOutcome`; member failures never raise (spec "Handoff
-    failure isolation"): an agent error (``MaxTurnsError``, ``APIError``...) marks
+    Returns a :class:`WorkItemOutcome`; member failures never raise: an agent
+    error (``MaxTurnsError``, ``APIError``...) marks
     the message ``failed`` and sends an upstream failure report carrying the
     normalised error in ``metadata["error"]``; a run that ends without
     ``team_reply`` / ``team_followup`` is ``failed`` with a ``no_reply``

@@ -3,7 +3,7 @@
 and deferred tools (:mod:`.tool_search`); the built-in workspace tools
 (:mod:`.builtin`); skills (:mod:`.skills`).
 
-Spec: AgentLattice "Tools"; ``docs/tool-effects.md``. See :mod:`.tool`.
+Guide: ``docs/tool-effects.md``. See :mod:`.tool`.
 """
 
 from .effects import (

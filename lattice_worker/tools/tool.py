@@ -1,7 +1,7 @@
 """Tool definitions: ``tool()``, the ``@tool`` decorator, ``ToolResult`` and ``ToolContext``.
 
-Spec: AgentLattice "Tools" (tool result, end the run from a tool, run
-independent tools concurrently, tool metadata, strict option validation).
+Options and setup errors: docs/tool-effects.md ("Other tool options", "How
+concurrency fits together", "Setup errors").
 
 A tool is a host function the model may call. Its input is described by a
 pydantic model (or, for adapters such as MCP, a raw JSON Schema dict) and
@@ -134,7 +134,7 @@ def _from_function(
 
 
 def tool(*args: Any, **kwargs: Any) -> Any:
-    """Create a tool (spec "Tools"). Three forms:
+    """Create a tool (docs/tool-effects.md). Three forms:
 
     * ``tool(name, description, InputModel, handler, *, effect="unguarded", dedup_window_s=None,
       reconcile=None, ends_turn=False, concurrent=False, defer=False, runs="host",

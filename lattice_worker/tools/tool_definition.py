@@ -79,7 +79,7 @@ class ToolDefinition:
         input_model: the pydantic model validating input, or ``None`` when the tool
             was built from a raw JSON Schema dict (validated with ``jsonschema``).
         metadata: host-owned annotations, or ``None`` when not given; never sent to
-            the model (spec "Tool metadata").
+            the model.
         kind: ``"tool"`` or ``"agent_tool"`` (what ``tool_batch_policy`` sees).
         is_concurrency_safe: ``None``, a bool, or ``callable(parsed_input) -> bool``.
         effect: ``"read_only"`` | ``"idempotent"`` | ``"reconcilable"`` | ``"unguarded"``

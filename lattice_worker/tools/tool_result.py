@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class ToolResult:
-    """What a handler may return (spec "Tool result").
+    """What a handler may return.
 
     Attributes:
         content: the tool_result content: text, or a list of content blocks (dicts).
@@ -56,7 +56,7 @@ class ToolContext:
         tool_use_id: id of the ``tool_use`` block being answered.
         tool_name: the tool's registered name.
         signal: the query's :class:`~lattice_worker.agent.abort.AbortSignal`; it is
-            aborted when the query's ``signal`` is (spec "Deadlines").
+            aborted when the query's ``signal`` is.
         runtime: the query's ``runtime`` option (team / distributed runtimes), or ``None``.
         agent: the :class:`~lattice_worker.agent.agent.Agent` running the call.
         effect_key: the call's idempotency key (a str): the same for every attempt

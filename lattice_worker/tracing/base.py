@@ -1,8 +1,7 @@
 """The ``ContextTracer`` protocol, the event envelope, and the emitter the
 agent loop uses.
 
-Spec: AgentLattice "Context Tracing" (event types, envelope, custom sinks,
-``fail_on_error``). A trace event is a plain dict::
+A trace event is a plain dict::
 
     {"version": 1, "timestamp": "2026-06-28T12:00:00.000Z", "session_id": ...,
      "run_id": ..., "seq": 1, "source": {"kind": "agent", "name": ...},
@@ -116,7 +115,7 @@ def define_context_tracer(
     close: Callable[[], Any] | None = None,
     fail_on_error: bool = False,
 ) -> DefinedContextTracer:
-    """Build a custom trace sink (spec "Custom sinks").
+    """Build a custom trace sink.
 
     ``on_event(event)`` receives each envelope dict with ``seq`` filled; it may
     be sync or async. Raises :class:`ConfigError` when ``on_event`` is not

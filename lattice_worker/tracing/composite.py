@@ -1,8 +1,4 @@
-"""Fan one stream of trace events out to several sinks.
-
-Spec: AgentLattice "Context Tracing" (Public API ``createCompositeContextTracer``,
-``fail_on_error`` in "Custom sinks").
-"""
+"""Fan one stream of trace events out to several sinks."""
 
 from __future__ import annotations
 

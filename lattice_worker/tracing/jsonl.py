@@ -1,8 +1,4 @@
-"""The JSONL trace sink: one JSON object per line, one line per trace event.
-
-Spec: AgentLattice "Context Tracing" > "JSONL tracer", "Redaction", "Custom
-sinks" (``fail_on_error``) and Public API ``createJsonlContextTracer``.
-"""
+"""The JSONL trace sink: one JSON object per line, one line per trace event."""
 
 from __future__ import annotations
 
@@ -200,7 +196,7 @@ def create_jsonl_context_tracer(
     redact: RedactFn | None = None,
     fail_on_error: bool = False,
 ) -> JsonlContextTracer:
-    """A trace sink writing one JSON object per line (spec "JSONL tracer").
+    """A trace sink writing one JSON object per line.
 
     Give exactly one of:
 

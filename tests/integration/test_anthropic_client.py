@@ -1,8 +1,8 @@
 """AnthropicModelClient through the real ``anthropic`` SDK over HTTP, against the
 fake Messages API server on 127.0.0.1 (tests/support/fake_anthropic.py).
 
-Spec: "Provider Compatibility", "Configuration", "Agent Loop" (token usage,
-provider metadata), "Streaming Events".
+The wire format, token usage, provider metadata and streaming events
+(docs/testing.md, "Testing against an Anthropic-compatible server").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """One conformance suite for every mailbox store: memory, Redis, SQLite, PostgreSQL.
 
-Spec: AgentLattice "Durable mailbox storage" (the five methods, FIFO claims,
-the state machine); docs/architecture.md (leases, fencing, max_in_flight).
+The five methods, FIFO claims, the state machine, leases, fencing and
+max_in_flight (docs/architecture.md, "Core model").
 Real services: Redis on 127.0.0.1:6379 (a unique key prefix per test, keys
 deleted after), PostgreSQL on 127.0.0.1:5432 database ``test`` (unique table
 prefix per test, tables dropped after), SQLite in a temp dir.

@@ -1,9 +1,8 @@
 """Member mailbox tools, the lead's optional mailbox tools, the no-reply
 diagnostic, fencing, and bad input to team tools.
 
-Spec: AgentLattice "Mailbox tools for members", "Manual draining" (no reply ->
-failed + diagnostic), "Durable mailbox storage" (state machine); docs/architecture.md
-(teams, fencing) and docs/tutorial.md (model-facing tool inputs). Every test runs
+Design: docs/architecture.md (the mailbox state machine, teams, fencing) and
+docs/tutorial.md (model-facing tool inputs). Every test runs
 against MemoryMailbox and RedisMailbox (real Redis, unique prefix, keys
 deleted after).
 """

@@ -1,7 +1,7 @@
 """Nested teams, manual draining, and agent_tool over a team.
 
-Spec: AgentLattice "Nested teams", "Manual draining", "Supervisor delegation"
-(any AgentLike target), "Team tracing" (nested teams keep one trace session).
+Nested teams keep one trace session; ``agent_tool`` takes any agent-like
+target, a team included.
 Every test runs against MemoryMailbox and RedisMailbox (real Redis, unique
 prefix, keys deleted after).
 """

@@ -1,8 +1,8 @@
 """Mailbox teams in one process: handoffs, receipts, reports, concurrency,
 failure isolation, abort, events and tracing.
 
-Spec: AgentLattice "Mailbox team" (modes, receipts, controlled handoff
-concurrency, handoff failure isolation) and "Team tracing"; docs/architecture.md.
+Modes, receipts, controlled handoff concurrency, handoff failure isolation and
+team tracing; docs/architecture.md, "Teams in one process".
 Every test runs against MemoryMailbox and RedisMailbox (real Redis on
 127.0.0.1:6379, a unique key prefix per test, keys deleted after).
 """

@@ -1,6 +1,6 @@
 """Bad input at the agent loop's public entry points gets a clear error and loses
-nothing (issue 2 and 3 "Must show"; spec "Agent Loop", "Tools", "Hooks",
-"Errors"). Every case checks the history afterwards: it stays well-formed (each
+nothing (the agent loop, tools, hooks, errors). Every case checks the history
+afterwards: it stays well-formed (each
 ``tool_use`` answered by one ``tool_result``) and holds nothing of the bad input.
 """
 

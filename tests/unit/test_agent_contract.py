@@ -1,7 +1,6 @@
 """Pinned names, defaults and rules of issues 2 and 3 that had no test that would
-fail when they broke (docs/architecture.md, "Public API"; spec "Public API", "Errors", "Tools -- Run
-independent tools concurrently", "Hooks -- Rules", "Context Tracing -- Custom
-sinks", "Interrupting a query", "Tool metadata")."""
+fail when they broke (docs/architecture.md, "Public API"; errors, tool
+concurrency, hook rules, custom trace sinks, interrupting a query, tool metadata)."""
 
 from __future__ import annotations
 
@@ -92,7 +91,7 @@ def test_every_design_option_is_known_and_accepted_with_a_valid_value(tmp_path):
     agent = create_agent(**values)
     assert agent.options.max_turns == 3 and agent.output_schema is Answer
     assert agent.options.tool_concurrency.max_concurrency == 2
-    assert create_agent().options.tool_concurrency.max_concurrency == 10  # spec default
+    assert create_agent().options.tool_concurrency.max_concurrency == 10  # the default, docs/tool-effects.md
     assert create_agent().options.tool_concurrency.mode == "safe"
 
 

@@ -1,7 +1,6 @@
 """Loop control: deadlines, interrupt, usage, truncation, tracing emission,
-history-store calls and the runtime seam (spec "Agent Loop -- Deadlines,
-Interrupting a query, Token usage and truncation, Persistent history";
-"Context Tracing -- Event types"; docs/contracts.md)."""
+history-store calls and the runtime seam (docs/contracts.md, "Agent loop seams
+used by the team and distributed runtimes")."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """History stores and trace sinks wired into real Agents (scripted model).
 
-Spec: AgentLattice "Persistent history and resume", "Context Tracing" (JSONL
-tracer, Event types, Redaction). Issue 3 "Must show": the two-tool trace, the
+Persistent history and resume, and tracing (JSONL tracer, event types,
+redaction): the two-tool trace, the
 resume in a fresh process, a corrupt history line, a tracer path in a missing
 directory, a raising redact, and store errors with and without fail_on_error.
 """

@@ -1,5 +1,5 @@
 """The agent loop with a scripted model: events, turns, reuse, failures
-(spec "Agent Loop", "Streaming Events", "Configuration -- Turn limits", "Errors")."""
+(docs/architecture.md, "Core model"; ``max_turns``: docs/configure.md)."""
 
 from __future__ import annotations
 

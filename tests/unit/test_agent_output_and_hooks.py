@@ -1,5 +1,4 @@
-"""Structured output (submit_output) and hooks (spec "Agent Loop -- Structured
-output with submit_output", "Hooks")."""
+"""Structured output (submit_output) and hooks."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Tool execution inside the loop: validation, failures, end_turn, concurrency,
-batch policy, permissions (spec "Tools", "Permissions")."""
+batch policy, permissions (docs/tool-effects.md)."""
 
 from __future__ import annotations
 

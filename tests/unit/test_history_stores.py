@@ -1,7 +1,6 @@
 """History stores on their own: the JSONL file store and host-defined stores.
 
-Spec: AgentLattice "Persistent history and resume"; Public API
-``createJsonlHistoryStore`` / ``defineHistoryStore``.
+``create_jsonl_history_store`` and ``define_history_store``.
 """
 
 from __future__ import annotations

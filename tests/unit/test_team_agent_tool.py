@@ -1,6 +1,6 @@
 """Supervisor delegation with ``agent_tool`` (no mailbox involved).
 
-Spec: AgentLattice "Supervisor delegation": tool input and modes, spec vs
+Tool input and modes, template (``AgentSpec``) vs
 session targets, structured child output (inheritance, assembly-time checks,
 ``child_output_invalid:``, passthrough without a schema), typed delegation.
 """

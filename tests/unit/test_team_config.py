@@ -1,9 +1,8 @@
 """Team assembly, identifiers, reports, failure normalisation and the
 agent-like surface of ``Team`` (in-memory mailbox, no services).
 
-Spec: AgentLattice "Mailbox team" (create a team, controlled handoff
-concurrency, nested teams), "Handoff failure isolation" (normalised errors);
-docs/architecture.md, "Teams in one process".
+Creating a team, controlled handoff concurrency, nested teams, normalised
+errors; docs/architecture.md, "Teams in one process".
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""tool() / @tool / ToolDefinition / ToolResult (spec "Tools", "Tool metadata",
-"Strict option validation")."""
+"""tool() / @tool / ToolDefinition / ToolResult (docs/tool-effects.md, "Other
+tool options", "Setup errors")."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Trace sinks on their own: the JSONL tracer and the composite tracer.
 
-Spec: AgentLattice "Context Tracing" (JSONL tracer, Custom sinks, Redaction);
-Public API ``createJsonlContextTracer`` / ``createCompositeContextTracer``.
+The JSONL tracer (redaction, ``fail_on_error``), custom sinks and
+``create_composite_context_tracer``.
 """
 
 from __future__ import annotations
