@@ -3,9 +3,17 @@
 docs/architecture.md, "Crash"; issue 6 item 4. Every worker process runs one
 reaper in a daemon thread with its own event loop (:meth:`Reaper.start`).
 Only one reaper sweeps at a time across all workers of a deployment: a sweep
-first takes ``<prefix>:reaper:lock`` with ``SET NX PX``; when it ends the lock
-is kept for the rest of one interval, so the deployment sweeps about once per
-``reaper_interval_seconds`` however many workers run.
+first takes ``<prefix>:reaper:lock``
+(:class:`~lattice_worker.runtime.reaper_lock.ReaperLock`: held for half a
+lease, renewed every third of that while the sweep runs, renewed and released
+by its holder only); when it ends the lock is kept for the rest of one
+interval, so the deployment sweeps about once per ``reaper_interval_seconds``
+however many workers run. A holder killed mid-sweep delays the next sweep by
+at most half a lease. A sweep that lost its lock (a renewal found another
+holder, or the hold ran out since its last renewal) stops before its next
+write (``SweepReport.lock_lost``); what it had already moved is followed up by
+the next sweep (a requeued message's doorbell by the lost-doorbell scan, an
+exhausted message's work item by the orphan repair).
 
 A sweep:
 
@@ -17,6 +25,8 @@ A sweep:
 2. Lost doorbells: for every member mailbox of the published teams whose oldest
    ``pending`` message has waited longer than one lease, the doorbell is rung
    again (at most once per lease per mailbox, marker ``<prefix>:reaper:rung:<mailbox>``).
+   The scan pauses ``reaper_scan_pause_seconds`` after each member mailbox it
+   reads (default 0), to spread a big deployment's sweep over time.
 3. Stale resumes: a run of the :data:`STALE_SCAN_LIMIT` most recent ones that
    has been ``resuming`` for longer than one lease (its resume was to run in
    a worker that died) gets ``lattice.resume_lead`` again (at most once per
@@ -77,6 +87,7 @@ from ..team.ids import LEAD, split_mailbox_id
 from ..team.work import WorkItemOutcome
 from .completion import complete_work_item, send_failure_report
 from .context import WorkerContext
+from .reaper_lock import ReaperLock, ReaperLockLostError, lock_hold_seconds, lock_key
 from .run_end import end_failed_run
 
 logger = logging.getLogger("lattice_worker.runtime.reaper")
@@ -84,15 +95,21 @@ logger = logging.getLogger("lattice_worker.runtime.reaper")
 STALE_SCAN_LIMIT = 500
 """How many of the most recent runs the stale-resume check looks at per sweep."""
 
-LOCK_HOLD_MS = 60_000
-"""Upper bound (ms) a sweep may hold the lock before another reaper may start one."""
 
-_RELEASE_TO_INTERVAL = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-"""
+class _Unlocked:
+    """The lock of a forced sweep (``lattice drain``, tests): none, always held."""
+
+    async def __aenter__(self) -> _Unlocked:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    def check(self) -> None:
+        return None
+
+
+Guard = ReaperLock | _Unlocked
 
 
 @dataclass
@@ -102,7 +119,7 @@ class SweepReport:
     (stale resumes), ``recovered`` / ``failed_runs`` run ids (expired lead
     leases: re-enqueued / failed past ``max_attempts``), ``orphans`` work
     item ids completed for a member whose worker died after closing its
-    message."""
+    message; ``lock_lost``: the sweep stopped early, its lock was lost."""
 
     requeued: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
@@ -111,11 +128,7 @@ class SweepReport:
     recovered: list[str] = field(default_factory=list)
     failed_runs: list[str] = field(default_factory=list)
     orphans: list[str] = field(default_factory=list)
-
-
-def lock_key(prefix: str) -> str:
-    """The reaper guard key: ``<prefix>:reaper:lock``."""
-    return f"{prefix}:reaper:lock"
+    lock_lost: bool = False
 
 
 def rung_key(prefix: str, mailbox_id: str) -> str:
@@ -130,35 +143,42 @@ async def sweep(
     reaper holds the lock (``force=True`` skips the lock: tests, ``lattice drain``).
     ``interval_s`` (seconds): how long the lock stays after the sweep (default
     the settings' reaper interval)."""
-    interval_ms = int(1000 * (interval_s if interval_s is not None else ctx.settings.reaper_interval_seconds))
-    client = await ctx.redis()
-    key = lock_key(ctx.prefix)
+    keep_s = interval_s if interval_s is not None else ctx.settings.reaper_interval_seconds
+    guard: Guard = _Unlocked()
     if not force:
-        if not await client.set(key, ctx.worker_id, nx=True, px=LOCK_HOLD_MS):
+        client = await ctx.redis()
+        guard = ReaperLock(client, ctx.prefix, ctx.worker_id, lock_hold_seconds(ctx.settings.lease_seconds))
+        if not await guard.acquire():
             return None
+    report = SweepReport()
     try:
-        report = SweepReport()
-        try:
-            await _requeue(ctx, report)
-            await _lost_doorbells(ctx, report)
-            recent = await ctx.runs.list_runs(limit=STALE_SCAN_LIMIT)
-            await _stale_resumes(ctx, report, recent)
-            await _expired_leads(ctx, report)
-            await _orphaned_items(ctx, report, recent)
-        finally:
-            await ctx.writer.flush()
+        async with guard:  # renewed while the sweep runs
+            try:
+                await _requeue(ctx, report, guard)
+                await _lost_doorbells(ctx, report, guard)
+                recent = await ctx.runs.list_runs(limit=STALE_SCAN_LIMIT)
+                await _stale_resumes(ctx, report, recent, guard)
+                await _expired_leads(ctx, report, guard)
+                await _orphaned_items(ctx, report, recent, guard)
+            except ReaperLockLostError:
+                logger.warning("the reaper lock was lost mid-sweep; this sweep stops writing")
+                report.lock_lost = True
+            finally:
+                await ctx.writer.flush()
         return report
     finally:
-        if not force:
+        if isinstance(guard, ReaperLock) and not report.lock_lost:
             try:
-                await client.eval(_RELEASE_TO_INTERVAL, 1, key, ctx.worker_id, max(1, interval_ms))
+                await guard.release(keep_s)
             except Exception:
                 logger.warning("could not release the reaper lock", exc_info=True)
 
 
-async def _requeue(ctx: WorkerContext, report: SweepReport) -> None:
+async def _requeue(ctx: WorkerContext, report: SweepReport, guard: Guard) -> None:
+    guard.check()
     moved = await ctx.mailbox.requeue_expired(max_attempts=ctx.settings.max_attempts)
     for message in moved:
+        guard.check()
         if message.status == MessageStatus.PENDING:
             report.requeued.append(message.id)
             logger.warning(
@@ -218,23 +238,27 @@ async def _published_teams(ctx: WorkerContext) -> set[str]:
     return names
 
 
-async def _lost_doorbells(ctx: WorkerContext, report: SweepReport) -> None:
+async def _lost_doorbells(ctx: WorkerContext, report: SweepReport, guard: Guard) -> None:
     teams = await _published_teams(ctx)
     if not teams:
         return
     lease_ms = int(ctx.settings.lease_seconds * 1000)
-    now_ms = int(time.time() * 1000)
+    pause = ctx.settings.reaper_scan_pause_seconds
     client = await ctx.redis()
     for mailbox_id in await ctx.mailbox.mailbox_ids():
+        now_ms = int(time.time() * 1000)
         try:
             team, member = split_mailbox_id(mailbox_id)
         except ValueError:
             continue
         if member == LEAD or team not in teams:
             continue
+        if pause > 0:
+            await asyncio.sleep(pause)
         oldest = await ctx.mailbox.inbox(mailbox_id, MessageStatus.PENDING, limit=1)
         if not oldest or oldest[0].created_at > now_ms - lease_ms:
             continue
+        guard.check()
         if await client.set(rung_key(ctx.prefix, mailbox_id), "1", nx=True, px=lease_ms):
             logger.info(
                 "mailbox %s has waited over a lease with nobody claiming; ringing its doorbell", mailbox_id
@@ -243,13 +267,16 @@ async def _lost_doorbells(ctx: WorkerContext, report: SweepReport) -> None:
             report.rerung.append(mailbox_id)
 
 
-async def _stale_resumes(ctx: WorkerContext, report: SweepReport, recent: list[RunRecord]) -> None:
+async def _stale_resumes(
+    ctx: WorkerContext, report: SweepReport, recent: list[RunRecord], guard: Guard
+) -> None:
     lease_ms = int(ctx.settings.lease_seconds * 1000)
     now_ms = int(time.time() * 1000)
     client = await ctx.redis()
     for record in recent:
         if record.status.value != "resuming" or record.updated_at > now_ms - lease_ms:
             continue
+        guard.check()
         if await client.set(f"{ctx.prefix}:reaper:resumed:{record.run_id}", "1", nx=True, px=lease_ms):
             logger.warning(
                 "run %s has been resuming for over a lease; enqueueing its resume again", record.run_id
@@ -258,8 +285,9 @@ async def _stale_resumes(ctx: WorkerContext, report: SweepReport, recent: list[R
             report.resumed.append(record.run_id)
 
 
-async def _expired_leads(ctx: WorkerContext, report: SweepReport) -> None:
+async def _expired_leads(ctx: WorkerContext, report: SweepReport, guard: Guard) -> None:
     for run_id in await ctx.runs.expired_leads():
+        guard.check()
         try:
             recovery = await ctx.runs.recover_lead(run_id, max_attempts=ctx.settings.max_attempts)
         except Exception:
@@ -299,12 +327,15 @@ def closed_key(prefix: str, message_id: str) -> str:
     return f"{prefix}:reaper:closed:{message_id}"
 
 
-async def _orphaned_items(ctx: WorkerContext, report: SweepReport, recent: list[RunRecord]) -> None:
+async def _orphaned_items(
+    ctx: WorkerContext, report: SweepReport, recent: list[RunRecord], guard: Guard
+) -> None:
     lease_ms = int(ctx.settings.lease_seconds * 1000)
     now_ms = int(time.time() * 1000)
     stale = [r for r in recent if r.status.value == "suspended" and r.updated_at <= now_ms - lease_ms]
     if not stale:
         return
+    guard.check()
     client = await ctx.redis()
     # one round trip for the per-run guards, one for the open items of the runs taken
     async with client.pipeline(transaction=False) as pipe:
@@ -326,7 +357,9 @@ async def _orphaned_items(ctx: WorkerContext, report: SweepReport, recent: list[
         if not open_items:
             continue
         try:
-            await _repair_run(ctx, record.run_id, record.team, open_items, lease_ms, report)
+            await _repair_run(ctx, record.run_id, record.team, open_items, lease_ms, report, guard)
+        except ReaperLockLostError:
+            raise
         except Exception:
             logger.exception("could not check the work items of suspended run %s", record.run_id)
 
@@ -338,6 +371,7 @@ async def _repair_run(
     open_items: list[dict[str, Any]],
     lease_ms: int,
     report: SweepReport,
+    guard: Guard,
 ) -> None:
     for item in open_items:
         message_id, work_item_id = str(item.get("message_id") or ""), str(item.get("work_item_id") or "")
@@ -346,11 +380,14 @@ async def _repair_run(
         message = await ctx.mailbox.get(message_id)
         if message is None or not message.status.terminal:
             continue  # pending, claimed (its lease covers a crash: step 1), open or unknown
+        guard.check()
         if not await _terminal_for_a_lease(ctx, message_id, lease_ms):
             continue  # maybe a live worker between closing it and completing the item
+        guard.check()
         outcome = await orphan_outcome(ctx, message, lease_ms)
         if outcome is None:
             continue
+        guard.check()
         logger.warning(
             "work item %s of run %s: its message %s is %s but the item never completed (the worker died); "
             "completing it %s",
@@ -508,7 +545,6 @@ class Reaper:
 
 __all__ = [
     "CLOSING_KINDS",
-    "LOCK_HOLD_MS",
     "Reaper",
     "SweepReport",
     "closed_key",
