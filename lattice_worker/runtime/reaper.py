@@ -65,6 +65,14 @@ A sweep:
    (an aborted member sends nothing upstream) completes ``cancelled``.
    ``complete_item`` is idempotent: a slow worker recording the same item
    later changes nothing (the first outcome stays).
+   A task message left ``read`` (open) counts as closed too: its member sent
+   only follow-ups (``team_followup``) and its run ended, which moves the
+   claimed message to ``read``; the item completes ``open`` with the last
+   follow-up, as the member would have. A ``read`` message that was never
+   claimed (another run of the member opened it with ``team_read``) is
+   repaired only while nothing of its mailbox is ``processing`` (a live run
+   of the member may still answer it); without any upstream message for it,
+   a ``reply_lost`` diagnostic fails it as above.
 """
 
 from __future__ import annotations
@@ -315,6 +323,9 @@ CLOSING_KINDS = frozenset({"reply", "failure", "diagnostic"})
 """``metadata["kind"]`` of the upstream messages that close a task message
 (a follow-up leaves it open)."""
 
+FOLLOWUP_KINDS = frozenset({"followup"})
+"""``metadata["kind"]`` of the upstream messages that leave a task message open (``read``)."""
+
 
 def orphan_scan_key(prefix: str, run_id: str) -> str:
     """The marker of a recent look at a suspended run's items (orphan check)."""
@@ -323,7 +334,7 @@ def orphan_scan_key(prefix: str, run_id: str) -> str:
 
 def closed_key(prefix: str, message_id: str) -> str:
     """Since when (Redis clock, via its TTL) the reaper has seen the task message
-    of an unfinished work item terminal."""
+    of an unfinished work item terminal (or ``read``)."""
     return f"{prefix}:reaper:closed:{message_id}"
 
 
@@ -378,8 +389,10 @@ async def _repair_run(
         if not message_id or not work_item_id:
             continue
         message = await ctx.mailbox.get(message_id)
-        if message is None or not message.status.terminal:
-            continue  # pending, claimed (its lease covers a crash: step 1), open or unknown
+        if message is None or not (message.status.terminal or message.status == MessageStatus.READ):
+            continue  # pending, claimed (its lease covers a crash: step 1), parked or unknown
+        if message.status == MessageStatus.READ and not message.attempts and await _busy(ctx, message.to):
+            continue  # opened by a run of the member that may still be alive and answer it
         guard.check()
         if not await _terminal_for_a_lease(ctx, message_id, lease_ms):
             continue  # maybe a live worker between closing it and completing the item
@@ -401,6 +414,11 @@ async def _repair_run(
         report.orphans.append(work_item_id)
 
 
+async def _busy(ctx: WorkerContext, mailbox_id: str) -> bool:
+    """Whether a message of ``mailbox_id`` is ``processing`` (a member run holds a claim)."""
+    return bool(await ctx.mailbox.inbox(mailbox_id, MessageStatus.PROCESSING, limit=1))
+
+
 async def _terminal_for_a_lease(ctx: WorkerContext, message_id: str, lease_ms: int) -> bool:
     """Note that ``message_id`` is terminal (first sighting, Redis clock) and say
     whether the first sighting was over a lease ago."""
@@ -416,15 +434,18 @@ async def _terminal_for_a_lease(ctx: WorkerContext, message_id: str, lease_ms: i
     return int(held) - int(ttl) >= lease_ms
 
 
-async def _upstream_of(ctx: WorkerContext, message: TeamMessage) -> TeamMessage | None:
-    """The reply / failure report / diagnostic the member sent for ``message``,
-    or ``None``. Unread ones are ``pending`` in the sender's mailbox (the lead
-    marks them read only from an outcome); every status is searched after that."""
+async def _upstream_of(
+    ctx: WorkerContext, message: TeamMessage, kinds: frozenset[str] = CLOSING_KINDS
+) -> TeamMessage | None:
+    """The last reply / failure report / diagnostic (``metadata["kind"]`` in
+    ``kinds``) the member sent for ``message``, or ``None``. Unread ones are
+    ``pending`` in the sender's mailbox (the lead marks them read only from an
+    outcome); every status is searched after that."""
     for status in ("pending", "all"):
         found = [
             m
             for m in await ctx.mailbox.inbox(message.from_, status)
-            if m.reply_to == message.id and m.from_ == message.to and m.metadata.get("kind") in CLOSING_KINDS
+            if m.reply_to == message.id and m.from_ == message.to and m.metadata.get("kind") in kinds
         ]
         if found:
             return found[-1]
@@ -432,12 +453,23 @@ async def _upstream_of(ctx: WorkerContext, message: TeamMessage) -> TeamMessage 
 
 
 async def orphan_outcome(ctx: WorkerContext, message: TeamMessage, lease_ms: int) -> WorkItemOutcome | None:
-    """The outcome of the terminal task ``message`` whose worker died before
-    recording it: built from the member's upstream message as the member
-    would have, else (the upstream message was lost) a ``reply_lost``
+    """The outcome of the terminal (or ``read``: left open) task ``message``
+    whose worker died before recording it: built from the member's upstream
+    message as the member would have (the last follow-up of a ``read`` one:
+    status ``open``), else (the upstream message was lost) a ``reply_lost``
     diagnostic sent upstream now. ``None`` while another reaper is sending
     that diagnostic."""
     ended = message.model_copy(update={"claim_token": None})
+    if message.status == MessageStatus.READ:  # left open: its member sent only follow-ups
+        followup = await _upstream_of(ctx, message, FOLLOWUP_KINDS)
+        if followup is not None:
+            return WorkItemOutcome(
+                message=ended,
+                status="open",
+                content=followup.content,
+                structured_result=followup.metadata.get("structured_result"),
+                report=followup,
+            )
     upstream = await _upstream_of(ctx, message)
     if upstream is not None:
         meta = upstream.metadata
@@ -471,13 +503,20 @@ async def orphan_outcome(ctx: WorkerContext, message: TeamMessage, lease_ms: int
     hold = 4 * max(1, lease_ms)
     if not await client.set(f"{ctx.prefix}:reaper:lost:{message.id}", "1", nx=True, px=hold):
         return None
-    what = "its reply" if message.status == MessageStatus.DONE else "its failure report"
-    failure = {
-        "code": "reply_lost",
-        "message": (
+    if message.status == MessageStatus.READ:
+        text = (
+            f"the worker running member {member} died with message {message.id} open (read); "
+            "no reply or follow-up was sent for it"
+        )
+    else:
+        what = "its reply" if message.status == MessageStatus.DONE else "its failure report"
+        text = (
             f"the worker running member {member} died after closing message {message.id} "
             f"({message.status.value}); {what} was lost"
-        ),
+        )
+    failure = {
+        "code": "reply_lost",
+        "message": text,
         "error_type": None,
     }
     report = await send_failure_report(
@@ -545,6 +584,7 @@ class Reaper:
 
 __all__ = [
     "CLOSING_KINDS",
+    "FOLLOWUP_KINDS",
     "Reaper",
     "SweepReport",
     "closed_key",
