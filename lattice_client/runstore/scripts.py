@@ -16,6 +16,7 @@ SCRIPT_NAMES = (
     "clear_items",
     "append_event",
     "append_events",
+    "append_events_fenced",
     "finish",
     "cancel",
     "begin_segment",

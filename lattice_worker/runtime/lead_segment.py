@@ -39,6 +39,7 @@ from ..agent.agent import Agent
 from ..team.reports import failed_work_items
 from ..team.team import Team
 from .context import WorkerContext
+from .events import current_fence
 from .lead_dispatch import DistributedLeadRuntime, current_carrier, current_lease, current_run
 from .lead_lease import LeadLease
 from .lead_recovery import recover_segment
@@ -217,6 +218,7 @@ async def drive(
         final: Any = None
         token = current_run.set(run_id)
         lease_token = current_lease.set(lease)
+        fence_token = current_fence.set(ctx.runs.lead_events_fence(run_id, fence) if fence else None)
         options: dict[str, Any] = {"runtime": runtime}
         if lease is not None:
             options["signal"] = lease.controller.signal
@@ -233,6 +235,7 @@ async def drive(
                 await ctx.events.emit(run_id, event)
         finally:
             current_carrier.reset(carrier_token)
+            current_fence.reset(fence_token)
             current_lease.reset(lease_token)
             current_run.reset(token)
         if trace is not None:

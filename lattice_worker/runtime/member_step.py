@@ -55,7 +55,7 @@ from ..team.work import WorkItemOutcome, run_work_item
 from .child_runs import start_child_run
 from .completion import complete_work_item
 from .context import WorkerContext
-from .events import public_message
+from .events import current_fence, public_message
 from .leases import LeaseKeeper
 from .member_journal import journaled_member
 from .registry import member_mode
@@ -117,8 +117,27 @@ async def _ring_if_pending(ctx: WorkerContext, mailbox_id: str) -> None:
 
 async def process_claimed(ctx: WorkerContext, team: Team, member: TeamMember, message: TeamMessage) -> str:
     """Run ``member`` on the claimed ``message`` and complete its work item
-    (see :func:`deliver`; also used by ``lattice drain``)."""
+    (see :func:`deliver`; also used by ``lattice drain``). The run's events
+    it emits are fenced by the claim (``RunStore.item_events_fence``)."""
     link = _run_link(message) or await ctx.links.run_of(message.work_item_id)
+    fence = None
+    if link and message.work_item_id and message.claim_token:
+        try:
+            fence = ctx.runs.item_events_fence(
+                link[0], message.work_item_id, message.attempts, message.claim_token
+            )
+        except ValueError:
+            logger.warning("message %s: its run events are not fenced", message.id, exc_info=True)
+    reset = current_fence.set(fence)
+    try:
+        return await _process(ctx, team, member, message, link)
+    finally:
+        current_fence.reset(reset)
+
+
+async def _process(
+    ctx: WorkerContext, team: Team, member: TeamMember, message: TeamMessage, link: tuple[str, str] | None
+) -> str:
     run_id = link[0] if link else None
     status = None
     if run_id:  # the status and the parent alone (cheaper than the record); the parent seeds the emitter
