@@ -88,24 +88,24 @@ async def test_an_expired_hold_is_lost_and_the_next_holder_keeps_it(client, pref
 
 async def test_the_hold_is_renewed_while_the_block_runs_and_a_takeover_ends_it(client, prefix):
     key = lock_key(prefix)
-    lock = ReaperLock(client, prefix, "worker-a", 0.3)
+    lock = ReaperLock(client, prefix, "worker-a", 2.0)
     assert await lock.acquire()
     async with lock:
-        await asyncio.sleep(1.0)  # over three holds
-        assert lock.held and lock.renewals >= 3
+        await asyncio.sleep(4.5)  # over two holds
+        assert lock.held and lock.renewals >= 2
         assert await client.get(key) == lock.token
-        await client.set(key, "someone-else", px=5000)
-        await asyncio.sleep(0.25)
+        await client.set(key, "someone-else", px=10_000)
+        await asyncio.sleep(1.5)  # the next renewal (every third of the hold) finds it taken
         assert not lock.held and lock.lost
     assert await client.get(key) == "someone-else"
 
 
 async def test_a_sweep_renews_its_lock_while_it_runs(env, client, prefix):
     ctx, broker = env
-    # hold 0.15 s; the lost-doorbell scan pauses 0.5 s on the member mailbox
-    ctx.settings = ctx.settings.with_overrides(lease_seconds=0.3, reaper_scan_pause_seconds=0.5)
+    # hold 2 s; the lost-doorbell scan pauses 3 s on the member mailbox
+    ctx.settings = ctx.settings.with_overrides(lease_seconds=4.0, reaper_scan_pause_seconds=3.0)
     await ctx.mailbox.send("e2e::lead", "e2e::worker", "orphan")
-    await asyncio.sleep(0.35)  # pending for over a lease: its doorbell is rung again
+    await asyncio.sleep(4.2)  # pending for over a lease: its doorbell is rung again
     report = await reaper.sweep(ctx, interval_s=0.2)
     assert report is not None and not report.lock_lost
     assert report.rerung == ["e2e::worker"]
@@ -115,16 +115,16 @@ async def test_a_sweep_renews_its_lock_while_it_runs(env, client, prefix):
 
 async def test_a_sweep_that_lost_its_lock_stops_writing(env, client, prefix):
     ctx, broker = env
-    ctx.settings = ctx.settings.with_overrides(lease_seconds=0.3, reaper_scan_pause_seconds=0.5)
+    ctx.settings = ctx.settings.with_overrides(lease_seconds=4.0, reaper_scan_pause_seconds=3.0)
     await ctx.mailbox.send("e2e::lead", "e2e::worker", "orphan")
-    await asyncio.sleep(0.35)
+    await asyncio.sleep(4.2)
     key = lock_key(prefix)
     sweeping = asyncio.create_task(reaper.sweep(ctx, interval_s=0.2))
     for _ in range(100):
         if await client.exists(key):
             break
         await asyncio.sleep(0.01)
-    await client.set(key, "another-reaper", px=5000)  # its hold ran out; another reaper took it
+    await client.set(key, "another-reaper", px=10_000)  # its hold ran out; another reaper took it
     report = await sweeping
     assert report is not None and report.lock_lost
     assert report.rerung == [] and broker.queue == []
