@@ -94,17 +94,7 @@ async def deliver(ctx: WorkerContext, mailbox_id: str, message_id: str | None = 
         )
         return "unknown"
     mode = member_mode(member)
-    claimed = None
-    for candidate in [message_id] if message_id else await startable(ctx, mailbox_id):
-        claimed = await ctx.mailbox.claim_next(
-            mailbox_id,
-            lease_s=ctx.settings.lease_seconds,
-            worker_id=ctx.worker_id,
-            max_in_flight=1 if mode == "session" else None,
-            message_id=candidate,
-        )
-        if claimed is not None or mode == "session":  # (a busy serial mailbox refuses them all)
-            break
+    claimed = await claim_startable(ctx, mailbox_id, mode, message_id)
     if claimed is None:
         return "idle"
     try:
@@ -137,6 +127,26 @@ async def startable(ctx: WorkerContext, mailbox_id: str, limit: int = 5) -> list
             for (m, _), state in zip(checks, await pipe.execute(), strict=True):
                 states[m.id] = state.decode() if isinstance(state, bytes) else state
     return [m.id for m in pending if states.get(m.id) != "queued"][:limit]
+
+
+async def claim_startable(
+    ctx: WorkerContext, mailbox_id: str, mode: str, message_id: str | None = None
+) -> TeamMessage | None:
+    """Claim ``message_id`` of ``mailbox_id`` (while pending), or without one
+    the oldest pending message its run lets start (:func:`startable`), with
+    the settings' lease; a ``session`` member's mailbox is serial. ``None``:
+    nothing claimed."""
+    for candidate in [message_id] if message_id else await startable(ctx, mailbox_id):
+        claimed = await ctx.mailbox.claim_next(
+            mailbox_id,
+            lease_s=ctx.settings.lease_seconds,
+            worker_id=ctx.worker_id,
+            max_in_flight=1 if mode == "session" else None,
+            message_id=candidate,
+        )
+        if claimed is not None or mode == "session":  # (a busy serial mailbox refuses them all)
+            return claimed
+    return None
 
 
 async def _ring_if_pending(ctx: WorkerContext, mailbox_id: str) -> None:
@@ -332,4 +342,4 @@ async def _cancel_message(ctx: WorkerContext, team: Team, message: TeamMessage, 
     return "cancelled"
 
 
-__all__ = ["STARTABLE_SCAN", "deliver", "process_claimed", "session_agent", "startable"]
+__all__ = ["STARTABLE_SCAN", "claim_startable", "deliver", "process_claimed", "session_agent", "startable"]
