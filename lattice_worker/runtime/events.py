@@ -16,14 +16,16 @@ are then appended only while the fence holds, checked in the same script call
 (``append_events_fenced.lua``): a worker that lost its lease or claim writes
 nothing to the run's stream. The copies into an ancestor's stream are not
 fenced (another run's keys: one script cannot check both on Redis Cluster),
-nor are the events a step emits after it ended its hold itself (a lead's
-``run_status`` ``suspended`` after its suspension) or the reaper's.
+nor are the events a step emits after it ended its hold itself (a lead
+segment once it suspended or parked a call: its ``tool_parked`` and
+``run_status`` events) or the reaper's.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
@@ -33,7 +35,10 @@ from .writer import RunWriter
 
 logger = logging.getLogger("lattice_worker.runtime")
 
-current_fence: ContextVar[EventFence | None] = ContextVar("lattice_event_fence", default=None)
+FenceSource = EventFence | Callable[[], EventFence | None]
+"""A fence, or a function giving the fence in force now (``None``: none)."""
+
+current_fence: ContextVar[FenceSource | None] = ContextVar("lattice_event_fence", default=None)
 """The fence of the events emitted in this context (see the module doc), or ``None``."""
 
 MAX_NESTING = 16
@@ -54,7 +59,9 @@ class EventEmitter:
         stream and its ancestors' (see the module doc); written with the
         writer's next batch (:meth:`RunWriter.flush` waits for it). ``fence``
         (default :data:`current_fence`) applies when it is ``run_id``'s."""
-        fence = fence or current_fence.get()
+        if fence is None:
+            source = current_fence.get()
+            fence = source() if callable(source) else source
         if fence is not None and fence.run_id != run_id:
             fence = None
         data: dict[str, Any] | None = None
@@ -169,4 +176,4 @@ def _event_dict(event: Any) -> dict[str, Any]:
     return {"type": "unknown", "value": repr(event)}
 
 
-__all__ = ["EventEmitter", "current_fence", "public_message"]
+__all__ = ["EventEmitter", "FenceSource", "current_fence", "public_message"]
