@@ -31,6 +31,7 @@ SCRIPT_NAMES = (
     "park_lead",
     "resolve_wait",
     "set_trace_carrier",
+    "revoke_item_claim",
 )
 
 

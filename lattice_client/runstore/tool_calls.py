@@ -65,6 +65,16 @@ class RunToolCalls(RunStoreCore):
         key = self.item_journal_key(run_id, work_item_id)
         return EventFence(run_id, key, ("item", str(attempts), token, str(ITEM_KEY_TTL_MS)))
 
+    async def revoke_item_claim(self, run_id: str, work_item_id: str, attempts: int) -> bool:
+        """Stop the writes of the expired claim ``attempts`` on one work item
+        (``revoke_item_claim.lua``): its fenced item writes and run events are
+        refused from now on, before any later claim begins. False when a later
+        claim already holds the item. Raises ``ValueError`` on a bad id or attempts."""
+        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 0:
+            raise ValueError(f"attempts must be an integer >= 0, got {attempts!r}")
+        keys = [self.item_journal_key(run_id, work_item_id)]
+        return bool(await self._run("revoke_item_claim", run_id, keys, [attempts, ITEM_KEY_TTL_MS]))
+
     def item_history_key(self, run_id: str, work_item_id: str) -> str:
         """The history list of one work item's member."""
         return f"{self.keys(run_id).record}:item:{_check_part(work_item_id)}:history"

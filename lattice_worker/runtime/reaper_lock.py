@@ -41,6 +41,20 @@ class ReaperLockLostError(Exception):
     """The sweep no longer holds the reaper lock (it expired or another reaper took it)."""
 
 
+class NoLock:
+    """The guard of a forced sweep (``lattice drain``, tests): no lock, always held."""
+
+    async def __aenter__(self) -> NoLock:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    def check(self) -> None:
+        """Never raises."""
+        return None
+
+
 def lock_key(prefix: str) -> str:
     """The reaper lock's key: ``<prefix>:reaper:lock``."""
     return f"{prefix}:reaper:lock"
@@ -125,11 +139,16 @@ class ReaperLock(RenewalLoop):
         return released
 
 
+SweepGuard = ReaperLock | NoLock
+"""What a sweep's steps call ``check()`` on before each write."""
+
 __all__ = [
+    "NoLock",
     "RELEASE_LUA",
     "RENEW_LUA",
     "ReaperLock",
     "ReaperLockLostError",
+    "SweepGuard",
     "lock_hold_seconds",
     "lock_key",
 ]

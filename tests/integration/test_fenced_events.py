@@ -12,7 +12,7 @@ import asyncio
 import pytest
 
 from lattice_client.errors import RunLeaseLostError
-from lattice_worker.runtime import member_step
+from lattice_worker.runtime import member_step, reaper
 from lattice_worker.runtime.events import current_fence
 from tests.e2e.teams import plan
 from tests.integration import test_distributed_protocol
@@ -134,3 +134,48 @@ async def test_a_member_that_lost_its_claim_writes_no_event_after_its_successor_
     after = await _types(ctx, run_id)
     # the first worker's tool result, assistant turn, "failed"/"cancelled" message events: none landed
     assert after == [*before, "successor began"], after
+
+
+async def test_a_revoked_claim_is_refused_and_the_next_claim_takes_the_item_over(ctx):
+    runs = ctx.runs
+    await runs.create("r1", "team", "prompt")
+    first = runs.item_events_fence("r1", "w1", 1, "tok-1")
+    await runs.append_events("r1", [{"type": "a"}], fence=first)
+    assert await runs.revoke_item_claim("r1", "w1", 1) is True  # its lease expired
+    with pytest.raises(RunLeaseLostError):
+        await runs.append_events("r1", [{"type": "stale"}], fence=first)
+    second = runs.item_events_fence("r1", "w1", 2, "tok-2")
+    await runs.append_events("r1", [{"type": "b"}], fence=second)
+    assert await runs.revoke_item_claim("r1", "w1", 1) is False  # a later claim holds it: unchanged
+    await runs.append_events("r1", [{"type": "c"}], fence=second)
+    assert await _types(ctx, "r1") == ["a", "b", "c"]
+    with pytest.raises(ValueError, match="attempts"):
+        await runs.revoke_item_claim("r1", "w1", -1)
+
+
+async def test_a_member_whose_claim_the_reaper_requeued_writes_no_more_events(env, prefix, monkeypatch):
+    ctx, broker = env
+    ctx.settings = ctx.settings.with_overrides(lease_seconds=0.3)
+    run_id = await submit(ctx, broker, "e2e", plan(("worker", "handoff", "stalled sleep=1")))
+    name, args, _ = broker.queue.pop(0)
+    await broker.run_one(name, args)
+    broker.queue.clear()
+    first = asyncio.create_task(member_step.deliver(ctx, "e2e::worker"))
+    await asyncio.sleep(0.2)  # the member is working (sleeping in its tool)
+    await ctx.writer.flush()
+    before = await _types(ctx, run_id)
+    # the reaper finds the claim expired (as if renewals had stalled) and requeues it; nobody claims yet
+    requeue = ctx.mailbox.requeue_expired
+    monkeypatch.setattr(ctx.mailbox, "requeue_expired", lambda **kw: requeue(now_ms=2**50, **kw))
+    report = await reaper.sweep(ctx, force=True)
+    [message] = await ctx.mailbox.inbox("e2e::worker")
+    assert report.requeued == [message.id] and message.attempts == 1
+    assert await first == "lost"
+    await ctx.writer.flush()
+    assert await _types(ctx, run_id) == before  # nothing more from the stalled worker
+    # the next claim takes the item over and finishes the run
+    monkeypatch.undo()
+    await broker.drain()
+    record = await ctx.runs.get(run_id)
+    assert record.result.result == "final: done:worked[stalled sleep=1]"
+    assert (await ctx.mailbox.get(message.id)).attempts == 2

@@ -3,7 +3,7 @@
 A member step closes its task message (``done`` / ``failed``), sends its reply
 upstream and only then records the outcome in the run. A worker killed in
 between leaves a terminal message and a suspended run waiting for ever; the
-reaper (``reaper._orphaned_items``) completes such items once their message
+reaper (``reaper_orphans.repair_orphans``) completes such items once their message
 has been seen terminal for over a lease. Real Redis, one key prefix per test
 (deleted afterwards); task bodies run in the test's loop, as in
 ``test_distributed_protocol``. A "kill -9" is a ``BaseException`` raised at the
@@ -22,7 +22,7 @@ from lattice_client.celery_config import DELIVER_TASK, RESUME_LEAD_TASK
 from lattice_client.runstore import RunStore
 from lattice_client.settings import get_settings
 from lattice_mailbox.redis import RedisMailbox
-from lattice_worker.runtime import member_step, reaper
+from lattice_worker.runtime import member_step, reaper, reaper_orphans
 from lattice_worker.runtime.context import WorkerContext
 from lattice_worker.runtime.registry import TeamRegistry
 from lattice_worker.team.member_tools import MailboxToolState
@@ -207,7 +207,7 @@ async def test_a_reaper_dying_after_sending_the_diagnostic_does_not_send_it_twic
 
     await asyncio.sleep(LEASE_S + 0.05)
     with monkeypatch.context() as patch:  # the reaper's worker dies before completing the item
-        patch.setattr(reaper, "complete_work_item", killed)
+        patch.setattr(reaper_orphans, "complete_work_item", killed)
         with pytest.raises(Killed):
             await reaper.sweep(ctx, force=True)
     [diagnostic] = await ctx.mailbox.inbox("e2e::lead", "all")
