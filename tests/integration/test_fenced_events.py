@@ -35,6 +35,20 @@ async def _types(ctx, run_id: str) -> list[str]:
     return [e["type"] for _, e in await ctx.runs.events(run_id, count=1000)]
 
 
+async def _member_at_work(ctx, broker, task: str) -> tuple[str, asyncio.Task, list[str]]:
+    """A run whose member ``worker`` is working on ``task`` (lease 0.3 s):
+    ``(run id, its deliver task, the run's event types so far)``."""
+    ctx.settings = ctx.settings.with_overrides(lease_seconds=0.3)
+    run_id = await submit(ctx, broker, "e2e", plan(("worker", "handoff", task)))
+    name, args, _ = broker.queue.pop(0)
+    await broker.run_one(name, args)
+    broker.queue.clear()
+    member = asyncio.create_task(member_step.deliver(ctx, "e2e::worker"))
+    await asyncio.sleep(0.2)  # the member is working (sleeping in its tool)
+    await ctx.writer.flush()
+    return run_id, member, await _types(ctx, run_id)
+
+
 async def test_a_lead_fence_holds_while_the_segment_holds_the_run(ctx):
     runs = ctx.runs
     await runs.create("r1", "team", "prompt")
@@ -112,15 +126,7 @@ async def test_the_emitter_writes_a_stale_segments_events_nowhere_and_keeps_the_
 
 async def test_a_member_that_lost_its_claim_writes_no_event_after_its_successor_began(env, prefix):
     ctx, broker = env
-    ctx.settings = ctx.settings.with_overrides(lease_seconds=0.3)
-    run_id = await submit(ctx, broker, "e2e", plan(("worker", "handoff", "slow sleep=1")))
-    name, args, _ = broker.queue.pop(0)
-    await broker.run_one(name, args)
-    broker.queue.clear()
-    first = asyncio.create_task(member_step.deliver(ctx, "e2e::worker"))
-    await asyncio.sleep(0.2)  # the member is working (sleeping in its tool)
-    await ctx.writer.flush()
-    before = await _types(ctx, run_id)
+    run_id, first, before = await _member_at_work(ctx, broker, "slow sleep=1")
     assert "team_message" in before  # its "claimed" event, under its claim
     # the store expires the claim (as if renewals had stalled); another worker re-claims and begins
     await ctx.mailbox.requeue_expired(now_ms=2**50)
@@ -155,15 +161,7 @@ async def test_a_revoked_claim_is_refused_and_the_next_claim_takes_the_item_over
 
 async def test_a_member_whose_claim_the_reaper_requeued_writes_no_more_events(env, prefix, monkeypatch):
     ctx, broker = env
-    ctx.settings = ctx.settings.with_overrides(lease_seconds=0.3)
-    run_id = await submit(ctx, broker, "e2e", plan(("worker", "handoff", "stalled sleep=1")))
-    name, args, _ = broker.queue.pop(0)
-    await broker.run_one(name, args)
-    broker.queue.clear()
-    first = asyncio.create_task(member_step.deliver(ctx, "e2e::worker"))
-    await asyncio.sleep(0.2)  # the member is working (sleeping in its tool)
-    await ctx.writer.flush()
-    before = await _types(ctx, run_id)
+    run_id, first, before = await _member_at_work(ctx, broker, "stalled sleep=1")
     # the reaper finds the claim expired (as if renewals had stalled) and requeues it; nobody claims yet
     requeue = ctx.mailbox.requeue_expired
     monkeypatch.setattr(ctx.mailbox, "requeue_expired", lambda **kw: requeue(now_ms=2**50, **kw))
