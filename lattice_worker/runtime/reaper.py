@@ -132,7 +132,7 @@ async def sweep(
                 recent = await ctx.runs.list_runs(limit=STALE_SCAN_LIMIT)
                 await _stale_resumes(ctx, report, recent, guard)
                 await _expired_leads(ctx, report, guard)
-                report.orphans += await repair_orphans(ctx, recent, guard)
+                await repair_orphans(ctx, recent, guard, report.orphans)
             except ReaperLockLostError:
                 logger.warning("the reaper lock was lost mid-sweep; this sweep stops writing")
                 report.lock_lost = True

@@ -74,12 +74,14 @@ def closed_key(prefix: str, message_id: str) -> str:
     return f"{prefix}:reaper:closed:{message_id}"
 
 
-async def repair_orphans(ctx: WorkerContext, recent: list[RunRecord], guard: SweepGuard) -> list[str]:
-    """Step 5 of a sweep (see the module doc) on the runs ``recent``: returns
-    the work item ids completed now. ``guard.check()`` comes before every write
-    (it raises :class:`~lattice_worker.runtime.reaper_lock.ReaperLockLostError`
-    once the sweep lost its lock)."""
-    repaired: list[str] = []
+async def repair_orphans(
+    ctx: WorkerContext, recent: list[RunRecord], guard: SweepGuard, repaired: list[str]
+) -> list[str]:
+    """Step 5 of a sweep (see the module doc) on the runs ``recent``: appends
+    the work item ids completed now to ``repaired`` (and returns it).
+    ``guard.check()`` comes before every write (it raises
+    :class:`~lattice_worker.runtime.reaper_lock.ReaperLockLostError` once the
+    sweep lost its lock: what was repaired until then is in ``repaired``)."""
     lease_ms = int(ctx.settings.lease_seconds * 1000)
     now_ms = int(time.time() * 1000)
     stale = [r for r in recent if r.status.value == "suspended" and r.updated_at <= now_ms - lease_ms]
