@@ -111,6 +111,12 @@ class LatticeSettings(BaseSettings):
     """Seconds (float, > 0) between two reaper sweeps in a worker.
     Env: ``LATTICE_REAPER_INTERVAL_SECONDS``."""
 
+    reaper_scan_pause_seconds: float = Field(default=0.0, ge=0)
+    """Pause in **seconds** (float, >= 0) of a reaper sweep after each member
+    mailbox its lost-doorbell scan reads, to spread a big deployment's sweep
+    (its Redis reads) over time; the sweep's lock is renewed meanwhile.
+    Default 0: no pause. Env: ``LATTICE_REAPER_SCAN_PAUSE_SECONDS``."""
+
     registry_heartbeat_seconds: float = Field(default=5.0, gt=0)
     """Seconds (float, > 0) between two heartbeats of a worker's entry in the
     live registry (``<prefix>:worker:<node>``, see :mod:`lattice_client.registry`);

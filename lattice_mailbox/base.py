@@ -91,6 +91,9 @@ class LeasedMailbox(TeamMailbox, Protocol):
     (float). ``max_in_flight`` makes the claim return ``None`` while the mailbox
     already has that many messages in ``processing`` or ``parked`` (a parked
     message waits for a person and keeps its place in a serial mailbox).
+    ``claim_next(..., message_id=ID)`` claims that message instead of the
+    oldest pending one (``None`` when it is not ``pending`` in that mailbox:
+    already claimed, finished, unknown or addressed elsewhere).
 
     ``complete(message_id, token, "parked")`` is how the claim's holder parks
     a message: it leaves ``processing`` (no lease, so the reaper never requeues

@@ -21,6 +21,7 @@ from .validation import (
     CheckedSend,
     Outgoing,
     check_claim,
+    check_claim_id,
     check_complete,
     check_extend,
     check_inbox,
@@ -112,14 +113,18 @@ class MemoryMailbox(CheckedSend):
         lease_s: float | None = None,
         worker_id: str | None = None,
         max_in_flight: int | None = None,
+        message_id: str | None = None,
     ) -> TeamMessage | None:
         """Move the oldest ``pending`` message of ``mailbox_id`` to ``processing``
         and return it with a fresh ``claim_token``; ``None`` when nothing is
         pending or ``max_in_flight`` messages are already in ``processing`` or
         ``parked`` (a parked message still holds its mailbox's place).
-        ``lease_s`` (seconds) sets ``lease_until`` (ms); without it the claim never expires."""
+        ``lease_s`` (seconds) sets ``lease_until`` (ms); without it the claim never expires.
+        ``message_id``: claim that message instead (``None`` when it is not
+        pending in ``mailbox_id``)."""
         check_name(mailbox_id)
         ms, worker_id, max_in_flight = check_claim(lease_s, worker_id, max_in_flight)
+        wanted = check_claim_id(message_id)
         with self._lock:
             box = self._boxes.get(mailbox_id)
             if box is None:
@@ -128,12 +133,18 @@ class MemoryMailbox(CheckedSend):
             if max_in_flight is not None and in_flight >= max_in_flight:
                 return None
             pending = box.by_status[S.PENDING]
-            while box.pending_heap:
-                seq, message_id = heapq.heappop(box.pending_heap)
-                if pending.get(seq) == message_id:
-                    break
+            if wanted:
+                found = self._records.get(wanted)
+                if found is None or found.message.to != mailbox_id or found.message.status != S.PENDING:
+                    return None
+                message_id = wanted  # its heap entry goes stale: skipped by the loop below later
             else:
-                return None
+                while box.pending_heap:
+                    seq, message_id = heapq.heappop(box.pending_heap)
+                    if pending.get(seq) == message_id:
+                        break
+                else:
+                    return None
             record = self._records[message_id]
             self._move(box, record, S.PROCESSING)
             token = new_token()

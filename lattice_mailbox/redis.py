@@ -77,6 +77,7 @@ from .validation import (
     CheckedSend,
     Outgoing,
     check_claim,
+    check_claim_id,
     check_complete,
     check_extend,
     check_inbox,
@@ -405,12 +406,14 @@ class RedisMailbox(CheckedSend):
         lease_s: float | None = None,
         worker_id: str | None = None,
         max_in_flight: int | None = None,
+        message_id: str | None = None,
     ) -> TeamMessage | None:
         """Atomically move the oldest ``pending`` message of ``mailbox_id`` to
         ``processing`` and return it with a fresh ``claim_token``; ``None`` when
         nothing is pending or ``max_in_flight`` messages are in ``processing`` or ``parked``.
         ``lease_s`` (seconds) sets ``lease_until`` (ms, server clock); without it the
-        claim never expires. ``attempts`` counts claims."""
+        claim never expires. ``attempts`` counts claims. ``message_id``: claim
+        that message instead (``None`` when it is not pending in ``mailbox_id``)."""
         keys, owner = self._box(mailbox_id)
         ms, worker_id, max_in_flight = check_claim(lease_s, worker_id, max_in_flight)
         token = new_token()
@@ -420,6 +423,7 @@ class RedisMailbox(CheckedSend):
             worker_id or b"",
             token,
             b"" if max_in_flight is None else max_in_flight,
+            check_claim_id(message_id),
         )
         try:  # the hot path: EVALSHA inline, one coroutine less (NOSCRIPT: load and retry)
             result = await self._evalsha(_SCRIPTS["claim_next"].sha, keys.claim, args)

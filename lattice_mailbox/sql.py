@@ -66,6 +66,7 @@ from .validation import (
     CheckedSend,
     Outgoing,
     check_claim,
+    check_claim_id,
     check_complete,
     check_extend,
     check_inbox,
@@ -160,16 +161,18 @@ class _Statements:
             .with_for_update(skip_locked=True)
             .scalar_subquery()
         )
-        self.claim = (
+        claimed = {
+            "status": processing,
+            "attempts": t.c.attempts + 1,
+            "claimed_by": bindparam("p_worker"),
+            "lease_until": bindparam("p_lease"),
+            "fence": token,
+        }
+        self.claim = update(t).where(t.c.seq == oldest).values(**claimed).returning(*t.c)
+        self.claim_id = (
             update(t)
-            .where(t.c.seq == oldest)
-            .values(
-                status=processing,
-                attempts=t.c.attempts + 1,
-                claimed_by=bindparam("p_worker"),
-                lease_until=bindparam("p_lease"),
-                fence=token,
-            )
+            .where(t.c.id == mid, t.c.mailbox == box, t.c.status == pending)
+            .values(**claimed)
             .returning(*t.c)
         )
         self.move = (
@@ -393,18 +396,21 @@ class SQLMailbox(CheckedSend):
         lease_s: float | None = None,
         worker_id: str | None = None,
         max_in_flight: int | None = None,
+        message_id: str | None = None,
     ) -> TeamMessage | None:
         """Atomically move the oldest ``pending`` message of ``mailbox_id`` to
         ``processing`` and return it with a fresh ``claim_token``; ``None`` when
         nothing is pending or ``max_in_flight`` messages are in ``processing`` or ``parked``.
         ``lease_s`` (seconds) sets ``lease_until`` (ms); without it the claim never
-        expires. ``attempts`` counts claims."""
+        expires. ``attempts`` counts claims. ``message_id``: claim that message
+        instead (``None`` when it is not pending in ``mailbox_id``)."""
         check_name(mailbox_id)
         ms, worker_id, max_in_flight = check_claim(lease_s, worker_id, max_in_flight)
-        return await self._call(self._claim, mailbox_id, ms, worker_id, max_in_flight)
+        wanted = check_claim_id(message_id)
+        return await self._call(self._claim, mailbox_id, ms, worker_id, max_in_flight, wanted)
 
     def _claim(
-        self, mailbox_id: str, ms: int | None, worker_id: str | None, max_in_flight: int | None
+        self, mailbox_id: str, ms: int | None, worker_id: str | None, max_in_flight: int | None, wanted: str
     ) -> TeamMessage | None:
         q = self._q
         box = {"p_box": mailbox_id}
@@ -424,8 +430,9 @@ class SQLMailbox(CheckedSend):
                 "p_worker": worker_id,
                 "p_lease": None if ms is None else now_ms() + ms,
                 "p_token": token,
+                "p_id": wanted,
             }
-            row = conn.execute(q.claim, params).first()
+            row = conn.execute(q.claim_id if wanted else q.claim, params).first()
         return None if row is None else _message(row, claim_token=token)
 
     async def update_status(self, message_id: str, status: MessageStatus | str) -> bool:

@@ -184,6 +184,15 @@ def check_claim(
     )
 
 
+def check_claim_id(message_id: Any) -> str:
+    """``claim_next(message_id=...)``: the id to claim, ``""`` for ``None`` (the
+    oldest pending one). Raises ``TypeError`` for a non-string id."""
+    if message_id is None:
+        return ""
+    message_id_tag(message_id)  # raises TypeError for a non-string
+    return str(message_id)
+
+
 def check_extend(token: Any, lease_s: Any) -> int:
     """``extend_lease``: the token, then the (required) lease in milliseconds."""
     check_token(token)

@@ -58,6 +58,7 @@ from .records import (
     DEFAULT_MAX_EVENTS,
     RUN_ID_PATTERN,
     CompleteResult,
+    EventFence,
     LeadRecovery,
     RunKeys,
     SegmentStart,
@@ -75,6 +76,7 @@ from .tool_calls import WaitStateError
 __all__ = [
     "CompleteResult",
     "DEFAULT_MAX_EVENTS",
+    "EventFence",
     "LeadRecovery",
     "RUN_ID_PATTERN",
     "RunKeys",

@@ -12,6 +12,7 @@ from ..errors import RunLeaseLostError
 from ..models import RunResult
 from .core import RunStoreCore
 from .records import (
+    EventFence,
     as_text,
     check_block_ms,
     decode_event,
@@ -38,25 +39,51 @@ class RunEvents(RunStoreCore):
         )
         return as_text(entry)
 
-    async def append_events(self, run_id: str, events: list[dict[str, Any]]) -> list[str]:
+    async def append_events(
+        self, run_id: str, events: list[dict[str, Any]], *, fence: EventFence | None = None
+    ) -> list[str]:
         """Append ``events`` (as for :meth:`append_event`), in order, with one
         script call; returns their stream entry ids. Nothing is appended when
-        one is bad (``ValueError``) or the run is unknown (:class:`RunNotFoundError`)."""
+        one is bad (``ValueError``) or the run is unknown (:class:`RunNotFoundError`).
+        ``fence`` (of this run: else ``ValueError``): append only while it holds
+        (see :meth:`append_events_call`), else :class:`RunLeaseLostError` and
+        nothing is appended."""
         for event in events:
             if not isinstance(event, dict) or not isinstance(event.get("type"), str):
                 raise ValueError("an event must be a dict with a string 'type'")
+        if fence is not None and fence.run_id != run_id:
+            raise ValueError(f"the fence is run {fence.run_id!r}'s, not run {run_id!r}'s")
         if not events:
             return []
-        (_, _, numkeys, *keys_args), _ = self.append_events_call(run_id, [dumps(e, "event") for e in events])
-        out = await self._run("append_events", run_id, keys_args[:numkeys], keys_args[numkeys:])
+        (_, _, numkeys, *keys_args), _ = self.append_events_call(
+            run_id, [dumps(e, "event") for e in events], fence
+        )
+        name = "append_events" if fence is None else "append_events_fenced"
+        out = await self._run(name, run_id, keys_args[:numkeys], keys_args[numkeys:])
         return [as_text(x) for x in out]
 
-    def append_events_call(self, run_id: str, payloads: list[str]) -> tuple[tuple[Any, ...], str]:
+    def append_events_call(
+        self, run_id: str, payloads: list[str], fence: EventFence | None = None
+    ) -> tuple[tuple[Any, ...], str]:
         """:meth:`append_events` of already encoded event JSONs as ``(command,
         source)`` for the caller's own pipeline (see :meth:`journal_call_call`);
-        its reply is the entry ids."""
+        its reply is the entry ids. Under a ``fence`` (``append_events_fenced.lua``)
+        nothing is appended, with an error reply ``FENCED`` (:meth:`script_error`
+        -> :class:`RunLeaseLostError`), once it no longer holds: a lead
+        segment's lease lost, or a later claim of the work item began writing."""
         k = self.keys(run_id)
-        return self._call("append_events", [k.record, k.events], [self.max_events, *payloads])
+        if fence is None:
+            return self._call("append_events", [k.record, k.events], [self.max_events, *payloads])
+        return self._call(
+            "append_events_fenced", [k.record, k.events, fence.key], [self.max_events, *fence.args, *payloads]
+        )
+
+    def lead_events_fence(self, run_id: str, token: str) -> EventFence:
+        """The fence of a lead segment's events: the run is ``running`` under the
+        lease ``token`` (raises ``ValueError`` on a bad run id or an empty token)."""
+        if not token:
+            raise ValueError("a lead events fence needs the segment's lease token")
+        return EventFence(run_id, self.keys(run_id).record, ("lead", token, "", ""))
 
     async def events(
         self,

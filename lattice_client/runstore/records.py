@@ -125,6 +125,20 @@ class LeadRecovery:
 
 
 @dataclass(frozen=True)
+class EventFence:
+    """What a run's event appends are fenced by (``append_events_fenced.lua``):
+    a lead segment's lease (:meth:`RunStore.lead_events_fence`) or a member's
+    claim on one work item (:meth:`RunStore.item_events_fence`). ``run_id``:
+    the run whose stream it fences (other runs' streams are not fenced by it);
+    ``key``: the hash checked (the run record, or the item's tool journal);
+    ``args``: ``(kind, attempts or token, claim token, key expiry ms)`` as text."""
+
+    run_id: str
+    key: str
+    args: tuple[str, str, str, str]
+
+
+@dataclass(frozen=True)
 class RunKeys:
     """The Redis keys of one run (all share the hash tag ``{run:<run_id>}``)."""
 

@@ -16,6 +16,7 @@ SCRIPT_NAMES = (
     "clear_items",
     "append_event",
     "append_events",
+    "append_events_fenced",
     "finish",
     "cancel",
     "begin_segment",
@@ -30,6 +31,7 @@ SCRIPT_NAMES = (
     "park_lead",
     "resolve_wait",
     "set_trace_carrier",
+    "revoke_item_claim",
 )
 
 

@@ -30,7 +30,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from .core import RunStoreCore
-from .records import as_text, dumps, now_ms, pairs
+from .records import EventFence, as_text, dumps, now_ms, pairs
 
 ITEM_KEY_TTL_MS = 7 * 24 * 3600 * 1000
 """How long (milliseconds) a work item's journal and history are kept after their last write."""
@@ -54,6 +54,26 @@ class RunToolCalls(RunStoreCore):
     def item_journal_key(self, run_id: str, work_item_id: str) -> str:
         """The tool journal hash of one work item of run ``run_id``."""
         return f"{self.keys(run_id).record}:item:{_check_part(work_item_id)}:journal"
+
+    def item_events_fence(self, run_id: str, work_item_id: str, attempts: int, token: str) -> EventFence:
+        """The fence of a member's events for one work item: its claim
+        (``attempts``: the claim's count, ``token``: its token), checked against
+        the item's ``~fence`` as the member's other item writes are (a later claim
+        takes the item over). Raises ``ValueError`` on a bad id or an empty token."""
+        if not token or isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 0:
+            raise ValueError(f"an item events fence needs a claim token and attempts >= 0, got {attempts!r}")
+        key = self.item_journal_key(run_id, work_item_id)
+        return EventFence(run_id, key, ("item", str(attempts), token, str(ITEM_KEY_TTL_MS)))
+
+    async def revoke_item_claim(self, run_id: str, work_item_id: str, attempts: int) -> bool:
+        """Stop the writes of the expired claim ``attempts`` on one work item
+        (``revoke_item_claim.lua``): its fenced item writes and run events are
+        refused from now on, before any later claim begins. False when a later
+        claim already holds the item. Raises ``ValueError`` on a bad id or attempts."""
+        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 0:
+            raise ValueError(f"attempts must be an integer >= 0, got {attempts!r}")
+        keys = [self.item_journal_key(run_id, work_item_id)]
+        return bool(await self._run("revoke_item_claim", run_id, keys, [attempts, ITEM_KEY_TTL_MS]))
 
     def item_history_key(self, run_id: str, work_item_id: str) -> str:
         """The history list of one work item's member."""

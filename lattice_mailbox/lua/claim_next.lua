@@ -12,12 +12,14 @@
 -- ARGV[3]  worker id, or ""
 -- ARGV[4]  new claim token
 -- ARGV[5]  max in flight (processing + parked), or "" for no limit
+-- ARGV[6]  the id of the message to claim, or "" (or absent) for the oldest pending one
 --
 -- Returns  {body JSON (holds the id), attempts, lease_until}  lease_until: ms on the server
 --          clock (TIME), 0 for a claim without a lease. The message is now processing, its
 --          claimed_by is ARGV[3] and its token ARGV[4]; the full state is in KEYS[6].
 --          (A compact reply on purpose: this is the hot path.)
--- Codes    0   nothing pending (or no message was ever sent to this mailbox id)
+-- Codes    0   nothing pending (or no message was ever sent to this mailbox id; or the
+--              message ARGV[6] is not pending in this mailbox)
 --          -1  the mailbox already has max-in-flight messages in processing or parked
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
@@ -25,11 +27,18 @@ end
 if ARGV[5] ~= '' and redis.call('ZCARD', KEYS[3]) + redis.call('ZCARD', KEYS[7]) >= tonumber(ARGV[5]) then
   return -1
 end
-local head = redis.call('ZPOPMIN', KEYS[2])
-if #head == 0 then
-  return 0
+local id = ARGV[6] or ''
+if id ~= '' then
+  if redis.call('ZREM', KEYS[2], id) == 0 then
+    return 0
+  end
+else
+  local head = redis.call('ZPOPMIN', KEYS[2])
+  if #head == 0 then
+    return 0
+  end
+  id = head[1]
 end
-local id = head[1]
 local st = cjson.decode(redis.call('HGET', KEYS[6], id))
 st.s = 'processing'
 st.a = st.a + 1

@@ -51,7 +51,7 @@ def apply_completion(ctx: WorkerContext, run_id: str, team_name: str, result: An
     """Act on a ``CompleteResult``: ring the doorbells of the items it lets start
     and enqueue ``resume_lead`` when it emptied a suspended run's wait set."""
     for item in result.dispatch:
-        ctx.steps.ring(item["mailbox_id"])
+        ctx.steps.ring(item["mailbox_id"], item.get("message_id"))
     if result.resume:
         ctx.steps.resume(run_id, team_name)
 

@@ -36,7 +36,7 @@ from ..team.drain import DrainResult
 from ..team.member import TeamMember
 from ..team.team import Team
 from .context import WorkerContext, default_worker_id
-from .member_step import process_claimed
+from .member_step import claim_startable, process_claimed
 from .process import make_mailbox
 from .registry import TeamRegistry, member_mode
 
@@ -95,13 +95,8 @@ async def drain_async(
             for target in targets:
                 if processed >= max_messages:
                     break
-                mode = member_mode(target.member)
-                message = await ctx.mailbox.claim_next(
-                    target.mailbox_id,
-                    lease_s=ctx.settings.lease_seconds,
-                    worker_id=ctx.worker_id,
-                    max_in_flight=1 if mode == "session" else None,
-                )
+                # as a doorbell would: never an item its run still queues
+                message = await claim_startable(ctx, target.mailbox_id, member_mode(target.member))
                 if message is None:
                     continue
                 found = True

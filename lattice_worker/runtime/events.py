@@ -7,19 +7,39 @@ for a child run (a nested team) also for every ancestor's stream, wrapped as
 ``stream_event`` events (also wrapped ones) are not stored: they would
 multiply the stream's size for no reader's benefit. Failures are logged,
 never raised (events are observational).
+
+Fencing: a step that holds a run -- a lead segment under its lease, a member
+under its claim on a work item -- sets :data:`current_fence` (an
+:class:`~lattice_client.runstore.EventFence`: ``RunStore.lead_events_fence`` /
+``item_events_fence``) for the code that emits its events; those of that run
+are then appended only while the fence holds, checked in the same script call
+(``append_events_fenced.lua``): a worker that lost its lease or claim writes
+nothing to the run's stream. The copies into an ancestor's stream are not
+fenced (another run's keys: one script cannot check both on Redis Cluster),
+nor are the events a step emits after it ended its hold itself (a lead
+segment once it suspended or parked a call: its ``tool_parked`` and
+``run_status`` events) or the reaper's.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
-from lattice_client.runstore import RunStore
+from lattice_client.runstore import EventFence, RunStore
 
 from .writer import RunWriter
 
 logger = logging.getLogger("lattice_worker.runtime")
+
+FenceSource = EventFence | Callable[[], EventFence | None]
+"""A fence, or a function giving the fence in force now (``None``: none)."""
+
+current_fence: ContextVar[FenceSource | None] = ContextVar("lattice_event_fence", default=None)
+"""The fence of the events emitted in this context (see the module doc), or ``None``."""
 
 MAX_NESTING = 16
 """How many ancestors a child run's events are copied to at most."""
@@ -34,10 +54,16 @@ class EventEmitter:
         self.writer = writer
         self._parents: dict[str, tuple[str, str, str] | None] = {}
 
-    async def emit(self, run_id: str, event: Any) -> None:
+    async def emit(self, run_id: str, event: Any, *, fence: EventFence | None = None) -> None:
         """Queue ``event`` (an SDK/team event model or a dict) for run ``run_id``'s
         stream and its ancestors' (see the module doc); written with the
-        writer's next batch (:meth:`RunWriter.flush` waits for it)."""
+        writer's next batch (:meth:`RunWriter.flush` waits for it). ``fence``
+        (default :data:`current_fence`) applies when it is ``run_id``'s."""
+        if fence is None:
+            source = current_fence.get()
+            fence = source() if callable(source) else source
+        if fence is not None and fence.run_id != run_id:
+            fence = None
         data: dict[str, Any] | None = None
         payload = _model_json(event)  # a model's JSON straight from pydantic: the same text
         if payload is None:
@@ -62,7 +88,7 @@ class EventEmitter:
                     exc_info=True,
                 )
                 return
-            self.writer.queue_events(keys.record, keys.events, payload)
+            self.writer.queue_events(keys.record, keys.events, payload, fence if depth == 0 else None)
             try:
                 parent = await self._parent_of(current)
             except Exception:
@@ -150,4 +176,4 @@ def _event_dict(event: Any) -> dict[str, Any]:
     return {"type": "unknown", "value": repr(event)}
 
 
-__all__ = ["EventEmitter", "public_message"]
+__all__ = ["EventEmitter", "FenceSource", "current_fence", "public_message"]

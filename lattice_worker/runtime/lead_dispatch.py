@@ -345,7 +345,7 @@ async def dispatch_items(
             lease.end()  # the suspension ended the segment (renewals stop quietly)
     await ctx.writer.sync(fence)  # a failed history write of the batch is raised here
     for item in ctx.runs.add_items_reply(replies[0]):
-        ctx.steps.ring(item["mailbox_id"])
+        ctx.steps.ring(item["mailbox_id"], item.get("message_id"))
     early = {w: json.loads(r) for w, r in zip(ids, replies[1], strict=True) if r}
     for work_item_id, outcome in early.items():
         result = await ctx.runs.complete_item(run_id, work_item_id, outcome)

@@ -49,7 +49,9 @@ async def recover_segment(
     A run a person's decision resumes (``resolve_wait``) comes here too."""
     run_id = record.run_id
     await ctx.events.emit(
-        run_id, {"type": "run_status", "status": "recovering", "run_id": run_id, "attempt": lease.attempts}
+        run_id,
+        {"type": "run_status", "status": "recovering", "run_id": run_id, "attempt": lease.attempts},
+        fence=ctx.runs.lead_events_fence(run_id, lease.token),
     )
     logger.warning("run %s: recovering its lead (attempt %d) after a worker died", run_id, lease.attempts)
     probe = spawn_lead(ctx, team, run_id, lease=lease)

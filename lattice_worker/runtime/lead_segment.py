@@ -39,6 +39,7 @@ from ..agent.agent import Agent
 from ..team.reports import failed_work_items
 from ..team.team import Team
 from .context import WorkerContext
+from .events import FenceSource, current_fence
 from .lead_dispatch import DistributedLeadRuntime, current_carrier, current_lease, current_run
 from .lead_lease import LeadLease
 from .lead_recovery import recover_segment
@@ -217,6 +218,7 @@ async def drive(
         final: Any = None
         token = current_run.set(run_id)
         lease_token = current_lease.set(lease)
+        fence_token = current_fence.set(_events_fence(ctx, run_id, lease))
         options: dict[str, Any] = {"runtime": runtime}
         if lease is not None:
             options["signal"] = lease.controller.signal
@@ -233,6 +235,7 @@ async def drive(
                 await ctx.events.emit(run_id, event)
         finally:
             current_carrier.reset(carrier_token)
+            current_fence.reset(fence_token)
             current_lease.reset(lease_token)
             current_run.reset(token)
         if trace is not None:
@@ -288,6 +291,15 @@ async def drive(
         if not await finish_run(ctx, record, result, lease=lease) and lease is not None and lease.lost:
             return await _lost(ctx, run_id)
         return status
+
+
+def _events_fence(ctx: WorkerContext, run_id: str, lease: LeadLease | None) -> FenceSource | None:
+    """The fence of the segment's events: its lease, until the segment ends its
+    hold itself (a suspension or a parked call: what it emits then is not fenced)."""
+    if lease is None:
+        return None
+    fence = ctx.runs.lead_events_fence(run_id, lease.token)
+    return lambda: None if lease.ended else fence
 
 
 async def _parked(

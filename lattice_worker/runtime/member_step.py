@@ -55,7 +55,7 @@ from ..team.work import WorkItemOutcome, run_work_item
 from .child_runs import start_child_run
 from .completion import complete_work_item
 from .context import WorkerContext
-from .events import public_message
+from .events import current_fence, public_message
 from .leases import LeaseKeeper
 from .member_journal import journaled_member
 from .registry import member_mode
@@ -64,8 +64,15 @@ from .run_trace import member_trace
 logger = logging.getLogger("lattice_worker.runtime")
 
 
-async def deliver(ctx: WorkerContext, mailbox_id: str) -> str:
-    """Body of ``lattice.deliver(mailbox_id)``: claim one message and run its member.
+async def deliver(ctx: WorkerContext, mailbox_id: str, message_id: str | None = None) -> str:
+    """Body of ``lattice.deliver(mailbox_id[, message_id])``: claim one message and run its member.
+
+    With ``message_id`` (the doorbell of a work item its run let start) that
+    message is claimed, if it is still pending. Without (a doorbell rung
+    again: the reaper, a serial mailbox), the oldest pending message whose run
+    lets it start is (:func:`startable`). A run's ``max_concurrent_work_items``
+    so holds exactly even when runs share the member's mailbox: a doorbell
+    never claims a work item its run still queues.
 
     Returns what happened: ``"invalid"`` (not a ``<team>::<member>`` id),
     ``"unknown"`` (no such team/member here), ``"idle"`` (nothing to claim --
@@ -87,12 +94,7 @@ async def deliver(ctx: WorkerContext, mailbox_id: str) -> str:
         )
         return "unknown"
     mode = member_mode(member)
-    claimed = await ctx.mailbox.claim_next(
-        mailbox_id,
-        lease_s=ctx.settings.lease_seconds,
-        worker_id=ctx.worker_id,
-        max_in_flight=1 if mode == "session" else None,
-    )
+    claimed = await claim_startable(ctx, mailbox_id, mode, message_id)
     if claimed is None:
         return "idle"
     try:
@@ -101,6 +103,50 @@ async def deliver(ctx: WorkerContext, mailbox_id: str) -> str:
         await ctx.writer.flush()
         if mode == "session":
             await _ring_if_pending(ctx, mailbox_id)
+
+
+STARTABLE_SCAN = 50
+"""How many pending messages of a mailbox a doorbell without a message id looks at."""
+
+
+async def startable(ctx: WorkerContext, mailbox_id: str, limit: int = 5) -> list[str]:
+    """Ids of up to ``limit`` pending messages of ``mailbox_id``, oldest first,
+    that their run lets start: all but the task messages whose work item the
+    run still queues (state ``queued``: ``max_concurrent_work_items`` of its
+    items are running). Looks at the :data:`STARTABLE_SCAN` oldest (one read of
+    the mailbox, one pipelined read of the runs' item states)."""
+    pending = await ctx.mailbox.inbox(mailbox_id, "pending", limit=STARTABLE_SCAN)
+    linked = [(m, _run_link(m)) for m in pending]
+    checks = [(m, link[0]) for m, link in linked if link is not None and m.work_item_id]
+    states: dict[str, Any] = {}
+    if checks:
+        client = await ctx.redis()
+        async with client.pipeline(transaction=False) as pipe:
+            for m, run_id in checks:
+                pipe.hget(ctx.runs.keys(run_id).state, m.work_item_id)
+            for (m, _), state in zip(checks, await pipe.execute(), strict=True):
+                states[m.id] = state.decode() if isinstance(state, bytes) else state
+    return [m.id for m in pending if states.get(m.id) != "queued"][:limit]
+
+
+async def claim_startable(
+    ctx: WorkerContext, mailbox_id: str, mode: str, message_id: str | None = None
+) -> TeamMessage | None:
+    """Claim ``message_id`` of ``mailbox_id`` (while pending), or without one
+    the oldest pending message its run lets start (:func:`startable`), with
+    the settings' lease; a ``session`` member's mailbox is serial. ``None``:
+    nothing claimed."""
+    for candidate in [message_id] if message_id else await startable(ctx, mailbox_id):
+        claimed = await ctx.mailbox.claim_next(
+            mailbox_id,
+            lease_s=ctx.settings.lease_seconds,
+            worker_id=ctx.worker_id,
+            max_in_flight=1 if mode == "session" else None,
+            message_id=candidate,
+        )
+        if claimed is not None or mode == "session":  # (a busy serial mailbox refuses them all)
+            return claimed
+    return None
 
 
 async def _ring_if_pending(ctx: WorkerContext, mailbox_id: str) -> None:
@@ -117,8 +163,27 @@ async def _ring_if_pending(ctx: WorkerContext, mailbox_id: str) -> None:
 
 async def process_claimed(ctx: WorkerContext, team: Team, member: TeamMember, message: TeamMessage) -> str:
     """Run ``member`` on the claimed ``message`` and complete its work item
-    (see :func:`deliver`; also used by ``lattice drain``)."""
+    (see :func:`deliver`; also used by ``lattice drain``). The run's events
+    it emits are fenced by the claim (``RunStore.item_events_fence``)."""
     link = _run_link(message) or await ctx.links.run_of(message.work_item_id)
+    fence = None
+    if link and message.work_item_id and message.claim_token:
+        try:
+            fence = ctx.runs.item_events_fence(
+                link[0], message.work_item_id, message.attempts, message.claim_token
+            )
+        except ValueError:
+            logger.warning("message %s: its run events are not fenced", message.id, exc_info=True)
+    reset = current_fence.set(fence)
+    try:
+        return await _process(ctx, team, member, message, link)
+    finally:
+        current_fence.reset(reset)
+
+
+async def _process(
+    ctx: WorkerContext, team: Team, member: TeamMember, message: TeamMessage, link: tuple[str, str] | None
+) -> str:
     run_id = link[0] if link else None
     status = None
     if run_id:  # the status and the parent alone (cheaper than the record); the parent seeds the emitter
@@ -277,4 +342,4 @@ async def _cancel_message(ctx: WorkerContext, team: Team, message: TeamMessage, 
     return "cancelled"
 
 
-__all__ = ["deliver", "process_claimed", "session_agent"]
+__all__ = ["STARTABLE_SCAN", "claim_startable", "deliver", "process_claimed", "session_agent", "startable"]

@@ -3,20 +3,32 @@
 docs/architecture.md, "Crash"; issue 6 item 4. Every worker process runs one
 reaper in a daemon thread with its own event loop (:meth:`Reaper.start`).
 Only one reaper sweeps at a time across all workers of a deployment: a sweep
-first takes ``<prefix>:reaper:lock`` with ``SET NX PX``; when it ends the lock
-is kept for the rest of one interval, so the deployment sweeps about once per
-``reaper_interval_seconds`` however many workers run.
+first takes ``<prefix>:reaper:lock``
+(:class:`~lattice_worker.runtime.reaper_lock.ReaperLock`: held for half a
+lease, renewed every third of that while the sweep runs, renewed and released
+by its holder only); when it ends the lock is kept for the rest of one
+interval, so the deployment sweeps about once per ``reaper_interval_seconds``
+however many workers run. A holder killed mid-sweep delays the next sweep by
+at most half a lease. A sweep that lost its lock (a renewal found another
+holder, or the hold ran out since its last renewal) stops before its next
+write (``SweepReport.lock_lost``); what it had already moved is followed up by
+the next sweep (a requeued message's doorbell by the lost-doorbell scan, an
+exhausted message's work item by the orphan repair).
 
 A sweep:
 
 1. ``requeue_expired(max_attempts=settings.max_attempts)`` moves every claim
-   whose lease expired back to ``pending`` and rings that mailbox's doorbell;
+   whose lease expired back to ``pending`` and rings that mailbox's doorbell
+   (a run's work item first gets the expired claim revoked,
+   :func:`revoke_claim`: a stalled worker that still holds it writes nothing more);
    a message that used up its attempts moves to ``failed`` instead: a
    diagnostic goes upstream (``metadata["error"]["code"] == "max_attempts"``)
    and its work item completes as failed, so the waiting lead resumes.
 2. Lost doorbells: for every member mailbox of the published teams whose oldest
    ``pending`` message has waited longer than one lease, the doorbell is rung
    again (at most once per lease per mailbox, marker ``<prefix>:reaper:rung:<mailbox>``).
+   The scan pauses ``reaper_scan_pause_seconds`` after each member mailbox it
+   reads (default 0), to spread a big deployment's sweep over time.
 3. Stale resumes: a run of the :data:`STALE_SCAN_LIMIT` most recent ones that
    has been ``resuming`` for longer than one lease (its resume was to run in
    a worker that died) gets ``lattice.resume_lead`` again (at most once per
@@ -30,37 +42,16 @@ A sweep:
    ``max_attempts`` segment starts the run fails instead, with an error naming
    the attempts; its unfinished work is cancelled and a child run replies
    upstream with the failure.
-5. Orphaned work items (on the runs of step 3's scan): a member step closes
-   its task message (``done`` / ``failed``, fenced by its claim token), then
-   sends its reply upstream, and only after its agent ends records the
-   outcome in the run (``RunStore.complete_item``). A worker that dies in
-   between leaves a terminal message (no lease: step 1 never sees it) and a
-   ``suspended`` run waiting for the item forever. For every run of the :data:`STALE_SCAN_LIMIT`
-   most recent ones that has been ``suspended`` for over a lease (looked at
-   most once per half lease, marker ``<prefix>:reaper:orphans:<run_id>``),
-   each unfinished item whose task message is terminal is noted (marker
-   ``<prefix>:reaper:closed:<message_id>``; its age is read from its TTL, the
-   Redis clock). Once the message has been seen terminal for over a lease
-   (a live worker has had that long to record the item itself) its outcome is
-   recorded through :func:`~lattice_worker.runtime.completion.complete_work_item`
-   (doorbells and the resume follow), built as the member would have from the
-   upstream message it sent for it (``reply_to`` = the task message: a reply,
-   a failure report or a diagnostic). When there is none (the worker died
-   between closing and sending) a ``diagnostic`` upstream message (code
-   ``reply_lost``: "the worker running member X died after closing message
-   M; its reply was lost") is sent first, guarded by
-   ``<prefix>:reaper:lost:<message_id>``, and the item completes ``failed``
-   with it, so the lead resumes with a failure report; a repeat after a crash
-   finds that diagnostic instead of sending another. A ``cancelled`` message
-   (an aborted member sends nothing upstream) completes ``cancelled``.
-   ``complete_item`` is idempotent: a slow worker recording the same item
-   later changes nothing (the first outcome stays).
+5. Orphaned work items (on the runs of step 3's scan): a ``suspended`` run's
+   unfinished item whose task message was closed (or left ``read`` after a
+   follow-up) by a member whose worker then died is completed from the
+   member's upstream message, or failed with a ``reply_lost`` diagnostic
+   (:mod:`lattice_worker.runtime.reaper_orphans`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 import time
@@ -77,22 +68,21 @@ from ..team.ids import LEAD, split_mailbox_id
 from ..team.work import WorkItemOutcome
 from .completion import complete_work_item, send_failure_report
 from .context import WorkerContext
+from .reaper_lock import NoLock, ReaperLock, ReaperLockLostError, SweepGuard, lock_hold_seconds, lock_key
+from .reaper_orphans import (
+    CLOSING_KINDS,
+    FOLLOWUP_KINDS,
+    closed_key,
+    orphan_outcome,
+    orphan_scan_key,
+    repair_orphans,
+)
 from .run_end import end_failed_run
 
 logger = logging.getLogger("lattice_worker.runtime.reaper")
 
 STALE_SCAN_LIMIT = 500
 """How many of the most recent runs the stale-resume check looks at per sweep."""
-
-LOCK_HOLD_MS = 60_000
-"""Upper bound (ms) a sweep may hold the lock before another reaper may start one."""
-
-_RELEASE_TO_INTERVAL = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-"""
 
 
 @dataclass
@@ -102,7 +92,7 @@ class SweepReport:
     (stale resumes), ``recovered`` / ``failed_runs`` run ids (expired lead
     leases: re-enqueued / failed past ``max_attempts``), ``orphans`` work
     item ids completed for a member whose worker died after closing its
-    message."""
+    message; ``lock_lost``: the sweep stopped early, its lock was lost."""
 
     requeued: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
@@ -111,11 +101,7 @@ class SweepReport:
     recovered: list[str] = field(default_factory=list)
     failed_runs: list[str] = field(default_factory=list)
     orphans: list[str] = field(default_factory=list)
-
-
-def lock_key(prefix: str) -> str:
-    """The reaper guard key: ``<prefix>:reaper:lock``."""
-    return f"{prefix}:reaper:lock"
+    lock_lost: bool = False
 
 
 def rung_key(prefix: str, mailbox_id: str) -> str:
@@ -130,35 +116,43 @@ async def sweep(
     reaper holds the lock (``force=True`` skips the lock: tests, ``lattice drain``).
     ``interval_s`` (seconds): how long the lock stays after the sweep (default
     the settings' reaper interval)."""
-    interval_ms = int(1000 * (interval_s if interval_s is not None else ctx.settings.reaper_interval_seconds))
-    client = await ctx.redis()
-    key = lock_key(ctx.prefix)
+    keep_s = interval_s if interval_s is not None else ctx.settings.reaper_interval_seconds
+    guard: SweepGuard = NoLock()
     if not force:
-        if not await client.set(key, ctx.worker_id, nx=True, px=LOCK_HOLD_MS):
+        client = await ctx.redis()
+        guard = ReaperLock(client, ctx.prefix, ctx.worker_id, lock_hold_seconds(ctx.settings.lease_seconds))
+        if not await guard.acquire():
             return None
+    report = SweepReport()
     try:
-        report = SweepReport()
-        try:
-            await _requeue(ctx, report)
-            await _lost_doorbells(ctx, report)
-            recent = await ctx.runs.list_runs(limit=STALE_SCAN_LIMIT)
-            await _stale_resumes(ctx, report, recent)
-            await _expired_leads(ctx, report)
-            await _orphaned_items(ctx, report, recent)
-        finally:
-            await ctx.writer.flush()
+        async with guard:  # renewed while the sweep runs
+            try:
+                await _requeue(ctx, report, guard)
+                await _lost_doorbells(ctx, report, guard)
+                recent = await ctx.runs.list_runs(limit=STALE_SCAN_LIMIT)
+                await _stale_resumes(ctx, report, recent, guard)
+                await _expired_leads(ctx, report, guard)
+                await repair_orphans(ctx, recent, guard, report.orphans)
+            except ReaperLockLostError:
+                logger.warning("the reaper lock was lost mid-sweep; this sweep stops writing")
+                report.lock_lost = True
+            finally:
+                await ctx.writer.flush()
         return report
     finally:
-        if not force:
+        if isinstance(guard, ReaperLock) and not report.lock_lost:
             try:
-                await client.eval(_RELEASE_TO_INTERVAL, 1, key, ctx.worker_id, max(1, interval_ms))
+                await guard.release(keep_s)
             except Exception:
                 logger.warning("could not release the reaper lock", exc_info=True)
 
 
-async def _requeue(ctx: WorkerContext, report: SweepReport) -> None:
+async def _requeue(ctx: WorkerContext, report: SweepReport, guard: SweepGuard) -> None:
+    guard.check()
     moved = await ctx.mailbox.requeue_expired(max_attempts=ctx.settings.max_attempts)
     for message in moved:
+        guard.check()
+        await revoke_claim(ctx, message)
         if message.status == MessageStatus.PENDING:
             report.requeued.append(message.id)
             logger.warning(
@@ -177,6 +171,20 @@ async def _requeue(ctx: WorkerContext, report: SweepReport) -> None:
                 await fail_exhausted(ctx, message)
             except Exception:
                 logger.exception("could not report the failure of message %s", message.id)
+
+
+async def revoke_claim(ctx: WorkerContext, message: TeamMessage) -> None:
+    """The claim on ``message`` expired (requeued or failed just now): when it
+    is a run's work item, that claim's item writes and run events stop
+    (``RunStore.revoke_item_claim``), before a later claim begins. Failures
+    are logged (the next claim's own writes take the item over anyway)."""
+    run_id = message.metadata.get("run_id")
+    if not isinstance(run_id, str) or not run_id or not message.work_item_id:
+        return
+    try:
+        await ctx.runs.revoke_item_claim(run_id, message.work_item_id, message.attempts)
+    except Exception:
+        logger.warning("could not revoke the expired claim on message %s", message.id, exc_info=True)
 
 
 async def fail_exhausted(ctx: WorkerContext, message: TeamMessage) -> WorkItemOutcome:
@@ -218,23 +226,27 @@ async def _published_teams(ctx: WorkerContext) -> set[str]:
     return names
 
 
-async def _lost_doorbells(ctx: WorkerContext, report: SweepReport) -> None:
+async def _lost_doorbells(ctx: WorkerContext, report: SweepReport, guard: SweepGuard) -> None:
     teams = await _published_teams(ctx)
     if not teams:
         return
     lease_ms = int(ctx.settings.lease_seconds * 1000)
-    now_ms = int(time.time() * 1000)
+    pause = ctx.settings.reaper_scan_pause_seconds
     client = await ctx.redis()
     for mailbox_id in await ctx.mailbox.mailbox_ids():
+        now_ms = int(time.time() * 1000)
         try:
             team, member = split_mailbox_id(mailbox_id)
         except ValueError:
             continue
         if member == LEAD or team not in teams:
             continue
+        if pause > 0:
+            await asyncio.sleep(pause)
         oldest = await ctx.mailbox.inbox(mailbox_id, MessageStatus.PENDING, limit=1)
         if not oldest or oldest[0].created_at > now_ms - lease_ms:
             continue
+        guard.check()
         if await client.set(rung_key(ctx.prefix, mailbox_id), "1", nx=True, px=lease_ms):
             logger.info(
                 "mailbox %s has waited over a lease with nobody claiming; ringing its doorbell", mailbox_id
@@ -243,13 +255,16 @@ async def _lost_doorbells(ctx: WorkerContext, report: SweepReport) -> None:
             report.rerung.append(mailbox_id)
 
 
-async def _stale_resumes(ctx: WorkerContext, report: SweepReport, recent: list[RunRecord]) -> None:
+async def _stale_resumes(
+    ctx: WorkerContext, report: SweepReport, recent: list[RunRecord], guard: SweepGuard
+) -> None:
     lease_ms = int(ctx.settings.lease_seconds * 1000)
     now_ms = int(time.time() * 1000)
     client = await ctx.redis()
     for record in recent:
         if record.status.value != "resuming" or record.updated_at > now_ms - lease_ms:
             continue
+        guard.check()
         if await client.set(f"{ctx.prefix}:reaper:resumed:{record.run_id}", "1", nx=True, px=lease_ms):
             logger.warning(
                 "run %s has been resuming for over a lease; enqueueing its resume again", record.run_id
@@ -258,8 +273,9 @@ async def _stale_resumes(ctx: WorkerContext, report: SweepReport, recent: list[R
             report.resumed.append(record.run_id)
 
 
-async def _expired_leads(ctx: WorkerContext, report: SweepReport) -> None:
+async def _expired_leads(ctx: WorkerContext, report: SweepReport, guard: SweepGuard) -> None:
     for run_id in await ctx.runs.expired_leads():
+        guard.check()
         try:
             recovery = await ctx.runs.recover_lead(run_id, max_attempts=ctx.settings.max_attempts)
         except Exception:
@@ -281,180 +297,6 @@ async def _expired_leads(ctx: WorkerContext, report: SweepReport) -> None:
                 await end_failed_run(ctx, record, recovery.result)
             except Exception:
                 logger.exception("could not clean up after the failure of run %s", run_id)
-
-
-CLOSING_KINDS = frozenset({"reply", "failure", "diagnostic"})
-"""``metadata["kind"]`` of the upstream messages that close a task message
-(a follow-up leaves it open)."""
-
-
-def orphan_scan_key(prefix: str, run_id: str) -> str:
-    """The marker of a recent look at a suspended run's items (orphan check)."""
-    return f"{prefix}:reaper:orphans:{run_id}"
-
-
-def closed_key(prefix: str, message_id: str) -> str:
-    """Since when (Redis clock, via its TTL) the reaper has seen the task message
-    of an unfinished work item terminal."""
-    return f"{prefix}:reaper:closed:{message_id}"
-
-
-async def _orphaned_items(ctx: WorkerContext, report: SweepReport, recent: list[RunRecord]) -> None:
-    lease_ms = int(ctx.settings.lease_seconds * 1000)
-    now_ms = int(time.time() * 1000)
-    stale = [r for r in recent if r.status.value == "suspended" and r.updated_at <= now_ms - lease_ms]
-    if not stale:
-        return
-    client = await ctx.redis()
-    # one round trip for the per-run guards, one for the open items of the runs taken
-    async with client.pipeline(transaction=False) as pipe:
-        for record in stale:
-            pipe.set(orphan_scan_key(ctx.prefix, record.run_id), "1", nx=True, px=max(1, lease_ms // 2))
-        taken = await pipe.execute()
-    looked = [record for record, ok in zip(stale, taken, strict=True) if ok]
-    if not looked:
-        return
-    async with client.pipeline(transaction=False) as pipe:
-        for record in looked:
-            keys = ctx.runs.keys(record.run_id)
-            pipe.hgetall(keys.state)
-            pipe.hgetall(keys.items)
-        replies = await pipe.execute()
-    for index, record in enumerate(looked):
-        states, items = replies[2 * index], replies[2 * index + 1]
-        open_items = [json.loads(items[w]) for w, state in states.items() if state != "done" and w in items]
-        if not open_items:
-            continue
-        try:
-            await _repair_run(ctx, record.run_id, record.team, open_items, lease_ms, report)
-        except Exception:
-            logger.exception("could not check the work items of suspended run %s", record.run_id)
-
-
-async def _repair_run(
-    ctx: WorkerContext,
-    run_id: str,
-    team: str,
-    open_items: list[dict[str, Any]],
-    lease_ms: int,
-    report: SweepReport,
-) -> None:
-    for item in open_items:
-        message_id, work_item_id = str(item.get("message_id") or ""), str(item.get("work_item_id") or "")
-        if not message_id or not work_item_id:
-            continue
-        message = await ctx.mailbox.get(message_id)
-        if message is None or not message.status.terminal:
-            continue  # pending, claimed (its lease covers a crash: step 1), open or unknown
-        if not await _terminal_for_a_lease(ctx, message_id, lease_ms):
-            continue  # maybe a live worker between closing it and completing the item
-        outcome = await orphan_outcome(ctx, message, lease_ms)
-        if outcome is None:
-            continue
-        logger.warning(
-            "work item %s of run %s: its message %s is %s but the item never completed (the worker died); "
-            "completing it %s",
-            work_item_id,
-            run_id,
-            message_id,
-            message.status.value,
-            outcome.status,
-        )
-        await complete_work_item(ctx, run_id, team, work_item_id, outcome)
-        report.orphans.append(work_item_id)
-
-
-async def _terminal_for_a_lease(ctx: WorkerContext, message_id: str, lease_ms: int) -> bool:
-    """Note that ``message_id`` is terminal (first sighting, Redis clock) and say
-    whether the first sighting was over a lease ago."""
-    client = await ctx.redis()
-    key, hold = closed_key(ctx.prefix, message_id), 4 * max(1, lease_ms)
-    async with client.pipeline(transaction=True) as pipe:
-        pipe.set(key, hold, nx=True, px=hold)
-        pipe.get(key)
-        pipe.pttl(key)
-        _, held, ttl = await pipe.execute()
-    if held is None or int(ttl) < 0:
-        return False
-    return int(held) - int(ttl) >= lease_ms
-
-
-async def _upstream_of(ctx: WorkerContext, message: TeamMessage) -> TeamMessage | None:
-    """The reply / failure report / diagnostic the member sent for ``message``,
-    or ``None``. Unread ones are ``pending`` in the sender's mailbox (the lead
-    marks them read only from an outcome); every status is searched after that."""
-    for status in ("pending", "all"):
-        found = [
-            m
-            for m in await ctx.mailbox.inbox(message.from_, status)
-            if m.reply_to == message.id and m.from_ == message.to and m.metadata.get("kind") in CLOSING_KINDS
-        ]
-        if found:
-            return found[-1]
-    return None
-
-
-async def orphan_outcome(ctx: WorkerContext, message: TeamMessage, lease_ms: int) -> WorkItemOutcome | None:
-    """The outcome of the terminal task ``message`` whose worker died before
-    recording it: built from the member's upstream message as the member
-    would have, else (the upstream message was lost) a ``reply_lost``
-    diagnostic sent upstream now. ``None`` while another reaper is sending
-    that diagnostic."""
-    ended = message.model_copy(update={"claim_token": None})
-    upstream = await _upstream_of(ctx, message)
-    if upstream is not None:
-        meta = upstream.metadata
-        status = meta.get("status") if meta.get("status") in ("done", "failed") else None
-        if status is None:
-            status = "done" if message.status == MessageStatus.DONE else message.status.value
-        if status == "done":
-            return WorkItemOutcome(
-                message=ended,
-                status="done",
-                content=upstream.content,
-                structured_result=meta.get("structured_result"),
-                report=upstream,
-            )
-        return WorkItemOutcome(
-            message=ended, status=status, content=upstream.content, error=meta.get("error"), report=upstream
-        )
-    try:
-        team_name, member = split_mailbox_id(message.to)
-    except ValueError:
-        team_name, member = "", message.to
-    if message.status == MessageStatus.CANCELLED:  # an aborted member sends nothing upstream
-        failure = {
-            "code": "aborted",
-            "message": f"message {message.id} was cancelled; the worker running member {member} died "
-            "before recording it",
-            "error_type": "AbortError",
-        }
-        return WorkItemOutcome(message=ended, status="cancelled", content=failure["message"], error=failure)
-    client = await ctx.redis()
-    hold = 4 * max(1, lease_ms)
-    if not await client.set(f"{ctx.prefix}:reaper:lost:{message.id}", "1", nx=True, px=hold):
-        return None
-    what = "its reply" if message.status == MessageStatus.DONE else "its failure report"
-    failure = {
-        "code": "reply_lost",
-        "message": (
-            f"the worker running member {member} died after closing message {message.id} "
-            f"({message.status.value}); {what} was lost"
-        ),
-        "error_type": None,
-    }
-    report = await send_failure_report(
-        ctx.mailbox, message, member=member, team=team_name, failure=failure, kind="diagnostic"
-    )
-    link = await ctx.links.run_of(message.work_item_id)
-    if link is not None:
-        await ctx.events.emit(
-            link[0],
-            TeamMessageEvent(subtype="failed", team=team_name, message=ended.to_json_dict(), error=failure),
-        )
-    return WorkItemOutcome(
-        message=ended, status="failed", content=report.content, error=failure, report=report
-    )
 
 
 class Reaper:
@@ -508,7 +350,7 @@ class Reaper:
 
 __all__ = [
     "CLOSING_KINDS",
-    "LOCK_HOLD_MS",
+    "FOLLOWUP_KINDS",
     "Reaper",
     "SweepReport",
     "closed_key",
@@ -516,6 +358,7 @@ __all__ = [
     "lock_key",
     "orphan_outcome",
     "orphan_scan_key",
+    "revoke_claim",
     "rung_key",
     "sweep",
 ]

@@ -1,7 +1,7 @@
 """Enqueueing the next steps of a run as Celery tasks.
 
 Every follow-up step goes through the broker as its own task, also on a queue
-this worker consumes: doorbells are ``lattice.deliver(mailbox_id)`` on the
+this worker consumes: doorbells are ``lattice.deliver(mailbox_id[, message_id])`` on the
 member's queue ``<prefix>.<team>.<member>``; resumes ``lattice.resume_lead(run_id)``
 and new (child) runs ``lattice.run_lead(run_id)`` on ``<prefix>.<team>.lead``.
 """
@@ -27,11 +27,14 @@ class StepSender:
         self.send_task = send_task
         self.prefix = prefix
 
-    def ring(self, mailbox_id: str) -> None:
+    def ring(self, mailbox_id: str, message_id: str | None = None) -> None:
         """Ring the doorbell of ``mailbox_id`` (``<team>::<member>``; ``ValueError``
-        for anything else): ``lattice.deliver`` on its member queue."""
+        for anything else): ``lattice.deliver`` on its member queue, for the
+        message ``message_id`` when given (a work item its run let start), else
+        for the oldest one its run lets start."""
         team, member = split_mailbox_id(mailbox_id)
-        self.send_task(DELIVER_TASK, [mailbox_id], queue_name(self.prefix, team, member))
+        args = [mailbox_id, message_id] if message_id else [mailbox_id]
+        self.send_task(DELIVER_TASK, args, queue_name(self.prefix, team, member))
 
     def resume(self, run_id: str, team: str) -> None:
         """``lattice.resume_lead(run_id)`` on ``team``'s lead queue."""

@@ -6,7 +6,7 @@ this thread's :class:`~lattice_worker.runtime.context.WorkerContext`:
 
 * ``lattice.run_lead(run_id)`` -> :func:`lattice_worker.runtime.lead_segment.run_lead`
   (only from ``queued``; a duplicate is a no-op);
-* ``lattice.deliver(mailbox_id)`` -> :func:`lattice_worker.runtime.member_step.deliver`
+* ``lattice.deliver(mailbox_id[, message_id])`` -> :func:`lattice_worker.runtime.member_step.deliver`
   (the doorbell; nothing to claim is a no-op);
 * ``lattice.resume_lead(run_id)`` -> :func:`lattice_worker.runtime.lead_segment.resume_lead`
   (once per suspension).
@@ -39,19 +39,20 @@ from .context import WorkerContext
 
 logger = logging.getLogger("lattice_worker.runtime.tasks")
 
-_BODIES: dict[str, Callable[[WorkerContext, str], Awaitable[str]]] = {
+_BODIES: dict[str, Callable[..., Awaitable[str]]] = {
     RUN_LEAD_TASK: lead_segment.run_lead,
     DELIVER_TASK: member_step.deliver,
     RESUME_LEAD_TASK: lead_segment.resume_lead,
 }
 
 
-async def run_step(ctx: WorkerContext, task: str, arg: str) -> str:
-    """Run the body of ``task`` on ``arg``; its queued writes are written before
-    the task ends (the steps it enqueued may already be running elsewhere and
-    find them). Returns the body's outcome word."""
+async def run_step(ctx: WorkerContext, task: str, arg: str, *more: str) -> str:
+    """Run the body of ``task`` on ``arg`` (and ``more`` arguments: a doorbell's
+    message id); its queued writes are written before the task ends (the steps
+    it enqueued may already be running elsewhere and find them). Returns the
+    body's outcome word."""
     try:
-        return await _BODIES[task](ctx, arg)
+        return await _BODIES[task](ctx, arg, *more)
     finally:
         await ctx.writer.flush()
 
@@ -79,11 +80,15 @@ def run_lead(run_id: str) -> str:
     return loops.run(run_step(process.context(), RUN_LEAD_TASK, run_id))
 
 
-def deliver(mailbox_id: str) -> str:
-    """The doorbell of ``mailbox_id`` (see :func:`lattice_worker.runtime.member_step.deliver`)."""
+def deliver(mailbox_id: str, message_id: str | None = None) -> str:
+    """The doorbell of ``mailbox_id``, for ``message_id`` when given (see
+    :func:`lattice_worker.runtime.member_step.deliver`)."""
     if not isinstance(mailbox_id, str) or not mailbox_id:
         return _bad_arg(DELIVER_TASK, "mailbox_id", mailbox_id)
-    return loops.run(run_step(process.context(), DELIVER_TASK, mailbox_id))
+    if message_id is not None and (not isinstance(message_id, str) or not message_id):
+        return _bad_arg(DELIVER_TASK, "message_id", message_id)
+    more = (message_id,) if message_id else ()
+    return loops.run(run_step(process.context(), DELIVER_TASK, mailbox_id, *more))
 
 
 def resume_lead(run_id: str) -> str:

@@ -41,6 +41,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from lattice_client.runstore import EventFence
+
 logger = logging.getLogger("lattice_worker.runtime")
 
 _APPEND_EVENTS_LUA = (
@@ -50,6 +52,14 @@ _APPEND_EVENTS_LUA = (
 )
 """The run store's multi-event append script (``RunStore.append_events``: same checks and
 stream format): one call per run stream and batch."""
+
+_APPEND_EVENTS_FENCED_LUA = (
+    resources.files("lattice_client.runstore")
+    .joinpath("lua", "append_events_fenced.lua")
+    .read_text(encoding="utf-8")
+)
+"""The same under an :class:`~lattice_client.runstore.EventFence` (``RunStore.append_events(..., fence=)``):
+one call per run stream, fence and batch."""
 
 WRITE_TIMEOUT_SECONDS = 5.0
 """How long (seconds) one round trip of the run writer may wait for Redis
@@ -84,7 +94,11 @@ class _Events:
     record_key: str
     events_key: str
     payloads: list[str]
+    fence: EventFence | None = None
 
+
+_QueuedEvent = tuple[str, str, str, "EventFence | None"]
+"""A queued event: ``(record key, events key, payload JSON, fence or None)``."""
 
 _SOURCES: dict[str, str] = {}
 """Script sources by SHA1 (filled from the ``scripts`` of queued writes)."""
@@ -113,7 +127,7 @@ class RunWriter:
         self.max_run_events = max_run_events
         self._client: Redis | None = None
         self._client_loop: Any = None
-        self._queue: list[tuple[str, str, str] | QueuedWrite] = []
+        self._queue: list[_QueuedEvent | QueuedWrite] = []
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Future[None] | None = None
         self._flushing = 0
@@ -136,10 +150,14 @@ class RunWriter:
 
     # -- queueing -------------------------------------------------------------------------
 
-    def queue_events(self, record_key: str, events_key: str, payload: str) -> None:
+    def queue_events(
+        self, record_key: str, events_key: str, payload: str, fence: EventFence | None = None
+    ) -> None:
         """Queue one encoded event (JSON text) for the run stream ``events_key``
-        of the run record ``record_key``; written with the next batch."""
-        self._queue.append((record_key, events_key, payload))
+        of the run record ``record_key``; written with the next batch. Under a
+        ``fence`` (of that run) it is written only while the fence holds (a
+        refused one is logged, not raised: events are observational)."""
+        self._queue.append((record_key, events_key, payload, fence))
         self._start()
 
     def queue_write(
@@ -255,10 +273,10 @@ class RunWriter:
             for waiter in idle:
                 _wake_up(waiter)
 
-    async def _write_batch(self, batch: list[tuple[str, str, str] | QueuedWrite]) -> None:
+    async def _write_batch(self, batch: list[_QueuedEvent | QueuedWrite]) -> None:
         """One pipeline for the batch: the queued writes in order, each run
-        stream's events in one script call (placed where the stream's first
-        event of the batch was queued). Only a script call whose source the
+        stream's events in one script call per run of events under the same
+        fence (placed where its first event was queued). Only a script call whose source the
         write did not give goes as ``EVALSHA`` (refused with NOSCRIPT when the
         server lacks it: sent again once after loading the write's scripts)."""
         units: list[QueuedWrite | _Events] = []
@@ -267,10 +285,10 @@ class RunWriter:
             if isinstance(op, QueuedWrite):
                 units.append(op)
                 continue
-            record_key, events_key, payload = op
+            record_key, events_key, payload, fence = op
             group = streams.get((record_key, events_key))
-            if group is None:
-                group = streams[(record_key, events_key)] = _Events(record_key, events_key, [])
+            if group is None or group.fence != fence:  # a stream's events stay in order
+                group = streams[(record_key, events_key)] = _Events(record_key, events_key, [], fence)
                 units.append(group)
             group.payloads.append(payload)
         client = self._redis()
@@ -279,15 +297,7 @@ class RunWriter:
             pipe = client.pipeline(transaction=False)
             for unit in units:
                 if isinstance(unit, _Events):
-                    pipe.execute_command(
-                        "EVAL",
-                        _APPEND_EVENTS_LUA,
-                        2,
-                        unit.record_key,
-                        unit.events_key,
-                        self.max_run_events,
-                        *unit.payloads,
-                    )
+                    pipe.execute_command("EVAL", *_events_call(unit, self.max_run_events))
                     continue
                 for name, *args in unit.commands:
                     source = _script_source(args[0], unit.scripts) if name == "evalsha" else None
@@ -317,8 +327,14 @@ class RunWriter:
                 for source in scripts:
                     await client.script_load(source)
             units = retry
-        if lost:
-            logger.warning("%d run events not written: %s", len(lost), lost[0])
+        others = [e for e in lost if not str(e).startswith("FENCED")]
+        if len(others) < len(lost):
+            logger.info(
+                "%d run events refused (this worker no longer holds their run or item)",
+                len(lost) - len(others),
+            )
+        if others:
+            logger.warning("%d run events not written: %s", len(others), others[0])
 
     def _settle(self, op: QueuedWrite, replies: list[Any] | None, error: BaseException | None) -> None:
         if error is not None and op.on_error is not None:
@@ -335,6 +351,15 @@ class RunWriter:
                 op.future.set_result(replies or [])
             else:
                 op.future.set_exception(error)
+
+
+def _events_call(unit: _Events, max_events: int) -> tuple[Any, ...]:
+    """``EVAL`` arguments of one stream's events (fenced when ``unit.fence``)."""
+    if unit.fence is None:
+        return (_APPEND_EVENTS_LUA, 2, unit.record_key, unit.events_key, max_events, *unit.payloads)
+    fence = unit.fence
+    keys = (unit.record_key, unit.events_key, fence.key)
+    return (_APPEND_EVENTS_FENCED_LUA, 3, *keys, max_events, *fence.args, *unit.payloads)
 
 
 async def _execute(pipe: Any) -> list[Any]:

@@ -23,7 +23,9 @@ happens in Redis under the test's key prefix (``LATTICE_KEY_PREFIX``):
 Task words change its behaviour: ``sleep=<s>`` sleeps ``s`` seconds;
 ``hang-first`` sleeps 60 s on its first execution only (to be killed);
 ``barrier=<n>`` waits (up to 30 s) until ``n`` executions have started;
-``fail`` makes the member end without replying (a no-reply failure).
+``fail`` makes the member end without replying (a no-reply failure);
+``followup`` makes it send the output with ``team_followup`` instead of
+``team_reply`` (the message stays open: outcome ``open``).
 
 The e2e lead also has a tool of its own, ``chore`` (a plan call with member
 ``"chore"`` calls it; it does what ``work`` does, so ``hang-first`` stalls the
@@ -147,6 +149,11 @@ def member_model(request: Any) -> AssistantModelMessage:
         output = item[2]["content"][0].get("content")
         if "fail" in task.split():
             return _text(f"I give up on {task}")
+        if "followup" in task.split():
+            return AssistantModelMessage(
+                content=[_tool_use("team_followup", {"content": f"progress: {output}"}, "toolu_followup")],
+                stop_reason="tool_use",
+            )
         return AssistantModelMessage(
             content=[_tool_use("team_reply", {"content": f"{output}"}, "toolu_reply")], stop_reason="tool_use"
         )

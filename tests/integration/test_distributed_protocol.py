@@ -63,7 +63,7 @@ class Broker:
         if name == RUN_LEAD_TASK:
             out = await lead_segment.run_lead(self.ctx, args[0])
         elif name == DELIVER_TASK:
-            out = await member_step.deliver(self.ctx, args[0])
+            out = await member_step.deliver(self.ctx, *args)
         elif name == RESUME_LEAD_TASK:
             out = await lead_segment.resume_lead(self.ctx, args[0])
         else:  # pragma: no cover
@@ -213,6 +213,63 @@ async def test_max_concurrent_work_items_bounds_dispatch(env, raw, prefix):
     record = await ctx.runs.get(run_id)
     assert record.result.result == "final: done:worked[a] | done:worked[b]"
     assert raw.lrange(f"{prefix}:test:log", 0, -1) == ["start:a", "end:a", "start:b", "end:b"]
+
+
+async def test_max_concurrent_work_items_holds_per_run_when_runs_share_a_member(env, raw, prefix):
+    ctx, broker = env
+    team = ctx.registry.get("e2e")
+    object.__setattr__(team.runner_options, "max_concurrent_work_items", 1)
+    try:
+        runs = {}
+        for run in ("r1", "r2"):
+            tasks = [("worker", "handoff", f"{run}-{i} sleep=0.3") for i in range(3)]
+            runs[run] = await submit(ctx, broker, "e2e", plan(*tasks))
+        for _ in runs:
+            name, args, _ = broker.queue.pop(0)
+            assert await broker.run_one(name, args) == "suspended"
+        # one mailbox, six pending messages: r1-0 r1-1 r1-2 r2-0 r2-1 r2-2; two doorbells
+        assert len(await ctx.mailbox.inbox("e2e::worker")) == 6 and len(broker.queue) == 2
+        await broker.drain(concurrent=True)
+    finally:
+        object.__setattr__(team.runner_options, "max_concurrent_work_items", 4)
+    for run_id in runs.values():
+        record = await ctx.runs.get(run_id)
+        assert record.result.result.count("done:") == 3, record.result
+    # what the member's tool saw: never two items of one run at once, the two runs side by side
+    running: dict[str, int] = {"r1": 0, "r2": 0}
+    most = 0
+    for entry in raw.lrange(f"{prefix}:test:log", 0, -1):
+        what, task = entry.split(":", 1)
+        running[task[:2]] += 1 if what == "start" else -1
+        assert running[task[:2]] <= 1, raw.lrange(f"{prefix}:test:log", 0, -1)
+        most = max(most, sum(running.values()))
+    assert most == 2
+
+
+async def test_a_doorbell_without_a_message_never_claims_an_item_its_run_still_queues(env, raw, prefix):
+    ctx, broker = env
+    team = ctx.registry.get("e2e")
+    object.__setattr__(team.runner_options, "max_concurrent_work_items", 1)
+    try:
+        run_id = await submit(
+            ctx, broker, "e2e", plan(("worker", "handoff", "a"), ("worker", "handoff", "b"))
+        )
+        name, args, _ = broker.queue.pop(0)
+        await broker.run_one(name, args)
+        [(_, [box, first_id], _)] = broker.queue
+        broker.queue.clear()
+        first, second = await ctx.mailbox.inbox("e2e::worker")
+        assert first.id == first_id
+        assert await member_step.startable(ctx, "e2e::worker") == [first.id]
+        # a live worker has the first one; a doorbell rung again (the reaper's) finds nothing to start
+        await ctx.mailbox.claim_next(box, message_id=first.id, lease_s=30, worker_id="alive")
+        assert await member_step.deliver(ctx, "e2e::worker") == "idle"
+        assert [m.id for m in await ctx.mailbox.inbox("e2e::worker")] == [second.id]
+        await ctx.mailbox.send("e2e::lead", "e2e::worker", "not a work item")  # no run: it may start
+        assert len(await member_step.startable(ctx, "e2e::worker")) == 1
+    finally:
+        object.__setattr__(team.runner_options, "max_concurrent_work_items", 4)
+    assert [it["state"] for it in await ctx.runs.items(run_id)] == ["dispatched", "queued"]
 
 
 async def test_duplicate_doorbells_and_tasks_never_execute_twice(env, raw, prefix):
@@ -384,9 +441,11 @@ async def test_every_follow_up_step_goes_through_the_broker(env, raw, prefix):
     broker.queue.pop(0)
     # the lead's task ends at the suspension: the doorbells are tasks of their own
     assert await run_step(ctx, RUN_LEAD_TASK, run_id) == "suspended"
-    assert [(n, a) for n, a, _ in broker.queue] == [
-        (DELIVER_TASK, ["e2e::worker"]),
-        (DELIVER_TASK, ["e2e::other"]),
+    [a_message] = await ctx.mailbox.inbox("e2e::worker")
+    [b_message] = await ctx.mailbox.inbox("e2e::other")
+    assert [(n, a) for n, a, _ in broker.queue] == [  # each the doorbell of its work item's message
+        (DELIVER_TASK, ["e2e::worker", a_message.id]),
+        (DELIVER_TASK, ["e2e::other", b_message.id]),
     ]
     assert executions(raw, prefix, "a") == 0 and executions(raw, prefix, "b") == 0
     record = await ctx.runs.get(run_id)
@@ -396,10 +455,10 @@ async def test_every_follow_up_step_goes_through_the_broker(env, raw, prefix):
     assert types[-1] == "run_status" and "agent_message" not in types
     # each member step enqueues nothing but, for the last one, the resume
     name, args, _ = broker.queue.pop(0)
-    assert await run_step(ctx, name, args[0]) == "done"
-    assert broker.queue == [(DELIVER_TASK, ["e2e::other"], f"{prefix}.e2e.other")]
+    assert await run_step(ctx, name, *args) == "done"
+    assert broker.queue == [(DELIVER_TASK, ["e2e::other", b_message.id], f"{prefix}.e2e.other")]
     name, args, _ = broker.queue.pop(0)
-    assert await run_step(ctx, name, args[0]) == "done"
+    assert await run_step(ctx, name, *args) == "done"
     assert broker.queue == [(RESUME_LEAD_TASK, [run_id], f"{prefix}.e2e.lead")]
     name, args, _ = broker.queue.pop(0)
     assert await run_step(ctx, name, args[0]) == "completed"

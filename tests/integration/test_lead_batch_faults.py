@@ -71,7 +71,7 @@ async def test_an_uncached_script_does_not_reorder_the_batch(
         assert suspended is True
         assert raw.hget(runs.keys("r1").record, "status") == "suspended"
         assert [json.loads(m) for m in raw.lrange(ctx.keys.history("r1"), 0, -1)] == [CALL, RESULT]
-        assert [args[1] for args in sent] == [["team::bob"]]  # the doorbell rang once
+        assert [args[1] for args in sent] == [["team::bob", "m1"]]  # the doorbell of its message rang once
     finally:
         await runs.aclose()
 

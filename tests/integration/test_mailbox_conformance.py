@@ -29,6 +29,7 @@ from lattice_mailbox import (
 )
 from lattice_mailbox.redis import RedisMailbox
 from lattice_mailbox.sql import SQLMailbox
+from lattice_mailbox.validation import new_message_id
 from tests.support.services import PG_URL, REDIS_URL
 
 BACKENDS = [
@@ -448,6 +449,37 @@ async def test_short_real_lease_expires_without_now_override(store):
     moved = await store.requeue_expired()
     assert [m.id for m in moved] == [c.id]
     assert (await store.get(c.id)).status == MessageStatus.PENDING
+
+
+async def test_claim_next_of_one_message_claims_it_only_while_it_is_pending_there(store):
+    ids = [(await store.send("t::lead", "t::w", f"job{i}")).id for i in range(3)]
+    other = await store.send("t::lead", "t::other", "not this mailbox's")
+    second = await store.claim_next("t::w", message_id=ids[1], worker_id="w-1", lease_s=30)
+    assert (second.id, second.status, second.attempts, second.claimed_by) == (
+        ids[1],
+        MessageStatus.PROCESSING,
+        1,
+        "w-1",
+    )
+    assert second.claim_token and second.lease_until
+    assert await store.claim_next("t::w", message_id=ids[1]) is None  # no longer pending
+    assert await store.claim_next("t::w", message_id=other.id) is None  # addressed elsewhere
+    assert await store.claim_next("t::w", message_id=new_message_id("t::w")) is None  # unknown
+    assert await store.claim_next("t::w", message_id="not-an-id") is None
+    with pytest.raises(TypeError):
+        await store.claim_next("t::w", message_id=7)
+    # the others keep their FIFO order, the skipped one comes back in its place
+    assert (await store.claim_next("t::w")).id == ids[0]
+    moved = await store.requeue_expired(now_ms=2**50)
+    assert [m.id for m in moved] == [ids[1]]
+    assert [(await store.claim_next("t::w")).id for _ in range(2)] == [ids[1], ids[2]]
+    assert await store.claim_next("t::w") is None
+    # a serial mailbox's bound holds for it too
+    serial = await store.send("t::lead", "t::serial", "s0")
+    later = await store.send("t::lead", "t::serial", "s1")
+    assert (await store.claim_next("t::serial", message_id=later.id, max_in_flight=1)).id == later.id
+    assert await store.claim_next("t::serial", message_id=serial.id, max_in_flight=1) is None
+    assert [m.id for m in await store.inbox("t::serial")] == [serial.id]
 
 
 async def test_max_in_flight_limits_processing_per_mailbox(store):

@@ -3,7 +3,7 @@
 A member step closes its task message (``done`` / ``failed``), sends its reply
 upstream and only then records the outcome in the run. A worker killed in
 between leaves a terminal message and a suspended run waiting for ever; the
-reaper (``reaper._orphaned_items``) completes such items once their message
+reaper (``reaper_orphans.repair_orphans``) completes such items once their message
 has been seen terminal for over a lease. Real Redis, one key prefix per test
 (deleted afterwards); task bodies run in the test's loop, as in
 ``test_distributed_protocol``. A "kill -9" is a ``BaseException`` raised at the
@@ -22,7 +22,7 @@ from lattice_client.celery_config import DELIVER_TASK, RESUME_LEAD_TASK
 from lattice_client.runstore import RunStore
 from lattice_client.settings import get_settings
 from lattice_mailbox.redis import RedisMailbox
-from lattice_worker.runtime import member_step, reaper
+from lattice_worker.runtime import member_step, reaper, reaper_orphans
 from lattice_worker.runtime.context import WorkerContext
 from lattice_worker.runtime.registry import TeamRegistry
 from lattice_worker.team.member_tools import MailboxToolState
@@ -207,7 +207,7 @@ async def test_a_reaper_dying_after_sending_the_diagnostic_does_not_send_it_twic
 
     await asyncio.sleep(LEASE_S + 0.05)
     with monkeypatch.context() as patch:  # the reaper's worker dies before completing the item
-        patch.setattr(reaper, "complete_work_item", killed)
+        patch.setattr(reaper_orphans, "complete_work_item", killed)
         with pytest.raises(Killed):
             await reaper.sweep(ctx, force=True)
     [diagnostic] = await ctx.mailbox.inbox("e2e::lead", "all")
@@ -274,3 +274,59 @@ async def test_an_item_whose_aborted_member_died_completes_cancelled(env, raw, p
     assert entry["status"] == "cancelled" and entry["error"]["code"] == "aborted"
     assert f"message {claimed.id} was cancelled" in entry["content"]
     assert executions(raw, prefix, "f") == 0
+
+
+async def test_an_item_whose_worker_died_after_a_followup_completes_open_with_it(
+    env, raw, prefix, monkeypatch
+):
+    ctx, broker = env
+    run_id = await suspended_run(ctx, broker, "g followup")
+    await dies_in_member_step(ctx, monkeypatch, "complete")
+    [message] = await ctx.mailbox.inbox("e2e::worker", "all")
+    [followup] = await ctx.mailbox.inbox("e2e::lead", "pending")
+    assert message.status.value == "read"  # left open: the member sent only a follow-up
+    assert (followup.reply_to, followup.metadata["kind"]) == (message.id, "followup")
+    [item] = await ctx.runs.items(run_id)
+    assert item["outcome"] is None
+
+    assert (await sweep_after_a_lease(ctx)).orphans == []  # seen open now
+    assert (await sweep_after_a_lease(ctx)).orphans == [item["work_item_id"]]
+    assert [n for n, _, _ in broker.queue] == [RESUME_LEAD_TASK]
+    [item] = await ctx.runs.items(run_id)
+    assert item["state"] == "done"
+    outcome = item["outcome"]
+    assert (outcome["status"], outcome["report"]["id"]) == ("open", followup.id)
+    assert outcome["content"] == "progress: worked[g followup]"
+    assert (await sweep_after_a_lease(ctx)).orphans == []
+
+    await broker.drain()
+    record = await ctx.runs.get(run_id)
+    assert record.status.value == "completed"
+    [entry] = lead_reports(raw, ctx, run_id)
+    assert (entry["status"], entry["report_message_id"]) == ("open", followup.id)
+    assert [m.id for m in await ctx.mailbox.inbox("e2e::lead", "all")] == [followup.id]  # no diagnostic
+    assert executions(raw, prefix, "g followup") == 1
+
+
+async def test_an_item_left_read_by_a_dead_run_is_repaired_once_its_mailbox_is_idle(env, raw, prefix):
+    ctx, broker = env
+    run_id = await suspended_run(ctx, broker, "h")
+    [message] = await ctx.mailbox.inbox("e2e::worker", "pending")
+    # another run of the member opened it (team_read) and then its worker died, sending nothing
+    assert await ctx.mailbox.update_status(message.id, "read")
+    await ctx.mailbox.send("e2e::lead", "e2e::worker", "something else")
+    busy = await ctx.mailbox.claim_next("e2e::worker", lease_s=30, worker_id="alive")
+    for _ in range(3):  # a live run of the member may still answer it
+        assert (await sweep_after_a_lease(ctx)).orphans == []
+    assert await ctx.mailbox.inbox("e2e::lead", "all") == []
+
+    await ctx.mailbox.complete(busy.id, busy.claim_token, "done")  # the live run ended
+    assert (await sweep_after_a_lease(ctx)).orphans == []
+    assert (await sweep_after_a_lease(ctx)).orphans == [message.work_item_id]
+    [diagnostic] = await ctx.mailbox.inbox("e2e::lead", "all")
+    assert (diagnostic.reply_to, diagnostic.metadata["kind"]) == (message.id, "diagnostic")
+    assert f"died with message {message.id} open (read)" in diagnostic.content
+    await broker.drain()
+    [entry] = lead_reports(raw, ctx, run_id)
+    assert entry["status"] == "failed" and entry["error"]["code"] == "reply_lost"
+    assert (await ctx.runs.get(run_id)).status.value == "completed"

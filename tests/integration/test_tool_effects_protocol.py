@@ -51,11 +51,11 @@ class Env:
     def send(self, name: str, args: list[Any], queue: str) -> None:
         self.queue.append((name, args))
 
-    async def run(self, name: str, arg: str) -> str:
+    async def run(self, name: str, arg: str, *more: str) -> str:
         body = {RUN_LEAD_TASK: lead_segment.run_lead, DELIVER_TASK: member_step.deliver}.get(
             name, lead_segment.resume_lead
         )
-        return await body(self.ctx, arg)
+        return await body(self.ctx, arg, *more)
 
     async def drain(self) -> list[str]:
         outs = []
@@ -63,7 +63,7 @@ class Env:
             if not self.queue:
                 return outs
             name, args = self.queue.pop(0)
-            outs.append(await self.run(name, args[0]))
+            outs.append(await self.run(name, *args))
         raise AssertionError("tasks kept coming")
 
     async def stall(self, name: str, arg: str, raw: redis.Redis, started: str) -> None:
@@ -145,7 +145,8 @@ async def start_member(e: Env, task: str, via: str = "m") -> str:
     run_id = await submit(e, "fx", member_plan(task, via=via))
     name, args = e.queue.pop(0)
     assert await e.run(name, args[0]) == "suspended"
-    assert e.queue == [(DELIVER_TASK, [f"fx::{via}"])]
+    [message] = await e.ctx.mailbox.inbox(f"fx::{via}")
+    assert e.queue == [(DELIVER_TASK, [f"fx::{via}", message.id])]  # the doorbell of that message
     e.queue.clear()
     return run_id
 
