@@ -35,6 +35,7 @@ from pydantic import BaseModel, Field
 from redis import Redis as SyncRedis
 
 from lattice_mailbox import MessageStatus, TeamMessage, mailbox_from_url, mask_url
+from lattice_mailbox.connections import sync_redis
 
 from .celery_config import RUN_LEAD_TASK, make_celery_app, queue_name
 from .decisions import DecisionsMixin, ParkedCall, PendingApproval, SyncDecisionsMixin
@@ -837,7 +838,7 @@ class LatticeClient(SyncDecisionsMixin):
         # the blocking client of wait and submit (its connection pool is thread-safe)
         with self._blocking_lock:
             if self._blocking is None:
-                self._blocking = SyncRedis.from_url(self.settings.broker_url, decode_responses=True)
+                self._blocking = sync_redis(self.settings.broker_url, decode_responses=True)
             return self._blocking
 
     def events(self, run_id: str, timeout: float | None = None) -> Iterator[dict[str, Any]]:

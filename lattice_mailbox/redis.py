@@ -65,11 +65,10 @@ from importlib import resources
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError
 
 from .base import ClaimMissingError, ClaimTakenError, MailboxError
+from .connections import async_redis
 from .message import MessageStatus, TeamMessage
 from .transitions import STATUS_ORDER, invalid_transition, sources_for
 from .urls import mask_url
@@ -230,7 +229,6 @@ class RedisMailbox(CheckedSend):
         self._url: str | None = None
         if isinstance(url_or_client, str):
             self._url = url_or_client
-            client_kwargs.setdefault("retry", Retry(NoBackoff(), 0))
             self._client_kwargs = client_kwargs
         elif isinstance(url_or_client, aioredis.Redis):
             self._client = url_or_client
@@ -259,7 +257,7 @@ class RedisMailbox(CheckedSend):
         client = self._clients.get(loop)
         if client is None:
             assert self._url is not None
-            client = aioredis.Redis.from_url(self._url, **self._client_kwargs)
+            client = async_redis(self._url, **self._client_kwargs)
             self._clients[loop] = client
         return client
 

@@ -35,11 +35,11 @@ from importlib import resources
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from lattice_mailbox.connections import async_redis
 
 logger = logging.getLogger("lattice_worker.runtime")
 
@@ -124,7 +124,7 @@ class RunWriter:
     def _redis(self) -> Redis:
         loop = asyncio.get_running_loop()
         if self._client is None or self._client_loop is not loop:
-            self._client = Redis.from_url(self.redis_url, socket_timeout=None, retry=Retry(NoBackoff(), 0))
+            self._client = async_redis(self.redis_url, socket_timeout=None)
             self._client_loop = loop
         return self._client
 
