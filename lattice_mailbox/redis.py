@@ -43,10 +43,12 @@ Connections
 -----------
 An asyncio client must not be shared between event loops. Built from a URL,
 the store creates one client per running loop, lazily. A client passed in is
-used as is (the caller owns it and its loop). redis-py's automatic retry is
-turned off on clients built here: the operations are not idempotent (a blind
-resend of ``claim_next`` would claim a second message), so a dropped connection
-surfaces as :class:`redis.exceptions.ConnectionError` and the caller decides.
+used as is (the caller owns it and its loop). Clients built here follow
+:mod:`lattice_mailbox.connections`: a connection the server closed while idle is
+found and replaced before a command goes on it, and no command is ever resent
+(the operations are not idempotent: a blind resend of ``claim_next`` would claim
+a second message), so a connection lost mid-call surfaces as
+:class:`redis.exceptions.ConnectionError` and the caller decides.
 Each script is atomic, so a failed call never leaves a half-written message.
 Scripts are called with redis-py's own ``Redis.evalsha`` (connections held
 between calls, below redis-py's command path, were measured at about 1% of the
@@ -207,10 +209,11 @@ class RedisMailbox(CheckedSend):
     """Redis :class:`~lattice_mailbox.base.LeasedMailbox` (see the module docstring).
 
     ``url_or_client``: a ``redis://``/``rediss://``/``unix://`` URL (a client is
-    made per event loop, without automatic retries) or a ready
+    made per event loop with :func:`lattice_mailbox.connections.async_redis`:
+    dead idle connections replaced, no command resent) or a ready
     ``redis.asyncio.Redis``. ``prefix`` starts every key (default ``lattice``).
     ``max_message_bytes`` bounds content + metadata JSON (bytes, default 1 MiB).
-    Extra keyword arguments go to ``redis.asyncio.Redis.from_url``.
+    Extra keyword arguments go to redis-py (``socket_timeout``, ``client_name``...).
     Network failures raise ``redis.exceptions.ConnectionError`` / ``TimeoutError``.
     """
 

@@ -17,9 +17,10 @@ mid-write today). Script calls in a batch go as ``EVAL`` with their source
 (Redis caches the compiled script by its SHA1), so a script missing from the
 server's cache never leaves a batch applied out of order.
 
-The writer has its own ``redis.asyncio`` client per event loop, without
-automatic retries (a batch whose reply was lost is never sent blindly again:
-the run store's tokens decide) and without a per-command socket timeout; each
+The writer has its own ``redis.asyncio`` client per event loop
+(:func:`lattice_mailbox.connections.async_redis`: a dead idle connection is
+replaced before a batch goes on it; a batch whose reply was lost is never sent
+blindly again: the run store's tokens decide) and without a per-command socket timeout; each
 round trip is bounded by :data:`WRITE_TIMEOUT_SECONDS` instead
 (``redis.exceptions.TimeoutError``).
 """
