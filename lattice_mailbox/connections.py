@@ -71,7 +71,8 @@ def _backoff_seconds(failures: int) -> float:
     return ExponentialBackoff(cap=0.5, base=0.05).compute(failures)
 
 
-def _keepalive_options() -> dict[int, int]:
+def keepalive_options() -> dict[int, int]:
+    """The TCP keepalive socket options (``{socket.TCP_KEEPIDLE: 30, ...}``) this platform lets us set."""
     options: dict[int, int] = {}
     for name, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE_SECONDS), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3)):
         if hasattr(socket, name):
@@ -179,7 +180,7 @@ def policy_options(url: str, *, asyncio_client: bool) -> dict[str, Any]:
     }
     if not url.lower().startswith("unix:"):
         options["socket_keepalive"] = True
-        options["socket_keepalive_options"] = _keepalive_options()
+        options["socket_keepalive_options"] = keepalive_options()
     return options
 
 
@@ -216,6 +217,7 @@ __all__ = [
     "HEALTH_CHECK_INTERVAL_SECONDS",
     "KEEPALIVE_IDLE_SECONDS",
     "async_redis",
+    "keepalive_options",
     "policy_options",
     "sync_redis",
 ]
