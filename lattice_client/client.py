@@ -35,7 +35,7 @@ from pydantic import BaseModel, Field
 from redis import Redis as SyncRedis
 
 from lattice_mailbox import MessageStatus, TeamMessage, mailbox_from_url, mask_url
-from lattice_mailbox.connections import sync_redis
+from lattice_mailbox.connections import read_again_blocking, sync_redis
 
 from .celery_config import RUN_LEAD_TASK, make_celery_app, queue_name
 from .decisions import DecisionsMixin, ParkedCall, PendingApproval, SyncDecisionsMixin
@@ -823,16 +823,22 @@ class LatticeClient(SyncDecisionsMixin):
         record, stream = runs.keys(run_id).record, runs.result_key(run_id)
         client = self._blocking_redis()
         deadline = None if timeout is None else time.monotonic() + timeout
-        exists, result = final_from_reply(client.hmget(record, ["status", "result"]))
+        exists, result = final_from_reply(
+            read_again_blocking(lambda: client.hmget(record, ["status", "result"]))
+        )
         while True:
             if not exists:
                 raise RunNotFoundError(run_id)
             if result is not None:
                 return result
             block_ms = _block_ms(deadline, time.monotonic(), run_id, timeout)
-            result = result_from_reply(client.xread({stream: "0-0"}, count=1, block=block_ms))
+            result = result_from_reply(
+                read_again_blocking(lambda ms=block_ms: client.xread({stream: "0-0"}, count=1, block=ms))
+            )
             if result is None:  # quiet for block_ms: look at the record again (see AsyncLatticeClient.wait)
-                exists, result = final_from_reply(client.hmget(record, ["status", "result"]))
+                exists, result = final_from_reply(
+                    read_again_blocking(lambda: client.hmget(record, ["status", "result"]))
+                )
 
     def _blocking_redis(self) -> SyncRedis:
         # the blocking client of wait and submit (its connection pool is thread-safe)

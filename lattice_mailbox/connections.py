@@ -29,7 +29,9 @@ clients built here therefore:
   caller's (blocking reads such as ``XREAD BLOCK`` need none).
 
 :func:`async_redis` and :func:`sync_redis` build the clients; every keyword a
-caller gives wins over the policy's. ``tests/integration/test_connections.py``
+caller gives wins over the policy's. A *read* whose connection was lost while it
+waited (an ``XREAD BLOCK`` when the server closed the connection) has no effect,
+so :func:`read_again` / :func:`read_again_blocking` send it again. ``tests/integration/test_connections.py``
 pins the redis-py behaviour this relies on.
 """
 
@@ -39,7 +41,8 @@ import asyncio
 import select
 import socket
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import redis
 import redis.asyncio as aioredis
@@ -50,6 +53,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.maint_notifications import MaintNotificationsConfig
 from redis.retry import Retry as SyncRetry
+
+T = TypeVar("T")
 
 HEALTH_CHECK_INTERVAL_SECONDS = 1.0
 """A connection idle longer than this (seconds) is ``PING``-ed before its next command."""
@@ -184,6 +189,39 @@ def policy_options(url: str, *, asyncio_client: bool) -> dict[str, Any]:
     return options
 
 
+READ_ATTEMPTS = 3
+"""How many times a read-only call is made in all when its connection is lost mid-call."""
+
+
+async def read_again(read: Callable[[], Awaitable[T]]) -> T:
+    """``await read()``; when its connection is lost mid-call (``ConnectionError``,
+    the server closed it while the read waited, e.g. an ``XREAD BLOCK``), call it
+    again, up to :data:`READ_ATTEMPTS` in all (then the error is raised). Only for
+    reads: a read has no effect, so sending it again is safe."""
+    for attempt in range(1, READ_ATTEMPTS + 1):
+        try:
+            return await read()
+        except _NOT_RETRIED:
+            raise
+        except RedisConnectionError:
+            if attempt == READ_ATTEMPTS:
+                raise
+    raise AssertionError("unreachable")
+
+
+def read_again_blocking(read: Callable[[], T]) -> T:
+    """:func:`read_again` for a blocking client's read."""
+    for attempt in range(1, READ_ATTEMPTS + 1):
+        try:
+            return read()
+        except _NOT_RETRIED:
+            raise
+        except RedisConnectionError:
+            if attempt == READ_ATTEMPTS:
+                raise
+    raise AssertionError("unreachable")
+
+
 def async_redis(url: str, **kwargs: Any) -> aioredis.Redis:
     """A ``redis.asyncio.Redis`` on ``url`` (``redis://``, ``rediss://``, ``unix://``)
     with the connection policy (module doc); ``kwargs`` (``decode_responses``,
@@ -216,8 +254,11 @@ __all__ = [
     "CONNECT_TIMEOUT_SECONDS",
     "HEALTH_CHECK_INTERVAL_SECONDS",
     "KEEPALIVE_IDLE_SECONDS",
+    "READ_ATTEMPTS",
     "async_redis",
     "keepalive_options",
     "policy_options",
+    "read_again",
+    "read_again_blocking",
     "sync_redis",
 ]

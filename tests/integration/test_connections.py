@@ -11,6 +11,7 @@ the connection) is never sent again.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Iterator
 
@@ -20,7 +21,13 @@ import redis.asyncio as aioredis
 from redis.exceptions import AuthenticationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from lattice_mailbox.connections import CONNECT_RETRIES, async_redis, sync_redis
+from lattice_mailbox.connections import (
+    CONNECT_RETRIES,
+    async_redis,
+    read_again,
+    read_again_blocking,
+    sync_redis,
+)
 from tests.support.cutting_proxy import CuttingProxy
 from tests.support.redis_server import RedisServer, free_port
 
@@ -188,3 +195,45 @@ def test_a_connection_killed_while_its_loop_was_not_running_is_replaced(server):
         loop.run_until_complete(client.aclose())
     finally:
         loop.close()
+
+
+async def test_a_blocked_read_whose_connection_is_killed_is_read_again(server):
+    client = async_redis(server.url)
+    admin = server.admin()
+
+    async def cut_then_add() -> None:
+        await asyncio.sleep(0.3)
+        assert server.kill_clients() >= 1  # the XREAD BLOCK in flight loses its connection
+        await asyncio.sleep(0.3)
+        admin.xadd("s", {"k": "v"})
+
+    helper = asyncio.create_task(cut_then_add())
+    with pytest.raises(RedisConnectionError):  # without read_again the read fails
+        await client.xread({"s": "0-0"}, block=5000)
+    await helper
+    admin.delete("s")
+    helper = asyncio.create_task(cut_then_add())
+    reply = await read_again(lambda: client.xread({"s": "0-0"}, block=5000))
+    await helper
+    assert reply[0][1][0][1] == {b"k": b"v"}
+    admin.close()
+    await client.aclose()
+
+
+def test_a_blocked_blocking_read_whose_connection_is_killed_is_read_again(server):
+    client = sync_redis(server.url, decode_responses=True)
+    admin = server.admin()
+
+    def cut_then_add() -> None:
+        time.sleep(0.3)
+        server.kill_clients()
+        time.sleep(0.3)
+        admin.xadd("s", {"k": "v"})
+
+    helper = threading.Thread(target=cut_then_add)
+    helper.start()
+    reply = read_again_blocking(lambda: client.xread({"s": "0-0"}, block=5000))
+    helper.join()
+    assert reply[0][1][0][1] == {"k": "v"}
+    admin.close()
+    client.close()
