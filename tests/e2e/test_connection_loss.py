@@ -125,3 +125,35 @@ def test_runs_ride_out_idle_closes_client_kills_and_a_restart(dep: OwnServerDepl
     _client_calls_work(d, run_id)
     assert worker.alive()
     assert "Traceback" not in worker.log(), worker.log()[-4000:]
+
+
+def _kill_consumers(server: RedisServer) -> int:
+    """Close the connections blocked in ``BRPOP`` (Celery's consumers): a broker blip."""
+    with server.admin() as admin:
+        ids = [c["id"] for c in admin.client_list() if c.get("cmd") in ("brpop", "blpop", "blmove", "bzmpop")]
+        for client_id in ids:
+            admin.client_kill_filter(_id=client_id)
+    return len(ids)
+
+
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
+def test_a_broker_blip_lets_the_running_member_task_finish_once(dep: OwnServerDeployment, pool: str) -> None:
+    d = dep
+    worker = d.worker("tests.e2e.teams:team", "--pool", pool, "--concurrency", "2")
+    wait_for(lambda: d.client.status("e2e").workers, 30, "the worker in the registry")
+    task = "blip sleep=3"
+    handle = d.client.submit("e2e", plan(("worker", "handoff", task)))
+    wait_for(lambda: f"start:{task}" in d.work_log(), 30, "the member's tool to start")
+    assert _kill_consumers(d.server) >= 1  # the worker's consumer loses its broker connection
+    worker.wait_log(r"[Cc]onnection to broker lost", timeout=15)
+    result = handle.wait(timeout=60)
+    assert result.status == "completed", result
+    assert result.result == f"final: done:worked[{task}]"
+    assert d.executions(task) == 1  # not terminated and run again
+    [message] = d.client.inbox("e2e::worker", "all")
+    assert (message.status.value, message.attempts) == ("done", 1)
+    # the same task message came back (its late ack was lost with the connection): it
+    # finds nothing to do
+    [done_id] = worker.wait_log(r"Task lattice\.deliver\[([^\]]+)\] succeeded in [0-9.]+s: 'done'")
+    worker.wait_log(rf"Task lattice\.deliver\[{done_id}\] succeeded in [0-9.]+s: 'idle'", timeout=30)
+    assert "Terminating it instead" not in worker.log()
