@@ -10,10 +10,11 @@ or :meth:`RunWriter.flush`, or at the latest :data:`EVENT_LINGER_SECONDS`
 after the first of them was queued (a background task per writer).
 
 One batch is in flight at a time, in queue order. A flush writes the queued
-batch in the calling task itself (no task hop). A caller cancelled mid-write
-settles that batch's writes -- other callers' too, even when Redis applied
-them -- with a ``ConnectionError`` (known limitation; no caller is cancelled
-mid-write today). Script calls in a batch go as ``EVAL`` with their source
+batch in the calling task itself (no task hop) when every write and event of
+it was queued by that task; a batch holding other tasks' writes goes in a task
+of its own that the caller awaits shielded, so a caller cancelled mid-write
+neither fails nor drops the others' writes (the cancelled caller's own fate
+is then settled by that task too). Script calls in a batch go as ``EVAL`` with their source
 (Redis caches the compiled script by its SHA1), so a script missing from the
 server's cache never leaves a batch applied out of order.
 
@@ -76,6 +77,8 @@ class QueuedWrite:
     scripts: tuple[str, ...] = ()
     fence: str | None = None
     on_error: Callable[[BaseException], BaseException] | None = None
+    owner: Any = None
+    """The task that queued it (``asyncio.current_task()``)."""
 
 
 @dataclass
@@ -114,7 +117,8 @@ class RunWriter:
         self.max_run_events = max_run_events
         self._client: Redis | None = None
         self._client_loop: Any = None
-        self._queue: list[tuple[str, str, str] | QueuedWrite] = []
+        # (record key, events key, payload, the queuing task) or a queued write
+        self._queue: list[tuple[str, str, str, Any] | QueuedWrite] = []
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Future[None] | None = None
         self._flushing = 0
@@ -140,7 +144,7 @@ class RunWriter:
     def queue_events(self, record_key: str, events_key: str, payload: str) -> None:
         """Queue one encoded event (JSON text) for the run stream ``events_key``
         of the run record ``record_key``; written with the next batch."""
-        self._queue.append((record_key, events_key, payload))
+        self._queue.append((record_key, events_key, payload, asyncio.current_task()))
         self._start()
 
     def queue_write(
@@ -156,7 +160,7 @@ class RunWriter:
         their ``evalsha`` commands (sent as ``EVAL`` with them). A failure goes
         through ``on_error`` (which may map it), is logged, and is kept for
         :meth:`sync` under ``fence``. Returns the queued write (see :meth:`still_queued`)."""
-        op = QueuedWrite(commands, None, scripts, fence, on_error)
+        op = QueuedWrite(commands, None, scripts, fence, on_error, asyncio.current_task())
         self._queue.append(op)
         self._start()
         return op
@@ -184,7 +188,7 @@ class RunWriter:
         writes, and return their replies; the first error reply (through
         ``on_error``) is raised. ``scripts``: as for :meth:`queue_write`."""
         future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
-        self._queue.append(QueuedWrite(commands, future, scripts, None, on_error))
+        self._queue.append(QueuedWrite(commands, future, scripts, None, on_error, asyncio.current_task()))
         await self.flush()
         return await future
 
@@ -208,7 +212,7 @@ class RunWriter:
                     await waiter
                     continue
                 _wake_up(self._wake)  # a lingering background task: nothing left for it
-                await self._write_queued()  # written by the caller itself: no task hop
+                await self._write_queued(caller=asyncio.current_task())
         finally:
             self._flushing -= 1
 
@@ -234,9 +238,18 @@ class RunWriter:
             timer.cancel()
             self._wake = None
 
-    async def _write_queued(self) -> None:
+    async def _write_queued(self, caller: Any = None) -> None:
+        """Write what is queued now. ``caller``: the flushing task; the batch goes in
+        it (no task hop) when it queued all of the batch, else in a task of its own,
+        awaited shielded (the caller's cancellation leaves it running)."""
         batch, self._queue = self._queue, []
         self._busy = True
+        if caller is None or all(_owner(op) is caller for op in batch):
+            await self._write_settled(batch)
+            return
+        await asyncio.shield(asyncio.get_running_loop().create_task(self._write_settled(batch)))
+
+    async def _write_settled(self, batch: list[tuple[str, str, str, Any] | QueuedWrite]) -> None:
         try:
             await self._write_batch(batch)
         except BaseException as exc:
@@ -256,7 +269,7 @@ class RunWriter:
             for waiter in idle:
                 _wake_up(waiter)
 
-    async def _write_batch(self, batch: list[tuple[str, str, str] | QueuedWrite]) -> None:
+    async def _write_batch(self, batch: list[tuple[str, str, str, Any] | QueuedWrite]) -> None:
         """One pipeline for the batch: the queued writes in order, each run
         stream's events in one script call (placed where the stream's first
         event of the batch was queued). Only a script call whose source the
@@ -268,7 +281,7 @@ class RunWriter:
             if isinstance(op, QueuedWrite):
                 units.append(op)
                 continue
-            record_key, events_key, payload = op
+            record_key, events_key, payload, _ = op
             group = streams.get((record_key, events_key))
             if group is None:
                 group = streams[(record_key, events_key)] = _Events(record_key, events_key, [])
@@ -348,6 +361,10 @@ async def _execute(pipe: Any) -> list[Any]:
         if isinstance(exc, RedisTimeoutError):
             raise
         raise RedisTimeoutError(f"a run write got no reply within {WRITE_TIMEOUT_SECONDS} s") from None
+
+
+def _owner(op: tuple[str, str, str, Any] | QueuedWrite) -> Any:
+    return op.owner if isinstance(op, QueuedWrite) else op[3]
 
 
 def _wake_up(future: Any) -> None:
