@@ -67,7 +67,9 @@ from importlib import resources
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .base import ClaimMissingError, ClaimTakenError, MailboxError
 from .connections import async_redis
@@ -119,6 +121,7 @@ _SCRIPTS = {
         "extend_lease",
         "requeue_expired",
         "inbox",
+        "find_claim",
     )
 }
 
@@ -411,6 +414,9 @@ class RedisMailbox(CheckedSend):
         """Atomically move the oldest ``pending`` message of ``mailbox_id`` to
         ``processing`` and return it with a fresh ``claim_token``; ``None`` when
         nothing is pending or ``max_in_flight`` messages are in ``processing`` or ``parked``.
+        When the call's reply is lost (the connection drops after Redis ran it), the
+        message its claim token holds is returned; when the claim did not happen,
+        ``redis.exceptions.ConnectionError`` / ``TimeoutError`` is raised.
         ``lease_s`` (seconds) sets ``lease_until`` (ms, server clock); without it the
         claim never expires. ``attempts`` counts claims."""
         keys, owner = self._box(mailbox_id)
@@ -427,6 +433,8 @@ class RedisMailbox(CheckedSend):
             result = await self._evalsha(_SCRIPTS["claim_next"].sha, keys.claim, args)
         except NoScriptError:
             result = await self._eval("claim_next", keys.claim, args)
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            result = await self._lost_claim(keys, token, exc)
         if not isinstance(result, list):
             return None  # 0: nothing pending, -1: at the in-flight limit
         message = TeamMessage.model_validate_json(result[0])
@@ -436,6 +444,23 @@ class RedisMailbox(CheckedSend):
         message.lease_until = int(result[2]) or None
         message.claim_token = token
         return message
+
+    async def _lost_claim(self, keys: _Keys, token: str, lost: Exception) -> Any:
+        """The reply of a ``claim_next`` call was lost (its effect is unknown): the
+        claim token decides. The message that token holds is the claim (returned as
+        ``claim_next.lua`` would); when none holds it, the claim did not happen
+        and ``lost`` is raised (the caller may claim again: nothing was claimed).
+        A lookup that fails too raises ``lost``. After a *timeout* the lost call
+        may still run later: its claim then waits for its lease to expire."""
+        try:
+            found = await self._eval(
+                "find_claim", (keys.queues["processing"], keys.body, keys.state), (token,)
+            )
+        except (RedisConnectionError, RedisTimeoutError):
+            raise lost from None
+        if not isinstance(found, list):
+            raise lost
+        return found
 
     async def update_status(self, message_id: str, status: MessageStatus | str) -> bool:
         """Set a message's status per :mod:`lattice_mailbox.transitions` (one
