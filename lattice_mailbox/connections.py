@@ -119,10 +119,12 @@ class _AsyncPolicy:
                 return await super().connect()  # type: ignore[misc]
             except _NOT_RETRIED:
                 raise
-            except _FAILED:
+            except _FAILED as exc:
                 failures += 1
                 if failures > CONNECT_RETRIES:
-                    raise
+                    if isinstance(exc, (RedisTimeoutError, UnreachableError)):
+                        raise
+                    raise UnreachableError(str(exc)) from exc
                 await asyncio.sleep(_backoff_seconds(failures))
 
     async def check_health(self) -> None:
@@ -145,10 +147,12 @@ class _SyncPolicy:
                 return super().connect()  # type: ignore[misc]
             except _NOT_RETRIED:
                 raise
-            except _FAILED:
+            except _FAILED as exc:
                 failures += 1
                 if failures > CONNECT_RETRIES:
-                    raise
+                    if isinstance(exc, (RedisTimeoutError, UnreachableError)):
+                        raise
+                    raise UnreachableError(str(exc)) from exc
                 time.sleep(_backoff_seconds(failures))
 
     def check_health(self) -> None:
@@ -189,37 +193,53 @@ def policy_options(url: str, *, asyncio_client: bool) -> dict[str, Any]:
     return options
 
 
-READ_ATTEMPTS = 3
-"""How many times a read-only call is made in all when its connection is lost mid-call."""
+class UnreachableError(RedisConnectionError):
+    """No connection could be made to the server (after the connect retries): the
+    ``redis.exceptions.ConnectionError`` the policy's connect raises then."""
+
+
+READ_AGAIN_FAST_LOSSES = 20
+"""How many times in a row a read may lose its connection at once (within
+0.05 s: a server that accepts and drops) before :func:`read_again` gives up."""
 
 
 async def read_again(read: Callable[[], Awaitable[T]]) -> T:
-    """``await read()``; when its connection is lost mid-call (``ConnectionError``,
+    """``await read()``; when its connection is lost mid-call (``ConnectionError``:
     the server closed it while the read waited, e.g. an ``XREAD BLOCK``), call it
-    again, up to :data:`READ_ATTEMPTS` in all (then the error is raised). Only for
-    reads: a read has no effect, so sending it again is safe."""
-    for attempt in range(1, READ_ATTEMPTS + 1):
+    again on a new connection, as long as connecting works: :class:`UnreachableError`
+    (the server cannot be reached) is raised, and so is the
+    :data:`READ_AGAIN_FAST_LOSSES`-th immediate loss in a row. Only for reads: a
+    read has no effect, so sending it again is safe."""
+    fast = 0
+    while True:
+        started = time.monotonic()
         try:
             return await read()
-        except _NOT_RETRIED:
+        except (UnreachableError, *_NOT_RETRIED):
             raise
         except RedisConnectionError:
-            if attempt == READ_ATTEMPTS:
+            fast = fast + 1 if time.monotonic() - started < 0.05 else 0
+            if fast >= READ_AGAIN_FAST_LOSSES:
                 raise
-    raise AssertionError("unreachable")
+            if fast:
+                await asyncio.sleep(0.05)
 
 
 def read_again_blocking(read: Callable[[], T]) -> T:
     """:func:`read_again` for a blocking client's read."""
-    for attempt in range(1, READ_ATTEMPTS + 1):
+    fast = 0
+    while True:
+        started = time.monotonic()
         try:
             return read()
-        except _NOT_RETRIED:
+        except (UnreachableError, *_NOT_RETRIED):
             raise
         except RedisConnectionError:
-            if attempt == READ_ATTEMPTS:
+            fast = fast + 1 if time.monotonic() - started < 0.05 else 0
+            if fast >= READ_AGAIN_FAST_LOSSES:
                 raise
-    raise AssertionError("unreachable")
+            if fast:
+                time.sleep(0.05)
 
 
 def async_redis(url: str, **kwargs: Any) -> aioredis.Redis:
@@ -254,7 +274,8 @@ __all__ = [
     "CONNECT_TIMEOUT_SECONDS",
     "HEALTH_CHECK_INTERVAL_SECONDS",
     "KEEPALIVE_IDLE_SECONDS",
-    "READ_ATTEMPTS",
+    "READ_AGAIN_FAST_LOSSES",
+    "UnreachableError",
     "async_redis",
     "keepalive_options",
     "policy_options",

@@ -13,6 +13,7 @@ events, cancel) must go through.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +24,7 @@ import redis
 
 from lattice_client import LatticeClient
 from tests.e2e.conftest import Deployment, wait_for
-from tests.e2e.teams import plan
+from tests.e2e.teams import TOOL_CLIENT_NAME, plan
 from tests.support.redis_server import RedisServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(240)]
@@ -157,3 +158,38 @@ def test_a_broker_blip_lets_the_running_member_task_finish_once(dep: OwnServerDe
     [done_id] = worker.wait_log(r"Task lattice\.deliver\[([^\]]+)\] succeeded in [0-9.]+s: 'done'")
     worker.wait_log(rf"Task lattice\.deliver\[{done_id}\] succeeded in [0-9.]+s: 'idle'", timeout=30)
     assert "Terminating it instead" not in worker.log()
+    assert "CPendingDeprecationWarning" not in worker.log()  # the choice is ours, not news
+
+
+def test_runs_ride_out_client_kill_bursts_at_any_moment(dep: OwnServerDeployment) -> None:
+    # every 0.2 s every connection is killed, whatever it is doing: the worker's commands
+    # in flight too (their outcome unknown: the claim and lease tokens decide). Spared:
+    # the test tools' own connections (TOOL_CLIENT_NAME) and the test's submit calls
+    d = dep
+    worker = d.worker("tests.e2e.teams:team", "--concurrency", "4")
+    wait_for(lambda: d.client.status("e2e").workers, 30, "the worker in the registry")
+    stop, calling, kills = threading.Event(), threading.Lock(), []
+
+    def killer() -> None:
+        while not stop.wait(0.2):
+            with calling:
+                kills.append(d.server.kill_clients(spare=TOOL_CLIENT_NAME))
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    tasks: list[str] = []
+    try:
+        for i in range(5):
+            one, two = f"burst{i}-a sleep=0.3", f"burst{i}-b"
+            tasks += [one, two]
+            with calling:
+                handle = d.client.submit("e2e", plan(("worker", "handoff", one), ("other", "ask", two)))
+            result = handle.wait(timeout=60)  # its blocked reads are read again
+            assert result.status == "completed", (i, result)
+            assert result.result == f"final: ask:worked[{two}] | done:worked[{one}]", (i, result)
+    finally:
+        stop.set()
+        thread.join(10)
+    assert sum(kills) >= 20
+    _check_members(d, tasks)
+    assert worker.alive()

@@ -23,6 +23,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from lattice_mailbox.connections import (
     CONNECT_RETRIES,
+    UnreachableError,
     async_redis,
     read_again,
     read_again_blocking,
@@ -124,10 +125,12 @@ async def test_a_server_that_stays_down_fails_after_the_connect_retries():
     port = free_port()
     client = async_redis(f"redis://127.0.0.1:{port}/0")
     started = time.monotonic()
-    with pytest.raises(RedisConnectionError):
+    with pytest.raises(UnreachableError):  # a ConnectionError
         await client.ping()
     assert time.monotonic() - started >= 1.0  # CONNECT_RETRIES waits (about 2.2 s) happened
     assert CONNECT_RETRIES >= 3
+    with pytest.raises(UnreachableError):  # a read is not made again when connecting fails
+        await read_again(client.ping)
     await client.aclose()
 
 

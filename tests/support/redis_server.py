@@ -86,10 +86,20 @@ class RedisServer:
         time.sleep(down_for)
         self.start()
 
-    def kill_clients(self) -> int:
-        """``CLIENT KILL TYPE normal SKIPME yes``: how many connections were closed."""
+    def kill_clients(self, spare: str | None = None) -> int:
+        """``CLIENT KILL TYPE normal SKIPME yes``: how many connections were closed.
+        ``spare``: a client name whose connections are left open (the others are
+        killed one by one, by id)."""
         with self.admin() as client:
-            return int(client.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"))
+            if spare is None:
+                return int(client.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"))
+            me = client.client_id()
+            ids = [  # (a connection that ran no command yet may be a spared one before its SETNAME)
+                c["id"]
+                for c in client.client_list(_type="normal")
+                if c.get("name") != spare and int(c["id"]) != me and c.get("cmd") != "NULL"
+            ]
+            return sum(int(client.client_kill_filter(_id=i)) for i in ids)
 
     def __enter__(self) -> RedisServer:
         return self.start()
