@@ -102,6 +102,16 @@ def _closed_by_peer(writer: Any) -> bool:
         return True
 
 
+def _connect_backoff(exc: BaseException, failures: int) -> float:
+    """Seconds to wait before connect attempt ``failures + 1`` after ``exc``; past
+    :data:`CONNECT_RETRIES` raises ``exc`` (a timeout) or :class:`UnreachableError`."""
+    if failures <= CONNECT_RETRIES:
+        return _backoff_seconds(failures)
+    if isinstance(exc, (RedisTimeoutError, UnreachableError)):
+        raise exc
+    raise UnreachableError(str(exc)) from exc
+
+
 class _AsyncPolicy:
     """Mixed into redis-py's asyncio connection classes (see the module doc)."""
 
@@ -121,11 +131,7 @@ class _AsyncPolicy:
                 raise
             except _FAILED as exc:
                 failures += 1
-                if failures > CONNECT_RETRIES:
-                    if isinstance(exc, (RedisTimeoutError, UnreachableError)):
-                        raise
-                    raise UnreachableError(str(exc)) from exc
-                await asyncio.sleep(_backoff_seconds(failures))
+                await asyncio.sleep(_connect_backoff(exc, failures))
 
     async def check_health(self) -> None:
         try:
@@ -149,11 +155,7 @@ class _SyncPolicy:
                 raise
             except _FAILED as exc:
                 failures += 1
-                if failures > CONNECT_RETRIES:
-                    if isinstance(exc, (RedisTimeoutError, UnreachableError)):
-                        raise
-                    raise UnreachableError(str(exc)) from exc
-                time.sleep(_backoff_seconds(failures))
+                time.sleep(_connect_backoff(exc, failures))
 
     def check_health(self) -> None:
         try:
@@ -203,6 +205,15 @@ READ_AGAIN_FAST_LOSSES = 20
 0.05 s: a server that accepts and drops) before :func:`read_again` gives up."""
 
 
+def _fast_losses(exc: BaseException, fast: int, started: float) -> int:
+    """The count of immediate losses in a row after a read that started at
+    ``started`` lost ``exc``; raises ``exc`` at the :data:`READ_AGAIN_FAST_LOSSES`-th."""
+    fast = fast + 1 if time.monotonic() - started < 0.05 else 0
+    if fast >= READ_AGAIN_FAST_LOSSES:
+        raise exc
+    return fast
+
+
 async def read_again(read: Callable[[], Awaitable[T]]) -> T:
     """``await read()``; when its connection is lost mid-call (``ConnectionError``:
     the server closed it while the read waited, e.g. an ``XREAD BLOCK``), call it
@@ -217,10 +228,8 @@ async def read_again(read: Callable[[], Awaitable[T]]) -> T:
             return await read()
         except (UnreachableError, *_NOT_RETRIED):
             raise
-        except RedisConnectionError:
-            fast = fast + 1 if time.monotonic() - started < 0.05 else 0
-            if fast >= READ_AGAIN_FAST_LOSSES:
-                raise
+        except RedisConnectionError as exc:
+            fast = _fast_losses(exc, fast, started)
             if fast:
                 await asyncio.sleep(0.05)
 
@@ -234,10 +243,8 @@ def read_again_blocking(read: Callable[[], T]) -> T:
             return read()
         except (UnreachableError, *_NOT_RETRIED):
             raise
-        except RedisConnectionError:
-            fast = fast + 1 if time.monotonic() - started < 0.05 else 0
-            if fast >= READ_AGAIN_FAST_LOSSES:
-                raise
+        except RedisConnectionError as exc:
+            fast = _fast_losses(exc, fast, started)
             if fast:
                 time.sleep(0.05)
 
