@@ -28,6 +28,12 @@ clients built here therefore:
   :data:`CONNECT_TIMEOUT_SECONDS`; the per-command ``socket_timeout`` stays the
   caller's (blocking reads such as ``XREAD BLOCK`` need none).
 
+The asyncio socket poll reads redis-py's private ``Connection._writer`` (the
+one place below redis-py's public API): the public alternative, a ``PING``
+before every command, costs a round trip each (``bench/connections.py``: the
+poll adds about 1% to a ``GET``, a ``PING`` first about 90%);
+``test_a_connection_killed_while_its_loop_was_not_running_is_replaced`` pins it.
+
 :func:`async_redis` and :func:`sync_redis` build the clients; every keyword a
 caller gives wins over the policy's. A *read* whose connection was lost while it
 waited (an ``XREAD BLOCK`` when the server closed the connection) has no effect,
