@@ -21,6 +21,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import AuthenticationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from lattice_client.runstore import RunStore
 from lattice_mailbox.connections import (
     CONNECT_RETRIES,
     UnreachableError,
@@ -240,3 +241,30 @@ def test_a_blocked_blocking_read_whose_connection_is_killed_is_read_again(server
     assert reply[0][1][0][1] == {"k": "v"}
     admin.close()
     client.close()
+
+
+async def test_a_run_create_whose_reply_was_lost_is_decided_by_the_stored_record(server):
+    with CuttingProxy(server.port) as proxy:
+        store = RunStore(proxy.url, "test-conn")
+        await store.create("warm", "team", "p")  # loads the scripts
+        proxy.cut_reply_of(b"EVALSHA")  # Redis creates the run, the reply never arrives
+        record = await store.create("r1", "team", "hello")
+        assert proxy.cuts == 1
+        stored = await store.get("r1")
+        assert (stored.status.value, stored.prompt, stored.created_at) == (
+            "queued",
+            "hello",
+            record.created_at,
+        )
+        with server.admin() as admin:
+            assert admin.zscore(store.runs_index_key, "r1") == record.created_at
+        with pytest.raises(ValueError, match="already exists"):  # created once, not twice
+            await store.create("r1", "team", "hello")
+        await store.create("r2", "team", "other")
+        await asyncio.sleep(0.01)  # (a creation time in another millisecond)
+        proxy.cut_reply_of(b"EVALSHA")  # an existing id: the stored record is not this call's
+        with pytest.raises(RedisConnectionError):
+            await store.create("r2", "team", "other")
+        assert proxy.cuts == 2
+        assert (await store.get("r2")).prompt == "other"
+        await store.aclose()
