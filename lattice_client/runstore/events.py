@@ -97,7 +97,9 @@ class RunEvents(RunStoreCore):
         to that long for it (``None`` = do not wait)."""
         check_block_ms(block_ms)
         client, stream = self._conn().client, self.result_key(run_id)
-        return result_from_reply(await read_again(lambda: client.xread({stream: "0-0"}, count=1, block=block_ms)))
+        return result_from_reply(
+            await read_again(lambda: client.xread({stream: "0-0"}, count=1, block=block_ms))
+        )
 
     async def finish(self, run_id: str, result: RunResult, *, token: str | None = None) -> bool:
         """Store the final ``result`` (status ``completed`` or ``failed``) and
