@@ -11,14 +11,16 @@ clients built here therefore:
   for asyncio connections the policy polls it (redis-py's own asyncio check
   sees only what the event loop has read, and is skipped altogether while
   maintenance notifications are ``"auto"`` -- they are turned off here: they
-  need RESP3, which we do not use). A connection idle for more than :data:`HEALTH_CHECK_INTERVAL_SECONDS`
-  is checked with a ``PING`` before the command goes; when the ``PING`` fails,
+  need RESP3, which we do not use). A connection idle for more than
+  :data:`HEALTH_CHECK_INTERVAL_SECONDS` is checked with a ``PING`` before the
+  command goes; when the ``PING`` fails,
   the connection is replaced and the command goes on the new one (nothing of
   it was sent).
 * **retry connecting** (:data:`CONNECT_RETRIES` times, exponential backoff
   from 0.1 s capped at 0.5 s, about 2.2 s in all): a connect or handshake that
-  failed sent no command. Wrong credentials (``AuthenticationError``) are not
-  retried.
+  failed sent no command; then :class:`UnreachableError` (a
+  ``ConnectionError``) or the ``TimeoutError``. Wrong credentials
+  (``AuthenticationError``) are not retried.
 * **never resend a command** (redis-py's command retry is off): a command that
   was sent and got no reply raises ``redis.exceptions.ConnectionError`` /
   ``TimeoutError``, and the caller's claim and lease tokens decide what
@@ -37,8 +39,9 @@ poll adds about 1% to a ``GET``, a ``PING`` first about 90%);
 :func:`async_redis` and :func:`sync_redis` build the clients; every keyword a
 caller gives wins over the policy's. A *read* whose connection was lost while it
 waited (an ``XREAD BLOCK`` when the server closed the connection) has no effect,
-so :func:`read_again` / :func:`read_again_blocking` send it again. ``tests/integration/test_connections.py``
-pins the redis-py behaviour this relies on.
+so :func:`read_again` / :func:`read_again_blocking` send it again.
+``tests/integration/test_connections.py`` pins the redis-py behaviour this
+relies on.
 """
 
 from __future__ import annotations
