@@ -30,7 +30,14 @@ from typing import Any
 
 from celery import Celery
 
+from lattice_mailbox.connections import CONNECT_TIMEOUT_SECONDS, keepalive_options
+
 from .settings import LatticeSettings, get_settings
+
+HEALTH_CHECK_SECONDS = 10
+"""kombu's ``health_check_interval`` (seconds): a broker connection idle longer is
+``PING``-ed before use; also the period of kombu's checks of its BRPOP and
+Pub/Sub connections (a half-open one is dropped after ``brpop_timeout`` + this)."""
 
 LEAD_MEMBER = "lead"
 """Member name of a team's lead queue: ``queue_name(prefix, team, LEAD_MEMBER)``."""
@@ -64,10 +71,21 @@ def celery_config(settings: LatticeSettings) -> dict[str, Any]:
     return {
         "broker_url": settings.broker_url,
         "broker_connection_retry_on_startup": True,
+        "broker_connection_retry": True,  # a lost broker connection is re-made, not fatal
         "broker_transport_options": {
             "global_keyprefix": f"{prefix}:",
             "fanout_prefix": True,
             "fanout_patterns": True,
+            # kombu's redis-py connections (see docs/contracts.md, "Connections"): a
+            # pooled connection closed by the server is replaced before a publish
+            # (redis-py's blocking pool polls its socket); one idle longer than
+            # this is PING-ed first; never a resent publish on a timeout
+            # (a duplicate task); dead peers found by TCP keepalive
+            "health_check_interval": HEALTH_CHECK_SECONDS,
+            "retry_on_timeout": False,
+            "socket_connect_timeout": CONNECT_TIMEOUT_SECONDS,
+            "socket_keepalive": True,
+            "socket_keepalive_options": keepalive_options(),
         },
         # JSON only: a pickled message is refused by the worker (ContentDisallowed).
         "task_serializer": "json",
@@ -82,7 +100,11 @@ def celery_config(settings: LatticeSettings) -> dict[str, Any]:
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
-        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        # A broker blip (a lost consumer connection) lets running tasks finish: their
+        # late ack is lost and the broker delivers the message again, which then finds
+        # nothing to do (the mailbox claim or the lead lease is taken or done). True
+        # would terminate them (prefork) and run them again after their lease.
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
         # Task events for Flower.
         "worker_send_task_events": True,
         "task_send_sent_event": True,

@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 from redis import Redis as SyncRedis
 
 from lattice_mailbox import MessageStatus, TeamMessage, mask_url
+from lattice_mailbox.connections import read_again_blocking, sync_redis
 
 from .async_client import AsyncLatticeClient, AsyncRunHandle, CancelReport, _block_ms
 from .celery_config import queue_name
@@ -236,22 +237,28 @@ class LatticeClient(SyncDecisionsMixin):
         record, stream = runs.keys(run_id).record, runs.result_key(run_id)
         client = self._blocking_redis()
         deadline = None if timeout is None else time.monotonic() + timeout
-        exists, result = final_from_reply(client.hmget(record, ["status", "result"]))
+        exists, result = final_from_reply(
+            read_again_blocking(lambda: client.hmget(record, ["status", "result"]))
+        )
         while True:
             if not exists:
                 raise RunNotFoundError(run_id)
             if result is not None:
                 return result
             block_ms = _block_ms(deadline, time.monotonic(), run_id, timeout)
-            result = result_from_reply(client.xread({stream: "0-0"}, count=1, block=block_ms))
+            result = result_from_reply(
+                read_again_blocking(lambda ms=block_ms: client.xread({stream: "0-0"}, count=1, block=ms))
+            )
             if result is None:  # quiet for block_ms: look at the record again (see AsyncLatticeClient.wait)
-                exists, result = final_from_reply(client.hmget(record, ["status", "result"]))
+                exists, result = final_from_reply(
+                    read_again_blocking(lambda: client.hmget(record, ["status", "result"]))
+                )
 
     def _blocking_redis(self) -> SyncRedis:
         # the blocking client of wait and submit (its connection pool is thread-safe)
         with self._blocking_lock:
             if self._blocking is None:
-                self._blocking = SyncRedis.from_url(self.settings.broker_url, decode_responses=True)
+                self._blocking = sync_redis(self.settings.broker_url, decode_responses=True)
             return self._blocking
 
     def events(self, run_id: str, timeout: float | None = None) -> Iterator[dict[str, Any]]:

@@ -42,10 +42,12 @@ Connections
 -----------
 An asyncio client must not be shared between event loops. Built from a URL,
 the store creates one client per running loop, lazily. A client passed in is
-used as is (the caller owns it and its loop). redis-py's automatic retry is
-turned off on clients built here: the operations are not idempotent (a blind
-resend of ``claim_next`` would claim a second message), so a dropped connection
-surfaces as :class:`redis.exceptions.ConnectionError` and the caller decides.
+used as is (the caller owns it and its loop). Clients built here follow
+:mod:`lattice_mailbox.connections`: a connection the server closed while idle is
+found and replaced before a command goes on it, and no command is ever resent
+(the operations are not idempotent: a blind resend of ``claim_next`` would claim
+a second message), so a connection lost mid-call surfaces as
+:class:`redis.exceptions.ConnectionError` and the caller decides.
 Each script is atomic, so a failed call never leaves a half-written message.
 Scripts are called with redis-py's own ``Redis.evalsha`` (connections held
 between calls, below redis-py's command path, were measured at about 1% of the
@@ -64,11 +66,12 @@ from importlib import resources
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .base import ClaimMissingError, ClaimTakenError, MailboxError
+from .connections import async_redis
 from .message import MessageStatus, TeamMessage
 from .transitions import STATUS_ORDER, invalid_transition, sources_for
 from .urls import mask_url
@@ -118,6 +121,7 @@ _SCRIPTS = {
         "extend_lease",
         "requeue_expired",
         "inbox",
+        "find_claim",
     )
 }
 
@@ -208,10 +212,11 @@ class RedisMailbox(CheckedSend):
     """Redis :class:`~lattice_mailbox.base.LeasedMailbox` (see the module docstring).
 
     ``url_or_client``: a ``redis://``/``rediss://``/``unix://`` URL (a client is
-    made per event loop, without automatic retries) or a ready
+    made per event loop with :func:`lattice_mailbox.connections.async_redis`:
+    dead idle connections replaced, no command resent) or a ready
     ``redis.asyncio.Redis``. ``prefix`` starts every key (default ``lattice``).
     ``max_message_bytes`` bounds content + metadata JSON (bytes, default 1 MiB).
-    Extra keyword arguments go to ``redis.asyncio.Redis.from_url``.
+    Extra keyword arguments go to redis-py (``socket_timeout``, ``client_name``...).
     Network failures raise ``redis.exceptions.ConnectionError`` / ``TimeoutError``.
     """
 
@@ -230,7 +235,6 @@ class RedisMailbox(CheckedSend):
         self._url: str | None = None
         if isinstance(url_or_client, str):
             self._url = url_or_client
-            client_kwargs.setdefault("retry", Retry(NoBackoff(), 0))
             self._client_kwargs = client_kwargs
         elif isinstance(url_or_client, aioredis.Redis):
             self._client = url_or_client
@@ -259,7 +263,7 @@ class RedisMailbox(CheckedSend):
         client = self._clients.get(loop)
         if client is None:
             assert self._url is not None
-            client = aioredis.Redis.from_url(self._url, **self._client_kwargs)
+            client = async_redis(self._url, **self._client_kwargs)
             self._clients[loop] = client
         return client
 
@@ -411,6 +415,9 @@ class RedisMailbox(CheckedSend):
         """Atomically move the oldest ``pending`` message of ``mailbox_id`` to
         ``processing`` and return it with a fresh ``claim_token``; ``None`` when
         nothing is pending or ``max_in_flight`` messages are in ``processing`` or ``parked``.
+        When the call's reply is lost (the connection drops after Redis ran it), the
+        message its claim token holds is returned; when the claim did not happen,
+        ``redis.exceptions.ConnectionError`` / ``TimeoutError`` is raised.
         ``lease_s`` (seconds) sets ``lease_until`` (ms, server clock); without it the
         claim never expires. ``attempts`` counts claims. ``message_id``: claim
         that message instead (``None`` when it is not pending in ``mailbox_id``)."""
@@ -429,6 +436,8 @@ class RedisMailbox(CheckedSend):
             result = await self._evalsha(_SCRIPTS["claim_next"].sha, keys.claim, args)
         except NoScriptError:
             result = await self._eval("claim_next", keys.claim, args)
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            result = await self._lost_claim(keys, token, exc)
         if not isinstance(result, list):
             return None  # 0: nothing pending, -1: at the in-flight limit
         message = TeamMessage.model_validate_json(result[0])
@@ -438,6 +447,23 @@ class RedisMailbox(CheckedSend):
         message.lease_until = int(result[2]) or None
         message.claim_token = token
         return message
+
+    async def _lost_claim(self, keys: _Keys, token: str, lost: Exception) -> Any:
+        """The reply of a ``claim_next`` call was lost (its effect is unknown): the
+        claim token decides. The message that token holds is the claim (returned as
+        ``claim_next.lua`` would); when none holds it, the claim did not happen
+        and ``lost`` is raised (the caller may claim again: nothing was claimed).
+        A lookup that fails too raises ``lost``. After a *timeout* the lost call
+        may still run later: its claim then waits for its lease to expire."""
+        try:
+            found = await self._eval(
+                "find_claim", (keys.queues["processing"], keys.body, keys.state), (token,)
+            )
+        except (RedisConnectionError, RedisTimeoutError):
+            raise lost from None
+        if not isinstance(found, list):
+            raise lost
+        return found
 
     async def update_status(self, message_id: str, status: MessageStatus | str) -> bool:
         """Set a message's status per :mod:`lattice_mailbox.transitions` (one

@@ -12,6 +12,8 @@ from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, ResponseError
 
+from lattice_mailbox.connections import async_redis
+
 from ..errors import RunLeaseLostError, RunNotFoundError
 from ..models import RunStatus
 from ..settings import KEY_PREFIX_PATTERN
@@ -69,7 +71,7 @@ class RunStoreCore:
         conn = self._per_loop.get(loop)
         if conn is None:
             assert self._url is not None
-            conn = self._make_conn(Redis.from_url(self._url, decode_responses=True))
+            conn = self._make_conn(async_redis(self._url, decode_responses=True))
             self._per_loop[loop] = conn
         return conn
 

@@ -8,6 +8,8 @@ from typing import Any
 from redis.commands.core import AsyncScript
 from redis.exceptions import ResponseError
 
+from lattice_mailbox.connections import read_again
+
 from ..errors import RunLeaseLostError
 from ..models import RunResult
 from .core import RunStoreCore
@@ -106,23 +108,24 @@ class RunEvents(RunStoreCore):
         ):
             raise ValueError(f"block_ms must be None or an integer >= 0, got {block_ms!r}")
         key = self.keys(run_id).events
-        reply = await self._conn().client.xread({key: last_id}, count=count, block=block_ms)
+        client = self._conn().client
+        reply = await read_again(lambda: client.xread({key: last_id}, count=count, block=block_ms))
         return [(as_text(entry_id), decode_event(fields)) for entry_id, fields in stream_entries(reply)]
 
     async def final_result(self, run_id: str) -> tuple[bool, RunResult | None]:
         """``(exists, result)`` from the run record (one ``HMGET``): whether the
         run exists, and its final result once it has one."""
-        return final_from_reply(
-            await self._conn().client.hmget(self.keys(run_id).record, ["status", "result"])
-        )
+        client, record = self._conn().client, self.keys(run_id).record
+        return final_from_reply(await read_again(lambda: client.hmget(record, ["status", "result"])))
 
     async def read_result(self, run_id: str, block_ms: int | None = None) -> RunResult | None:
         """The final result from the run's result stream (:meth:`result_key`),
         or ``None`` when it has none. ``block_ms`` (milliseconds, >= 1): wait up
         to that long for it (``None`` = do not wait)."""
         check_block_ms(block_ms)
+        client, stream = self._conn().client, self.result_key(run_id)
         return result_from_reply(
-            await self._conn().client.xread({self.result_key(run_id): "0-0"}, count=1, block=block_ms)
+            await read_again(lambda: client.xread({stream: "0-0"}, count=1, block=block_ms))
         )
 
     async def finish(self, run_id: str, result: RunResult, *, token: str | None = None) -> bool:

@@ -7,7 +7,11 @@ from typing import Any
 from pydantic import ValidationError
 from redis import Redis as SyncRedis
 from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from lattice_mailbox.connections import read_again
 
 from ..models import RunParent, RunRecord, RunStatus
 from .core import RunStoreCore
@@ -30,6 +34,10 @@ class RunRecords(RunStoreCore):
     ) -> RunRecord:
         """Create run ``run_id`` in status ``queued`` and index it.
 
+        When the reply is lost (the connection drops after Redis ran it), the
+        stored record decides: this call's own record means it was created (its
+        index entries are written again, idempotently); otherwise the
+        ``redis.exceptions.ConnectionError`` / ``TimeoutError`` is raised.
         Raises ``ValueError`` when the run id already exists (nothing is
         overwritten), on a bad run id, an empty team, a non-string prompt,
         metadata that is not a JSON object, or a malformed ``parent``
@@ -41,7 +49,17 @@ class RunRecords(RunStoreCore):
             for command in commands:
                 pipe.execute_command(*command)
 
-        stale = self._create_refused(commands, await self._pipeline(build))
+        try:
+            replies = await self._pipeline(build)
+        except (RedisConnectionError, RedisTimeoutError):
+            if not await self._created_by(record):
+                raise
+            async with self._conn().client.pipeline(transaction=False) as pipe:
+                for command in commands[1:]:  # the index entries (NX: idempotent) may be missing
+                    pipe.execute_command(*command)
+                await pipe.execute()
+            return record
+        stale = self._create_refused(commands, replies)
         if stale is not None:
             if stale:
                 async with self._conn().client.pipeline(transaction=False) as pipe:
@@ -50,6 +68,20 @@ class RunRecords(RunStoreCore):
                     await pipe.execute()
             raise ValueError(f"run {run_id!r} already exists")
         return record
+
+    async def _created_by(self, record: RunRecord) -> bool:
+        """After a create whose reply was lost: whether the stored record is the one
+        ``record`` describes (same team, prompt and creation time in ms: that
+        call's own), i.e. the create took effect. ``False`` when it cannot be read."""
+        try:
+            stored = await read_again(lambda: self.get(record.run_id))
+        except (RedisConnectionError, RedisTimeoutError):
+            return False
+        return stored is not None and (stored.team, stored.prompt, stored.created_at) == (
+            record.team,
+            record.prompt,
+            record.created_at,
+        )
 
     def create_blocking(
         self,

@@ -30,6 +30,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from lattice_mailbox.connections import async_redis
+
 from ..errors import ConfigError
 
 logger = logging.getLogger("lattice_worker.history")
@@ -391,7 +393,7 @@ class RedisHistoryStore:
                     )
             else:
                 assert self._url is not None
-                client = aioredis.from_url(self._url)
+                client = async_redis(self._url)
             self._per_loop[loop] = client
         return client
 

@@ -14,7 +14,9 @@ Signals used:
 * ``worker_ready`` (the main worker process): start the registry heartbeat
   (:class:`~lattice_worker.runtime.heartbeat.Heartbeat`: the teams and queues
   this worker serves, with an expiring entry) and, unless ``LATTICE_REAPER=0``,
-  the reaper thread (:class:`~lattice_worker.runtime.reaper.Reaper`).
+  the reaper thread (:class:`~lattice_worker.runtime.reaper.Reaper`); and
+  silence Celery's warning, at each lost broker connection, that running tasks
+  are not cancelled (lattice_client/celery_config.py chose that).
 * ``worker_shutdown``: stop both (the heartbeat deletes the entry).
 * ``worker_process_shutdown`` (each pool process) and ``worker_shutdown``:
   flush the tracers of the served teams (:func:`~lattice_worker.runtime.run_trace.flush_tracers`),
@@ -29,9 +31,11 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from typing import Any
 
 from celery import signals
+from celery.exceptions import CPendingDeprecationWarning
 
 from lattice_client.celery_config import make_celery_app
 
@@ -57,6 +61,18 @@ process.set_task_sender(_send_task)
 
 _reaper: Reaper | None = None
 _heartbeat: Heartbeat | None = None
+
+
+@signals.worker_ready.connect
+def _quiet_cancel_warning(**_: Any) -> None:
+    # Celery warns at every lost broker connection that it does not cancel running
+    # tasks then: our choice (lattice_client/celery_config.py says why), not news.
+    # (after Celery's log setup, which makes its pending-deprecation warnings "always")
+    warnings.filterwarnings(
+        "ignore",
+        message=r"\s*In Celery 5\.1 we introduced an optional breaking change",
+        category=CPendingDeprecationWarning,
+    )
 
 
 @signals.worker_process_init.connect

@@ -27,6 +27,7 @@ from typing import Any
 
 from lattice_client.runstore import RunStore
 from lattice_client.settings import LatticeSettings
+from lattice_mailbox.connections import async_redis
 
 from .events import EventEmitter
 from .keys import WorkerKeys
@@ -90,9 +91,7 @@ class WorkerContext:
         not one per run). Bytes responses."""
         loop = asyncio.get_running_loop()
         if self._client is None or self._client_loop is not loop:
-            from redis.asyncio import Redis
-
-            self._client = Redis.from_url(self.settings.broker_url)
+            self._client = async_redis(self.settings.broker_url)
             self._client_loop = loop
         return self._client
 

@@ -21,7 +21,6 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import redis
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
@@ -30,6 +29,7 @@ from lattice_client.celery_config import make_celery_app
 from lattice_client.registry import LiveRegistry, read_workers_blocking
 from lattice_client.runstore import RunStore
 from lattice_client.settings import get_settings
+from lattice_mailbox.connections import sync_redis
 
 from ..errors import ConfigError
 from ..team.drain import DrainResult
@@ -124,7 +124,7 @@ def load_root(registry: TeamRegistry, team_ref: str, broker_url: str, prefix: st
     except ConfigError:
         if not isinstance(team_ref, str) or ":" in team_ref or not team_ref.strip():
             raise
-    client = redis.Redis.from_url(broker_url, decode_responses=True)
+    client = sync_redis(broker_url, decode_responses=True)
     try:
         published = LiveRegistry(read_workers_blocking(client, prefix)).mapping()
     finally:

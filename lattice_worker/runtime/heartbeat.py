@@ -30,6 +30,7 @@ from lattice_client.registry import (
     publish_blocking,
     unpublish_blocking,
 )
+from lattice_mailbox.connections import sync_redis
 
 logger = logging.getLogger("lattice_worker.heartbeat")
 
@@ -76,7 +77,7 @@ class Heartbeat:
         prefix: the key prefix.
         interval_s: seconds between two beats (the entry expires after three).
         client_factory: builds the blocking Redis client (tests); default
-            ``redis.Redis.from_url(broker_url)`` with a 2 s socket timeout.
+            ``lattice_mailbox.connections.sync_redis(broker_url)`` with a 2 s socket timeout.
     """
 
     def __init__(
@@ -142,9 +143,7 @@ class Heartbeat:
 
 
 def _client(broker_url: str, timeout: float) -> redis.Redis:
-    return redis.Redis.from_url(
-        broker_url, socket_timeout=timeout, socket_connect_timeout=timeout, health_check_interval=1
-    )
+    return sync_redis(broker_url, socket_timeout=timeout, socket_connect_timeout=timeout)
 
 
 __all__ = ["Heartbeat", "pool_name", "worker_info"]

@@ -10,16 +10,18 @@ or :meth:`RunWriter.flush`, or at the latest :data:`EVENT_LINGER_SECONDS`
 after the first of them was queued (a background task per writer).
 
 One batch is in flight at a time, in queue order. A flush writes the queued
-batch in the calling task itself (no task hop). A caller cancelled mid-write
-settles that batch's writes -- other callers' too, even when Redis applied
-them -- with a ``ConnectionError`` (known limitation; no caller is cancelled
-mid-write today). Script calls in a batch go as ``EVAL`` with their source
+batch in the calling task itself (no task hop) when every write and event of
+it was queued by that task; a batch holding other tasks' writes goes in a task
+of its own that the caller awaits shielded, so a caller cancelled mid-write
+neither fails nor drops the others' writes (the cancelled caller's own fate
+is then settled by that task too). Script calls in a batch go as ``EVAL`` with their source
 (Redis caches the compiled script by its SHA1), so a script missing from the
 server's cache never leaves a batch applied out of order.
 
-The writer has its own ``redis.asyncio`` client per event loop, without
-automatic retries (a batch whose reply was lost is never sent blindly again:
-the run store's tokens decide) and without a per-command socket timeout; each
+The writer has its own ``redis.asyncio`` client per event loop
+(:func:`lattice_mailbox.connections.async_redis`: a dead idle connection is
+replaced before a batch goes on it; a batch whose reply was lost is never sent
+blindly again: the run store's tokens decide) and without a per-command socket timeout; each
 round trip is bounded by :data:`WRITE_TIMEOUT_SECONDS` instead
 (``redis.exceptions.TimeoutError``).
 """
@@ -35,13 +37,12 @@ from importlib import resources
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from lattice_client.runstore import EventFence
+from lattice_mailbox.connections import async_redis
 
 logger = logging.getLogger("lattice_worker.runtime")
 
@@ -85,6 +86,8 @@ class QueuedWrite:
     scripts: tuple[str, ...] = ()
     fence: str | None = None
     on_error: Callable[[BaseException], BaseException] | None = None
+    owner: Any = None
+    """The task that queued it (``asyncio.current_task()``)."""
 
 
 @dataclass
@@ -97,8 +100,8 @@ class _Events:
     fence: EventFence | None = None
 
 
-_QueuedEvent = tuple[str, str, str, "EventFence | None"]
-"""A queued event: ``(record key, events key, payload JSON, fence or None)``."""
+_QueuedEvent = tuple[str, str, str, "EventFence | None", Any]
+"""A queued event: ``(record key, events key, payload JSON, fence or None, the queuing task)``."""
 
 _SOURCES: dict[str, str] = {}
 """Script sources by SHA1 (filled from the ``scripts`` of queued writes)."""
@@ -127,6 +130,7 @@ class RunWriter:
         self.max_run_events = max_run_events
         self._client: Redis | None = None
         self._client_loop: Any = None
+        # (record key, events key, payload, fence, the queuing task) or a queued write
         self._queue: list[_QueuedEvent | QueuedWrite] = []
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Future[None] | None = None
@@ -138,7 +142,7 @@ class RunWriter:
     def _redis(self) -> Redis:
         loop = asyncio.get_running_loop()
         if self._client is None or self._client_loop is not loop:
-            self._client = Redis.from_url(self.redis_url, socket_timeout=None, retry=Retry(NoBackoff(), 0))
+            self._client = async_redis(self.redis_url, socket_timeout=None)
             self._client_loop = loop
         return self._client
 
@@ -157,7 +161,7 @@ class RunWriter:
         of the run record ``record_key``; written with the next batch. Under a
         ``fence`` (of that run) it is written only while the fence holds (a
         refused one is logged, not raised: events are observational)."""
-        self._queue.append((record_key, events_key, payload, fence))
+        self._queue.append((record_key, events_key, payload, fence, asyncio.current_task()))
         self._start()
 
     def queue_write(
@@ -173,7 +177,7 @@ class RunWriter:
         their ``evalsha`` commands (sent as ``EVAL`` with them). A failure goes
         through ``on_error`` (which may map it), is logged, and is kept for
         :meth:`sync` under ``fence``. Returns the queued write (see :meth:`still_queued`)."""
-        op = QueuedWrite(commands, None, scripts, fence, on_error)
+        op = QueuedWrite(commands, None, scripts, fence, on_error, asyncio.current_task())
         self._queue.append(op)
         self._start()
         return op
@@ -201,7 +205,7 @@ class RunWriter:
         writes, and return their replies; the first error reply (through
         ``on_error``) is raised. ``scripts``: as for :meth:`queue_write`."""
         future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
-        self._queue.append(QueuedWrite(commands, future, scripts, None, on_error))
+        self._queue.append(QueuedWrite(commands, future, scripts, None, on_error, asyncio.current_task()))
         await self.flush()
         return await future
 
@@ -225,7 +229,7 @@ class RunWriter:
                     await waiter
                     continue
                 _wake_up(self._wake)  # a lingering background task: nothing left for it
-                await self._write_queued()  # written by the caller itself: no task hop
+                await self._write_queued(caller=asyncio.current_task())
         finally:
             self._flushing -= 1
 
@@ -251,9 +255,18 @@ class RunWriter:
             timer.cancel()
             self._wake = None
 
-    async def _write_queued(self) -> None:
+    async def _write_queued(self, caller: Any = None) -> None:
+        """Write what is queued now. ``caller``: the flushing task; the batch goes in
+        it (no task hop) when it queued all of the batch, else in a task of its own,
+        awaited shielded (the caller's cancellation leaves it running)."""
         batch, self._queue = self._queue, []
         self._busy = True
+        if caller is None or all(_owner(op) is caller for op in batch):
+            await self._write_settled(batch)
+            return
+        await asyncio.shield(asyncio.get_running_loop().create_task(self._write_settled(batch)))
+
+    async def _write_settled(self, batch: list[tuple[str, str, str, Any] | QueuedWrite]) -> None:
         try:
             await self._write_batch(batch)
         except BaseException as exc:
@@ -285,7 +298,7 @@ class RunWriter:
             if isinstance(op, QueuedWrite):
                 units.append(op)
                 continue
-            record_key, events_key, payload, fence = op
+            record_key, events_key, payload, fence, _ = op
             group = streams.get((record_key, events_key))
             if group is None or group.fence != fence:  # a stream's events stay in order
                 group = streams[(record_key, events_key)] = _Events(record_key, events_key, [], fence)
@@ -372,6 +385,10 @@ async def _execute(pipe: Any) -> list[Any]:
         if isinstance(exc, RedisTimeoutError):
             raise
         raise RedisTimeoutError(f"a run write got no reply within {WRITE_TIMEOUT_SECONDS} s") from None
+
+
+def _owner(op: _QueuedEvent | QueuedWrite) -> Any:
+    return op.owner if isinstance(op, QueuedWrite) else op[4]
 
 
 def _wake_up(future: Any) -> None:

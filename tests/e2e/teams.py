@@ -61,8 +61,15 @@ def _prefix() -> str:
     return os.environ.get("LATTICE_KEY_PREFIX", "lattice")
 
 
+TOOL_CLIENT_NAME = "lattice-test-tool"
+"""The Redis client name of the test tools' own connections (tests killing
+connections spare them: they are the test's instruments, not the product)."""
+
+
 def _redis() -> redis_sync.Redis:
-    return redis_sync.Redis.from_url(os.environ.get("LATTICE_BROKER_URL", REDIS_URL))
+    return redis_sync.Redis.from_url(
+        os.environ.get("LATTICE_BROKER_URL", REDIS_URL), client_name=TOOL_CLIENT_NAME
+    )
 
 
 def _tool_use(name: str, inp: dict[str, Any], tid: str) -> dict[str, Any]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 import redis
@@ -24,8 +23,9 @@ import redis
 from lattice_client import LatticeClient, RunStore
 from lattice_client.celery_config import RUN_LEAD_TASK, make_celery_app, queue_name
 from lattice_client.settings import get_settings
-from tests.e2e.conftest import LATTICE, REPO, Deployment, Proc, free_port, wait_for
+from tests.e2e.conftest import LATTICE, REPO, Deployment, wait_for
 from tests.e2e.teams import plan
+from tests.support.redis_server import RedisServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(180)]
 
@@ -86,44 +86,6 @@ def test_a_run_naming_another_team_or_module_is_refused_and_nothing_is_imported(
     assert worker.alive()
 
 
-class RedisServer:
-    """A redis-server of this test on its own port (no persistence), in its own process group."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        self.port = free_port()
-        self.dir = tmp_path / f"redis-{self.port}"
-        self.dir.mkdir()
-        self.proc: Proc | None = None
-        self.starts = 0
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.starts += 1
-        argv = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                "--appendonly", "no", "--dir", str(self.dir)]  # fmt: skip
-        self.proc = Proc(argv, {}, self.dir / f"server-{self.starts}.log")
-        client = redis.Redis.from_url(self.url)
-        try:
-            wait_for(lambda: _pings(client), 15, f"redis-server on port {self.port}")
-        finally:
-            client.close()
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.kill9()
-            self.proc = None
-
-
-def _pings(client: redis.Redis) -> bool:
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
-
-
 def _nodes(client: LatticeClient) -> dict[str, list[str]]:
     # queue -> node names of the live workers consuming it
     try:
@@ -138,7 +100,7 @@ def _nodes(client: LatticeClient) -> dict[str, list[str]]:
 
 
 def test_the_registry_follows_live_workers_and_comes_back_after_a_redis_restart(tmp_path):
-    server = RedisServer(tmp_path)
+    server = RedisServer()
     server.start()
     heartbeat = 1.0
     d = Deployment(tmp_path, broker_url=server.url, registry_heartbeat_seconds=heartbeat)

@@ -126,3 +126,18 @@ def test_pickle_messages_are_refused_by_the_configured_app():
     with pytest.raises(ContentDisallowed):
         loads(pickled, "application/x-python-serialize", "binary", accept=accept)
     assert loads(json.dumps([1, 2]), "application/json", "utf-8", accept=accept) == [1, 2]
+
+
+def test_broker_connections_follow_the_connection_policy():
+    # kombu hands the transport options to redis-py: health checks, keepalive, no resend on
+    # a timeout; a broker blip lets running tasks finish (docs/contracts.md, "Connections")
+    app = make_celery_app(get_settings(broker_url=REDIS_URL, key_prefix=f"test-{uuid.uuid4().hex[:8]}"))
+    assert app.conf.worker_cancel_long_running_tasks_on_connection_loss is False
+    assert app.conf.broker_connection_retry is True
+    with app.connection_for_write() as conn:
+        channel = conn.default_channel
+        kwargs = channel.client.connection_pool.connection_kwargs
+        assert kwargs["health_check_interval"] == 10
+        assert kwargs["socket_keepalive"] is True and kwargs["socket_keepalive_options"]
+        assert not kwargs.get("retry_on_timeout")
+        assert channel.client.ping()
