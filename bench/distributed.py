@@ -15,7 +15,9 @@
     this module's instrumentation, split into the runtime's own asyncio
     clients and Celery/kombu's blocking ones) and the commands per handoff
     (``INFO commandstats`` deltas of the bench's own Redis, client included).
-    ``--trace``: first the Redis requests of one handoff, per worker, in order.
+    ``--trace``: first the Redis requests of one handoff, both workers' in time
+    order (ms since the submit; a script call shows its first key's tag),
+    ``--trace-latency`` seconds per model call.
 (b) **Many calls in flight** (target >= 0.9 of ideal with >= 200 calls in
     flight). ``--runs-b`` runs (1,000) with ``--latency-b`` seconds (2 s) of
     model latency per call, 3 calls per run, on ONE ``lattice worker``
@@ -99,12 +101,20 @@ def _install_counters(directory: str) -> None:
         # the command names of one request (a pipeline has several), for --trace
         data = b"".join(packed) if isinstance(packed, (list, tuple)) else bytes(packed)
         found = re.findall(rb"\*\d+\r\n\$\d+\r\n([A-Za-z]+)\r\n", data)
-        return "+".join(n.decode().upper() for n in found[:8]) + ("+..." if len(found) > 8 else "")
+        parts = []
+        for name in found[:8]:
+            part = name.decode().upper()
+            if part in ("EVAL", "EVALSHA"):  # the script's first key names it
+                m = re.search(rb"\r\n" + name + rb"\r\n\$\d+\r\n(?:[^\r]*)\r\n\$\d+\r\n\d+\r\n\$\d+\r\n([^\r]*)\r\n", data)
+                if m:
+                    part += "(" + m.group(1).decode(errors="replace").rsplit(":", 2)[-2] + ")"
+            parts.append(part)
+        return "+".join(parts) + ("+..." if len(found) > 8 else "")
 
     def note(kind: str, packed: Any) -> None:
         counts[kind] += 1
         if tracing:
-            counts["trace"].append(f"{kind}:{threading.current_thread().name}:{names(packed)}")
+            counts["trace"].append(f"{time.time():.6f} {kind}:{threading.current_thread().name}:{names(packed)}")
 
     def wrap(cls: Any, kind: str, is_async: bool) -> None:
         original = cls.send_packed_command
@@ -422,21 +432,31 @@ def _counts(directory: Path, pids: list[int]) -> dict[str, int]:
     return total
 
 
-def trace_one_handoff(bench: Bench) -> None:
-    """--trace: the Redis requests each worker process writes during one handoff, in order."""
-    d = _Deployment(bench, "trace", {"BENCH_TRACE": "1"})
+def trace_one_handoff(bench: Bench, latency: float = 0.0) -> None:
+    """--trace: the Redis requests each worker process writes during one handoff, in
+    order, with ``latency`` seconds per model call (``--trace-latency``)."""
+    d = _Deployment(bench, "trace", {"BENCH_TRACE": "1", "BENCH_MODEL_LATENCY": str(latency)})
     try:
         d.ready()
         d.handoff("warm")
         time.sleep(1.5)
         before = {p: _trace(d.counters, p) for p in (d.lead.proc.pid, d.member.proc.pid)}
+        t_submit = time.time()
         d.handoff("traced")
+        t_result = time.time()
         time.sleep(1.5)
-        for label, pid in (("lead worker", d.lead.proc.pid), ("member worker", d.member.proc.pid)):
+        rows = [(t_submit, "client", "submit"), (t_result, "client", "result")]
+        for label, pid in (("lead", d.lead.proc.pid), ("member", d.member.proc.pid)):
             lines = _trace(d.counters, pid)[len(before[pid]) :]
-            print(f"    {label} ({len(lines)} requests; idle BRPOP polls included):")
+            print(f"    {label} worker: {len(lines)} requests (idle BRPOP polls included)")
             for line in lines:
-                print(f"      {line}")
+                stamp, _, request = line.partition(" ")
+                rows.append((float(stamp), label, request))
+        rows.sort()
+        start = t_submit
+        print("    both workers' requests in time order (ms since the first):")
+        for stamp, label, request in rows:
+            print(f"      {(stamp - start) * 1000:8.2f}  {label:6s}  {request}")
     finally:
         d.close()
         bench.stop_all()
@@ -551,7 +571,7 @@ def figure_a(bench: Bench, args: argparse.Namespace) -> None:
     print("(a) handoff round trip: submit -> lead (worker 1) -> member (worker 2) -> lead -> result;")
     print("    baseline: a Celery no-op round trip (threads pool, task events on), interleaved run by run")
     if args.trace:
-        trace_one_handoff(bench)
+        trace_one_handoff(bench, args.trace_latency)
     labels = list(VARIANTS)
     ratios: dict[str, list[float]] = {label: [] for label in labels}
     for rep in range(args.repeats):
@@ -750,6 +770,9 @@ def main(argv: list[str] | None = None) -> int:
         "--held-compare", action="store_true", help="(a) also with plain evalsha, interleaved"
     )
     parser.add_argument("--trace", action="store_true", help="(a) print the Redis requests of one handoff")
+    parser.add_argument(
+        "--trace-latency", type=float, default=0.0, help="(a) --trace: seconds per model call (0)"
+    )
     parser.add_argument("--runs-b", type=int, default=1000, help="(b) runs (1000)")
     parser.add_argument("--latency-b", type=float, default=2.0, help="(b) seconds per model call (2.0)")
     parser.add_argument(
