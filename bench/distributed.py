@@ -8,7 +8,9 @@
     README's layout: ``--member lead`` and ``--member echo``, default pool).
     Baseline: a Celery no-op task round trip on the same broker
     (``send_task(...).get()``, Redis result backend), its worker on the same
-    pool, task events on for both. Measured sequentially, interleaved run by
+    pool, task events on for both (the steps the workers send each other carry
+    no task-sent event, as deployed: ``lattice_worker.runtime.celery_app``;
+    the client's ``run_lead`` and the no-op do). Measured sequentially, interleaved run by
     run after a warm-up; medians in milliseconds and the ratio. Also printed:
     the worker-side Redis round trips per handoff (every request a worker
     process writes to Redis -- a pipeline is one -- counted in the workers by
