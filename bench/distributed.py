@@ -99,19 +99,40 @@ def _install_counters(directory: str) -> None:
     lock = threading.Lock()
     tracing = bool(os.environ.get("BENCH_TRACE"))
 
+    scripts: dict[str, str] = {}  # SHA1 -> script name, for EVALSHA (filled on first use)
+
+    def script_name(sha: str) -> str:
+        if not scripts:
+            import hashlib
+
+            for folder in (REPO / "lattice_mailbox" / "lua", REPO / "lattice_client" / "runstore" / "lua"):
+                for lua in folder.glob("*.lua"):
+                    scripts[hashlib.sha1(lua.read_bytes()).hexdigest()] = lua.stem
+        return scripts.get(sha, sha[:8])
+
     def names(packed: Any) -> str:
-        # the command names of one request (a pipeline has several), for --trace
+        # the command names of one request (a pipeline has several), a script call with its
+        # script's name, for --trace
         data = b"".join(packed) if isinstance(packed, (list, tuple)) else bytes(packed)
-        found = re.findall(rb"\*\d+\r\n\$\d+\r\n([A-Za-z]+)\r\n", data)
-        parts = []
-        for name in found[:8]:
-            part = name.decode().upper()
-            if part in ("EVAL", "EVALSHA"):  # the script's first key names it
-                m = re.search(rb"\r\n" + name + rb"\r\n\$\d+\r\n(?:[^\r]*)\r\n\$\d+\r\n\d+\r\n\$\d+\r\n([^\r]*)\r\n", data)
-                if m:
-                    part += "(" + m.group(1).decode(errors="replace").rsplit(":", 2)[-2] + ")"
+        parts: list[str] = []
+        pos = 0
+        while pos < len(data) and data[pos : pos + 1] == b"*":  # RESP arrays of bulk strings
+            end = data.index(b"\r\n", pos)
+            args = []
+            pos = end + 2
+            for _ in range(int(data[1 + data.rfind(b"*", 0, end + 1) : end])):
+                end = data.index(b"\r\n", pos)
+                size = int(data[pos + 1 : end])
+                args.append(data[end + 2 : end + 2 + size])
+                pos = end + 4 + size
+            part = args[0].decode().upper() if args else "?"
+            if part == "EVAL" and len(args) > 1:
+                found = re.match(rb"-- (\w+)\.lua", args[1])
+                part += f"({found.group(1).decode() if found else '?'})"
+            elif part == "EVALSHA" and len(args) > 1:
+                part += f"({script_name(args[1].decode())})"
             parts.append(part)
-        return "+".join(parts) + ("+..." if len(found) > 8 else "")
+        return "+".join(parts[:8]) + ("+..." if len(parts) > 8 else "")
 
     def note(kind: str, packed: Any) -> None:
         counts[kind] += 1
