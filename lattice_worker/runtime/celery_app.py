@@ -7,11 +7,11 @@ Celery": each worker process keeps one asyncio event loop, created in
 ``worker_process_init`` for prefork pool processes (lazily otherwise), and
 runs every task's coroutine on it (:mod:`lattice_worker.runtime.loops`).
 
-Signals used:
-
 The worker's app sends its steps without Celery's task-sent event (see
 ``app.conf.task_send_sent_event`` below); received, started and succeeded
 events are sent as configured.
+
+Signals used:
 
 * ``worker_process_init`` (each prefork pool process): drop the loop and the
   contexts inherited from the parent and create this process's own loop.
