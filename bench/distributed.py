@@ -8,14 +8,18 @@
     README's layout: ``--member lead`` and ``--member echo``, default pool).
     Baseline: a Celery no-op task round trip on the same broker
     (``send_task(...).get()``, Redis result backend), its worker on the same
-    pool, task events on for both. Measured sequentially, interleaved run by
+    pool, task events on for both (the steps the workers send each other carry
+    no task-sent event, as deployed: ``lattice_worker.runtime.celery_app``;
+    the client's ``run_lead`` and the no-op do). Measured sequentially, interleaved run by
     run after a warm-up; medians in milliseconds and the ratio. Also printed:
     the worker-side Redis round trips per handoff (every request a worker
     process writes to Redis -- a pipeline is one -- counted in the workers by
     this module's instrumentation, split into the runtime's own asyncio
     clients and Celery/kombu's blocking ones) and the commands per handoff
     (``INFO commandstats`` deltas of the bench's own Redis, client included).
-    ``--trace``: first the Redis requests of one handoff, per worker, in order.
+    ``--trace``: first the Redis requests of one handoff, both workers' in time
+    order (ms since the submit; a script call shows its first key's tag),
+    ``--trace-latency`` seconds per model call.
 (b) **Many calls in flight** (target >= 0.9 of ideal with >= 200 calls in
     flight). ``--runs-b`` runs (1,000) with ``--latency-b`` seconds (2 s) of
     model latency per call, 3 calls per run, on ONE ``lattice worker``
@@ -95,16 +99,45 @@ def _install_counters(directory: str) -> None:
     lock = threading.Lock()
     tracing = bool(os.environ.get("BENCH_TRACE"))
 
+    scripts: dict[str, str] = {}  # SHA1 -> script name, for EVALSHA (filled on first use)
+
+    def script_name(sha: str) -> str:
+        if not scripts:
+            import hashlib
+
+            for folder in (REPO / "lattice_mailbox" / "lua", REPO / "lattice_client" / "runstore" / "lua"):
+                for lua in folder.glob("*.lua"):
+                    scripts[hashlib.sha1(lua.read_bytes()).hexdigest()] = lua.stem
+        return scripts.get(sha, sha[:8])
+
     def names(packed: Any) -> str:
-        # the command names of one request (a pipeline has several), for --trace
+        # the command names of one request (a pipeline has several), a script call with its
+        # script's name, for --trace
         data = b"".join(packed) if isinstance(packed, (list, tuple)) else bytes(packed)
-        found = re.findall(rb"\*\d+\r\n\$\d+\r\n([A-Za-z]+)\r\n", data)
-        return "+".join(n.decode().upper() for n in found[:8]) + ("+..." if len(found) > 8 else "")
+        parts: list[str] = []
+        pos = 0
+        while pos < len(data) and data[pos : pos + 1] == b"*":  # RESP arrays of bulk strings
+            end = data.index(b"\r\n", pos)
+            args = []
+            pos = end + 2
+            for _ in range(int(data[1 + data.rfind(b"*", 0, end + 1) : end])):
+                end = data.index(b"\r\n", pos)
+                size = int(data[pos + 1 : end])
+                args.append(data[end + 2 : end + 2 + size])
+                pos = end + 4 + size
+            part = args[0].decode().upper() if args else "?"
+            if part == "EVAL" and len(args) > 1:
+                found = re.match(rb"-- (\w+)\.lua", args[1])
+                part += f"({found.group(1).decode() if found else '?'})"
+            elif part == "EVALSHA" and len(args) > 1:
+                part += f"({script_name(args[1].decode())})"
+            parts.append(part)
+        return "+".join(parts[:8]) + ("+..." if len(parts) > 8 else "")
 
     def note(kind: str, packed: Any) -> None:
         counts[kind] += 1
         if tracing:
-            counts["trace"].append(f"{kind}:{threading.current_thread().name}:{names(packed)}")
+            counts["trace"].append(f"{time.time():.6f} {kind}:{threading.current_thread().name}:{names(packed)}")
 
     def wrap(cls: Any, kind: str, is_async: bool) -> None:
         original = cls.send_packed_command
@@ -422,21 +455,31 @@ def _counts(directory: Path, pids: list[int]) -> dict[str, int]:
     return total
 
 
-def trace_one_handoff(bench: Bench) -> None:
-    """--trace: the Redis requests each worker process writes during one handoff, in order."""
-    d = _Deployment(bench, "trace", {"BENCH_TRACE": "1"})
+def trace_one_handoff(bench: Bench, latency: float = 0.0) -> None:
+    """--trace: the Redis requests each worker process writes during one handoff, in
+    order, with ``latency`` seconds per model call (``--trace-latency``)."""
+    d = _Deployment(bench, "trace", {"BENCH_TRACE": "1", "BENCH_MODEL_LATENCY": str(latency)})
     try:
         d.ready()
         d.handoff("warm")
         time.sleep(1.5)
         before = {p: _trace(d.counters, p) for p in (d.lead.proc.pid, d.member.proc.pid)}
+        t_submit = time.time()
         d.handoff("traced")
+        t_result = time.time()
         time.sleep(1.5)
-        for label, pid in (("lead worker", d.lead.proc.pid), ("member worker", d.member.proc.pid)):
+        rows = [(t_submit, "client", "submit"), (t_result, "client", "result")]
+        for label, pid in (("lead", d.lead.proc.pid), ("member", d.member.proc.pid)):
             lines = _trace(d.counters, pid)[len(before[pid]) :]
-            print(f"    {label} ({len(lines)} requests; idle BRPOP polls included):")
+            print(f"    {label} worker: {len(lines)} requests (idle BRPOP polls included)")
             for line in lines:
-                print(f"      {line}")
+                stamp, _, request = line.partition(" ")
+                rows.append((float(stamp), label, request))
+        rows.sort()
+        start = t_submit
+        print("    both workers' requests in time order (ms since the first):")
+        for stamp, label, request in rows:
+            print(f"      {(stamp - start) * 1000:8.2f}  {label:6s}  {request}")
     finally:
         d.close()
         bench.stop_all()
@@ -551,7 +594,7 @@ def figure_a(bench: Bench, args: argparse.Namespace) -> None:
     print("(a) handoff round trip: submit -> lead (worker 1) -> member (worker 2) -> lead -> result;")
     print("    baseline: a Celery no-op round trip (threads pool, task events on), interleaved run by run")
     if args.trace:
-        trace_one_handoff(bench)
+        trace_one_handoff(bench, args.trace_latency)
     labels = list(VARIANTS)
     ratios: dict[str, list[float]] = {label: [] for label in labels}
     for rep in range(args.repeats):
@@ -750,6 +793,9 @@ def main(argv: list[str] | None = None) -> int:
         "--held-compare", action="store_true", help="(a) also with plain evalsha, interleaved"
     )
     parser.add_argument("--trace", action="store_true", help="(a) print the Redis requests of one handoff")
+    parser.add_argument(
+        "--trace-latency", type=float, default=0.0, help="(a) --trace: seconds per model call (0)"
+    )
     parser.add_argument("--runs-b", type=int, default=1000, help="(b) runs (1000)")
     parser.add_argument("--latency-b", type=float, default=2.0, help="(b) seconds per model call (2.0)")
     parser.add_argument(

@@ -7,6 +7,10 @@ Celery": each worker process keeps one asyncio event loop, created in
 ``worker_process_init`` for prefork pool processes (lazily otherwise), and
 runs every task's coroutine on it (:mod:`lattice_worker.runtime.loops`).
 
+The worker's app sends its steps without Celery's task-sent event (see
+``app.conf.task_send_sent_event`` below); received, started and succeeded
+events are sent as configured.
+
 Signals used:
 
 * ``worker_process_init`` (each prefork pool process): drop the loop and the
@@ -50,6 +54,11 @@ REAPER_ENV = "LATTICE_REAPER"
 """Set to ``0`` to run a worker without its reaper thread."""
 
 app = make_celery_app(process.settings())
+# The steps a worker sends (doorbells, resumes, child runs) carry no task-sent
+# event: Flower lists each of them from its task-received event on (name, args,
+# worker, state), and the event would cost a PUBLISH and its message per step
+# (measured in bench/distributed.py). The client's run_lead keeps its event.
+app.conf.task_send_sent_event = False
 tasks.register(app)
 
 

@@ -37,7 +37,7 @@ from ..agent.history_stores import RedisHistoryStore
 from ..agent.suspend import SuspendQuery
 from ..tools.recovery import JournalCall, JournalRecord
 from .lead_lease import LeadLease, encode_message
-from .writer import RunWriter
+from .writer import QueuedWrite, RunWriter
 
 logger = logging.getLogger("lattice_worker.runtime")
 
@@ -275,6 +275,9 @@ class ItemHistoryStore(RedisHistoryStore):
         )
         self.journal = journal
         self._preloaded = history
+        self._queued: QueuedWrite | None = None
+        self._queued_values: list[bytes] = []
+        self._queued_replace = False
 
     async def load(self) -> list[dict[str, Any]]:
         preloaded, self._preloaded = self._preloaded, None
@@ -284,13 +287,24 @@ class ItemHistoryStore(RedisHistoryStore):
         return await super().load()
 
     def _queue(self, values: list[bytes], *, replace: bool) -> None:
+        writer = self.journal.writer
+        if not replace and self._queued is not None and writer.last_queued(self._queued):
+            # the previous history write is still the last one waiting: one script
+            # call writes both (the same messages in the same order, same claim)
+            values = self._queued_values + values
+            replace = self._queued_replace
+            self._queued.commands[0], _ = self.journal.write_call(values, replace=replace)
+            self._queued_values = values
+            return
         command, source = self.journal.write_call(values, replace=replace)
-        self.journal.writer.queue_write(
+        self._queued = writer.queue_write(
             [command],
             scripts=(source,),
             fence=self.journal.token,
             on_error=self.journal._failed("write_item"),
         )
+        self._queued_values = values
+        self._queued_replace = replace
 
     async def append(self, message: dict[str, Any]) -> None:
         self._queue([encode_message(message, "ItemHistoryStore.append")], replace=False)

@@ -194,6 +194,18 @@ class RunWriter:
                 return False
         return False
 
+    def last_queued(self, op: QueuedWrite) -> bool:
+        """:meth:`still_queued`, and no other write was queued after ``op`` (run
+        events may have been: they go to their own streams): ``op``'s commands
+        may then grow by what would have been the next write without changing
+        the order of the writes."""
+        for queued in reversed(self._queue):
+            if queued is op:
+                return True
+            if isinstance(queued, QueuedWrite):
+                return False
+        return False
+
     async def write(
         self,
         commands: list[Command],

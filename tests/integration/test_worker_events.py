@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import uuid
 
 import pytest
@@ -241,3 +242,36 @@ async def test_a_caller_cancelled_mid_write_fails_none_of_the_other_writes_of_it
     await ctx.writer.sync()
     assert raw.lrange(key, 0, -1) == ["doomed", "marker", "long", "o0", "o1", "o2"]
     assert await _types(ctx, "r1") == ["warm"] + ["from-another-task"] * 3
+
+
+async def test_a_member_items_queued_history_appends_go_as_one_write_in_order(ctx, raw):
+    from types import SimpleNamespace
+
+    from lattice_worker.runtime.tool_journal import ItemHistoryStore, ItemJournal
+
+    await ctx.runs.create("r1", "team", "prompt")
+    message = SimpleNamespace(id="m1", to="team::echo", work_item_id="w1", attempts=1, claim_token="tok")
+    journal = ItemJournal(ctx, "r1", "team", "echo", message)
+    store = ItemHistoryStore(journal, history=[])
+    key = ctx.runs.item_history_key("r1", "w1")
+    await store.append({"role": "user", "content": "a"})
+    await ctx.events.emit("r1", {"type": "between"})  # run events do not split the write
+    await store.append({"role": "assistant", "content": "b"})
+    (op,) = [q for q in ctx.writer._queue if not isinstance(q, tuple)]
+    assert op.commands[0][0] == "evalsha" and op.commands[0][-2:] == (
+        b'{"role":"user","content":"a"}',
+        b'{"role":"assistant","content":"b"}',
+    )
+    # a journal field write queued after it: the next append is a write of its own, after the field
+    await journal._set({"call:1": {"state": "started"}}, durable=False)
+    await store.append({"role": "user", "content": "c"})
+    assert len([q for q in ctx.writer._queue if not isinstance(q, tuple)]) == 3
+    await ctx.writer.flush()
+    assert [json.loads(m)["content"] for m in raw.lrange(key, 0, -1)] == ["a", "b", "c"]
+    # a replace and the appends after it: one write that replaces with all of them
+    await store.replace([{"role": "user", "content": "x"}])
+    await store.append({"role": "assistant", "content": "y"})
+    assert len([q for q in ctx.writer._queue if not isinstance(q, tuple)]) == 1
+    await ctx.writer.flush()
+    assert [json.loads(m)["content"] for m in raw.lrange(key, 0, -1)] == ["x", "y"]
+    assert await _types(ctx, "r1") == ["between"]
