@@ -5,7 +5,7 @@ Baseline: a raw redis-py ``EVALSHA`` of a trivial script (``return 1``) over the
 very client (connection pool) the ``RedisMailbox`` uses. The headline ratio is
 the cost of one Redis ``claim_next`` (Lua script + key/token/validation work +
 building the returned ``TeamMessage``) over one raw ``EVALSHA`` round trip;
-target: <= 2x (issue 4). Baseline and claim rounds are interleaved and the
+target: <= 2x. Baseline and claim rounds are interleaved and the
 median round is reported, so machine load hits both sides alike.
 
     python bench/mailbox.py [--cycles 2000] [--rounds 5] [--no-postgres]

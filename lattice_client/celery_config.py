@@ -1,7 +1,7 @@
 """The Celery application configuration shared by the client, the workers and Flower.
 
-Design: docs/architecture.md, "Steps as Celery tasks" (queues, JSON only, late acks, task events) and
-issue 6 item 1. The client only *sends* tasks, by name
+Design: docs/architecture.md, "Steps as Celery tasks" (queues, JSON only, late acks, task events).
+The client only *sends* tasks, by name
 (``app.send_task("lattice.run_lead", args=[run_id], queue=queue_name(...))``);
 the worker side (``lattice_worker.runtime.celery_app``) builds its app with the same
 function and registers the task bodies on it.

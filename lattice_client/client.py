@@ -1,7 +1,7 @@
 """The thin client: submit team runs to the workers, wait for and stream their results.
 
-Design: docs/architecture.md, "Steps as Celery tasks" (steps 1 and 4) and "Public API";
-issue 6 item 5. A backend service installs only this package's thin parts: the
+Design: docs/architecture.md, "Steps as Celery tasks" (steps 1 and 4) and "Public API".
+A backend service installs only this package's thin parts: the
 client never imports ``lattice_worker``, nor a team's module -- names and
 references are resolved through the live workers' registry
 (:mod:`lattice_client.registry`, see :meth:`AsyncLatticeClient.resolve_team`).

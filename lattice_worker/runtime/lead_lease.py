@@ -1,7 +1,7 @@
 """Lead leases: a worker running a lead segment holds its run, and only it may write.
 
 docs/architecture.md, "Crash" (the lease model of member claims, applied to
-lead turns); issue 6, crash recovery. A *segment* is one stretch of a run's
+lead turns). A *segment* is one stretch of a run's
 lead loop in one worker: from ``run_lead`` (or ``resume_lead``) to the
 suspension or the end. :meth:`~lattice_client.runstore.RunStore.begin_segment`
 gives it a lease token and ``lease_until``; :class:`LeadLease` renews it every

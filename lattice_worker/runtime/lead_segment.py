@@ -1,6 +1,6 @@
 """The lead side of a distributed run: ``run_lead`` and ``resume_lead`` bodies.
 
-docs/architecture.md, steps 2 and 4; issue 6 item 3. A lead turn runs in
+docs/architecture.md, steps 2 and 4. A lead turn runs in
 whichever worker took the task. Its conversation is persisted per run in Redis
 (:class:`~lattice_worker.agent.history_stores.RedisHistoryStore`). A member
 tool call sends the task message (the team's lead tools do that) and

@@ -1,6 +1,6 @@
 """The member side of a distributed run: the ``deliver`` doorbell body.
 
-docs/architecture.md, steps 3, 5 and 6; issue 6 items 3 and 4. ``deliver``
+docs/architecture.md, steps 3, 5 and 6. ``deliver``
 claims the oldest pending message of one member mailbox; nothing claimed means
 a duplicated doorbell or a redelivered Celery message, and the task is a
 no-op. Otherwise the member runs on the message exactly as in-process

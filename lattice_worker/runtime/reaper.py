@@ -1,6 +1,6 @@
 """The reaper: crash recovery for claimed messages and lost doorbells.
 
-docs/architecture.md, "Crash"; issue 6 item 4. Every worker process runs one
+docs/architecture.md, "Crash". Every worker process runs one
 reaper in a daemon thread with its own event loop (:meth:`Reaper.start`).
 Only one reaper sweeps at a time across all workers of a deployment: a sweep
 first takes ``<prefix>:reaper:lock``

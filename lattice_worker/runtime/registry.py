@@ -1,6 +1,6 @@
 """The team registry: load team definitions by reference or by name.
 
-Issue 6 item 2; docs/architecture.md. Workers and the client name a
+docs/architecture.md. Workers and the client name a
 team by ``"package.module:attribute"`` -- the attribute is a
 :class:`~lattice_worker.team.team.Team` or a zero-argument callable returning
 one -- or by a name registered with :func:`register_team`.
