@@ -44,10 +44,12 @@ An asyncio client must not be shared between event loops. Built from a URL,
 the store creates one client per running loop, lazily. A client passed in is
 used as is (the caller owns it and its loop). Clients built here follow
 :mod:`lattice_mailbox.connections`: a connection the server closed while idle is
-found and replaced before a command goes on it, and no command is ever resent
-(the operations are not idempotent: a blind resend of ``claim_next`` would claim
-a second message), so a connection lost mid-call surfaces as
-:class:`redis.exceptions.ConnectionError` and the caller decides.
+found and replaced before a command goes on it, and no command is blindly resent
+(a resend of ``claim_next`` would claim a second message). A call whose
+connection is lost mid-call is decided by its own ids: ``send`` is sent again
+with the same message id (the script refuses an id it holds, so one copy is
+stored), ``claim_next`` finds the claim its token holds; the other operations
+surface :class:`redis.exceptions.ConnectionError` and the caller decides.
 Each script is atomic, so a failed call never leaves a half-written message.
 Scripts are called with redis-py's own ``Redis.evalsha`` (connections held
 between calls, below redis-py's command path, were measured at about 1% of the
@@ -57,12 +59,8 @@ handoff round trip of ``bench/distributed.py``: not worth it).
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -71,8 +69,14 @@ from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .base import ClaimMissingError, ClaimTakenError, MailboxError
-from .connections import async_redis
+from .connections import async_redis, read_again
 from .message import MessageStatus, TeamMessage
+from .redis_layout import SCRIPTS as _SCRIPTS
+from .redis_layout import Keys as _Keys
+from .redis_layout import body_json as _body
+from .redis_layout import message_from as _message
+from .redis_layout import messages_from as _messages
+from .redis_layout import text as _text
 from .transitions import STATUS_ORDER, invalid_transition, sources_for
 from .urls import mask_url
 from .validation import (
@@ -97,107 +101,6 @@ S = MessageStatus
 _STATUS_NAMES = " ".join(s.value for s in STATUS_ORDER)
 _REQUEUE_BATCH = 500
 _PIPELINE_CHUNK = 200
-
-
-@dataclass(frozen=True, slots=True)
-class _Script:
-    name: str
-    source: str
-    sha: str
-
-
-def _load_script(name: str) -> _Script:
-    source = (resources.files("lattice_mailbox") / "lua" / f"{name}.lua").read_text(encoding="utf-8")
-    return _Script(name, source, hashlib.sha1(source.encode("utf-8")).hexdigest())
-
-
-_SCRIPTS = {
-    name: _load_script(name)
-    for name in (
-        "send",
-        "claim_next",
-        "update_status",
-        "complete",
-        "extend_lease",
-        "requeue_expired",
-        "inbox",
-        "find_claim",
-    )
-}
-
-
-@dataclass(frozen=True, slots=True)
-class _Keys:
-    """Every key of one tag (see the module docstring), pre-encoded to bytes."""
-
-    name: bytes
-    seq: bytes
-    body: bytes
-    state: bytes
-    leases: bytes
-    queues: dict[str, bytes]  # status value -> zset key
-    all_queues: tuple[bytes, ...]  # in STATUS_ORDER
-    claim: tuple[bytes, ...]  # KEYS of claim_next.lua
-    send: tuple[bytes, ...]  # KEYS of send.lua
-
-    @classmethod
-    def build(cls, prefix: str, tag: str) -> _Keys:
-        base = f"{prefix}:{{{tag}}}"
-        queues = {s.value: f"{base}:q:{s.value}".encode() for s in STATUS_ORDER}
-        name, body, state, leases = (f"{base}:{n}".encode() for n in ("name", "body", "state", "leases"))
-        return cls(
-            name=name,
-            seq=f"{base}:seq".encode(),
-            body=body,
-            state=state,
-            leases=leases,
-            queues=queues,
-            all_queues=tuple(queues[s.value] for s in STATUS_ORDER),
-            claim=(name, queues["pending"], queues["processing"], leases, body, state, queues["parked"]),
-            send=(name, f"{base}:seq".encode(), body, state, queues["pending"]),
-        )
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
-def _message(body: Any, state: Any) -> TeamMessage:
-    # The body JSON is a TeamMessage in wire form (validated by pydantic-core in
-    # one pass); the state JSON carries the mutable fields.
-    message = TeamMessage.model_validate_json(body)
-    st = json.loads(state)
-    lease = st.get("l")
-    message.status = MessageStatus(st["s"])
-    message.attempts = int(st["a"])
-    message.claimed_by = st.get("w")
-    message.lease_until = None if lease is None else int(lease)
-    return message
-
-
-def _body(message: TeamMessage, metadata_json: str | None = None) -> str:
-    """The body JSON of a new message: its fields that never change.
-    ``metadata_json``: the metadata's JSON when the caller has it already (the
-    same text ``json.dumps`` gives, see :class:`~lattice_mailbox.validation.Outgoing`)."""
-    fields = {
-        "id": message.id,
-        "from": message.from_,
-        "to": message.to,
-        "content": message.content,
-        "created_at": message.created_at,
-        "thread_id": message.thread_id,
-        "work_item_id": message.work_item_id,
-        "reply_to": message.reply_to,
-    }
-    if metadata_json is None:
-        fields["metadata"] = message.metadata
-        return json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
-    head = json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
-    return f'{head[:-1]},"metadata":{metadata_json}}}'
-
-
-def _messages(flat: list[Any]) -> list[TeamMessage]:
-    return [_message(flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]
 
 
 def _check_prefix(prefix: Any) -> str:
@@ -346,13 +249,36 @@ class RedisMailbox(CheckedSend):
 
     # ``send`` (argument checks) comes from CheckedSend: one atomic script, so a
     # network failure (``redis.exceptions.ConnectionError``) leaves the message
-    # fully written or absent.
+    # fully written or absent. The message id is made here, before the call, and
+    # send.lua refuses an id it holds already (DUPLICATE): a call whose reply was
+    # lost is sent again with the same id, and DUPLICATE then means the lost call
+    # wrote it -- one message either way, none lost.
 
     async def _append(self, out: Outgoing) -> TeamMessage:
         message = out.new_message()
         keys, owner = self._box(out.to)
         args = (owner, message.id, _body(message, out.metadata_json))
-        if out.to in self._registered_ids:
+        calls = 0
+
+        async def send_once() -> Any:
+            nonlocal calls
+            calls += 1
+            return await self._send_script(out.to, keys, args)
+
+        result = await read_again(send_once)
+        code = _text(result[0])
+        if code == "COLLISION":
+            raise MailboxError(
+                f"mailbox id {out.to!r} shares its hash tag with mailbox {_text(result[1])!r}; use another id"
+            )
+        if code == "DUPLICATE" and calls > 1:
+            return message  # the call whose reply was lost had written it
+        if code != "OK":  # pragma: no cover - DUPLICATE needs a repeated random id
+            raise MailboxError(f"send failed: {code}")
+        return message
+
+    async def _send_script(self, to: str, keys: _Keys, args: tuple[Any, ...]) -> Any:
+        if to in self._registered_ids:
             # registered by an earlier send of this object: the send script alone
             try:
                 result = await self._evalsha(_SCRIPTS["send"].sha, keys.send, args)
@@ -360,20 +286,11 @@ class RedisMailbox(CheckedSend):
                 result = await self._eval("send", keys.send, args)
         else:
             # the registry entry first (idempotent), so requeue_expired always finds the mailbox
-            (result,) = await self._eval_many(
-                "send", [(keys.send, args)], first=("SADD", self._registry, out.to)
-            )
+            (result,) = await self._eval_many("send", [(keys.send, args)], first=("SADD", self._registry, to))
             if len(self._registered_ids) > 50_000:
                 self._registered_ids.clear()
-            self._registered_ids.add(out.to)
-        code = _text(result[0])
-        if code == "COLLISION":
-            raise MailboxError(
-                f"mailbox id {out.to!r} shares its hash tag with mailbox {_text(result[1])!r}; use another id"
-            )
-        if code != "OK":  # pragma: no cover - DUPLICATE needs a repeated random id
-            raise MailboxError(f"send failed: {code}")
-        return message
+            self._registered_ids.add(to)
+        return result
 
     async def inbox(
         self, mailbox_id: str, status: MessageStatus | str = "pending", *, limit: int | None = None

@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from lattice_mailbox import MailboxError, MessageStatus
+from lattice_mailbox import MailboxError, MessageStatus, redis_layout
 from lattice_mailbox import redis as redis_store
 from lattice_mailbox.base import ClaimMissingError, ClaimTakenError
 from lattice_mailbox.redis import RedisMailbox
@@ -104,7 +104,7 @@ async def test_scripts_run_by_sha_and_reload_after_noscript(prefix, raw, monkeyp
     variant_source = original.source + f"\n-- variant {uuid.uuid4().hex}\n"
     sha = hashlib.sha1(variant_source.encode()).hexdigest()
     monkeypatch.setitem(
-        redis_store._SCRIPTS, "claim_next", redis_store._Script("claim_next", variant_source, sha)
+        redis_store._SCRIPTS, "claim_next", redis_layout.Script("claim_next", variant_source, sha)
     )
     assert await raw.script_exists(sha) == [False]
     mb = RedisMailbox(REDIS_URL, prefix=prefix)
@@ -260,32 +260,32 @@ async def _consistent(raw: aioredis.Redis, prefix: str, box: str) -> dict[str, l
     return indexes
 
 
-async def test_send_cut_before_redis_sees_it_raises_and_writes_nothing(prefix, raw, proxy):
+async def test_send_cut_before_redis_sees_it_is_sent_again_and_stored_once(prefix, raw, proxy):
     mb = RedisMailbox(f"redis://127.0.0.1:{proxy.port}/0", prefix=prefix)
     await mb.send("t::lead", "t::w", "warm-up")  # loads the script, opens the connection
-    proxy.mode = "drop_request"
-    with pytest.raises(RedisConnectionError):
-        await mb.send("t::lead", "t::w", "lost")
+    proxy.mode = "drop_request"  # the connection dies before Redis sees the send
+    sent = await mb.send("t::lead", "t::w", "lost")
     assert proxy.cuts == 1
     indexes = await _consistent(raw, prefix, "t::w")
-    assert [m.content for m in await mb.inbox("t::w", "all")] == ["warm-up"]
-    assert len(indexes["pending"]) == 1
-    # the caller retries: a new connection, and the message is stored once
-    await mb.send("t::lead", "t::w", "lost")
-    assert [m.content for m in await mb.inbox("t::w")] == ["warm-up", "lost"]
+    # sent again on a new connection with the same message id: stored once
+    assert [(m.id, m.content) for m in await mb.inbox("t::w", "all")][1] == (sent.id, "lost")
+    assert [m.content for m in await mb.inbox("t::w", "all")] == ["warm-up", "lost"]
+    assert len(indexes["pending"]) == 2
     await mb.aclose()
 
 
-async def test_send_cut_after_redis_ran_it_raises_and_the_message_is_whole(prefix, raw, proxy):
+async def test_send_whose_reply_was_lost_is_stored_once_not_twice(prefix, raw, proxy):
     mb = RedisMailbox(f"redis://127.0.0.1:{proxy.port}/0", prefix=prefix)
     await mb.send("t::lead", "t::w", "warm-up")
-    proxy.mode = "drop_response"
-    with pytest.raises(RedisConnectionError):
-        await mb.send("t::lead", "t::w", "maybe")
+    proxy.mode = "drop_response"  # Redis runs the send, its reply never arrives
+    sent = await mb.send("t::lead", "t::w", "maybe")
     assert proxy.cuts == 1
     indexes = await _consistent(raw, prefix, "t::w")
-    # Redis ran the script before the cut: exactly one complete copy (no automatic resend)
-    assert [m.content for m in await mb.inbox("t::w", "all")] == ["warm-up", "maybe"]
+    # sent again with the same id: send.lua answered DUPLICATE, one complete copy
+    assert [(m.id, m.content) for m in await mb.inbox("t::w", "all")] == [
+        (indexes["pending"][0], "warm-up"),
+        (sent.id, "maybe"),
+    ]
     assert len(indexes["pending"]) == 2
     await mb.aclose()
 
