@@ -15,7 +15,7 @@ from lattice_client.errors import RunLeaseLostError
 from lattice_worker.runtime import member_step, reaper
 from lattice_worker.runtime.events import current_fence
 from tests.e2e.teams import plan
-from tests.integration import test_distributed_protocol
+from tests.integration import test_distributed_protocol, test_reaper_orphans
 from tests.integration.test_distributed_protocol import submit
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
@@ -24,11 +24,8 @@ env = test_distributed_protocol.env
 """A worker context on the e2e teams and its task collector (``test_distributed_protocol``)."""
 
 
-@pytest.fixture
-def prefix(prefix, monkeypatch):
-    """The shared unique prefix (conftest), also as ``LATTICE_KEY_PREFIX`` (the e2e teams' keys)."""
-    monkeypatch.setenv("LATTICE_KEY_PREFIX", prefix)
-    return prefix
+prefix = test_reaper_orphans.prefix
+"""The unique prefix, also as ``LATTICE_KEY_PREFIX`` (``test_reaper_orphans``)."""
 
 
 async def _types(ctx, run_id: str) -> list[str]:

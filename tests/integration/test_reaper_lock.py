@@ -21,11 +21,8 @@ env = test_reaper_orphans.env
 """A worker context on the e2e teams and its task collector (``test_reaper_orphans``)."""
 
 
-@pytest.fixture
-def prefix(prefix, monkeypatch):
-    """The shared unique prefix (conftest), also as ``LATTICE_KEY_PREFIX`` (the e2e teams' keys)."""
-    monkeypatch.setenv("LATTICE_KEY_PREFIX", prefix)
-    return prefix
+prefix = test_reaper_orphans.prefix
+"""The unique prefix, also as ``LATTICE_KEY_PREFIX`` (``test_reaper_orphans``)."""
 
 
 @pytest.fixture
