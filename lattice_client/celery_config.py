@@ -32,6 +32,7 @@ from celery import Celery
 
 from lattice_mailbox.connections import CONNECT_TIMEOUT_SECONDS, keepalive_options
 
+from .kombu_redis import ALIAS as KOMBU_TRANSPORT
 from .settings import LatticeSettings, get_settings
 
 HEALTH_CHECK_SECONDS = 10
@@ -64,12 +65,18 @@ def queue_name(prefix: str, team: str, member: str = LEAD_MEMBER) -> str:
     return f"{prefix}.{team}.{member}"
 
 
+def _is_redis_url(url: str) -> bool:
+    return url.split("://", 1)[0].lower() in ("redis", "rediss")
+
+
 def celery_config(settings: LatticeSettings) -> dict[str, Any]:
     """The Celery configuration (a dict for ``app.conf.update``) for ``settings``."""
     prefix = settings.key_prefix
     default_queue = f"{prefix}.default"
     return {
         "broker_url": settings.broker_url,
+        # kombu's Redis transport with one redis-py client per channel (lattice_client/kombu_redis.py)
+        **({"broker_transport": KOMBU_TRANSPORT} if _is_redis_url(settings.broker_url) else {}),
         "broker_connection_retry_on_startup": True,
         "broker_connection_retry": True,  # a lost broker connection is re-made, not fatal
         "broker_transport_options": {
