@@ -63,7 +63,11 @@ tasks.register(app)
 
 
 def _send_task(name: str, args: list[Any], queue: str) -> None:
-    app.send_task(name, args=args, queue=queue)
+    origin = tasks.current_origin.get()  # the step that sends it is its parent (Flower)
+    if origin is None:
+        app.send_task(name, args=args, queue=queue)
+    else:
+        app.send_task(name, args=args, queue=queue, parent_id=origin[0], root_id=origin[1])
 
 
 process.set_task_sender(_send_task)
