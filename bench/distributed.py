@@ -23,12 +23,16 @@
 (b) **Many calls in flight** (target >= 0.9 of ideal with >= 200 calls in
     flight). ``--runs-b`` runs (1,000) with ``--latency-b`` seconds (2 s) of
     model latency per call, 3 calls per run, on ONE ``lattice worker``
-    process consuming every queue at its recommended settings (the threads
-    pool, 200 threads). Ideal: ``concurrency / (3 * latency)`` runs/s.
-    Printed: runs/s, the fraction of ideal, the process's peak resident
-    memory. Beside it the prefork pool (``--prefork-concurrency`` processes,
-    fewer runs) and, with ``--variants``, other pool set-ups
-    (``LATTICE_WORKER_LOOP=shared``: every task on one event loop per process).
+    process consuming every queue at its recommended settings (the default
+    asyncio pool, 200 steps in flight). Ideal: ``concurrency / (3 * latency)``
+    runs/s. Printed: runs/s, the fraction of ideal, the process's peak
+    resident memory and CPU per step. Beside it the prefork pool
+    (``--prefork-concurrency`` processes, fewer runs) and, with
+    ``--variants``, other set-ups (``asyncio@N``: N steps in flight;
+    ``threads@N``: Celery's threads pool with N threads; ``stock-transport@N``:
+    the default pool on kombu's own Redis transport instead of
+    ``lattice_client/kombu_redis.py``, which reuses one redis-py client per
+    channel).
 (d) **The tool journal's cost** (target <= 1.25x). The same handoff round
     trip with a member that calls one tool (unguarded, so journaled: recorded
     ``started`` before the handler, ``completed`` after, its history persisted
@@ -137,7 +141,9 @@ def _install_counters(directory: str) -> None:
     def note(kind: str, packed: Any) -> None:
         counts[kind] += 1
         if tracing:
-            counts["trace"].append(f"{time.time():.6f} {kind}:{threading.current_thread().name}:{names(packed)}")
+            counts["trace"].append(
+                f"{time.time():.6f} {kind}:{threading.current_thread().name}:{names(packed)}"
+            )
 
     def wrap(cls: Any, kind: str, is_async: bool) -> None:
         original = cls.send_packed_command
@@ -171,6 +177,23 @@ def _install_counters(directory: str) -> None:
 
 if os.environ.get(COUNT_DIR_ENV):
     _install_counters(os.environ[COUNT_DIR_ENV])
+
+STOCK_TRANSPORT_ENV = "BENCH_STOCK_TRANSPORT"
+"""Set in a bench worker: kombu's own Redis transport instead of
+``lattice_client.kombu_redis`` (the ``stock-transport`` variant of (b)). The
+worker imports this module (its team) before it builds its Celery app."""
+
+if os.environ.get(STOCK_TRANSPORT_ENV):
+    import lattice_client.celery_config as _celery_config
+
+    _configured = _celery_config.celery_config
+
+    def _stock_config(settings: Any) -> dict[str, Any]:
+        config = _configured(settings)
+        config.pop("broker_transport", None)
+        return config
+
+    _celery_config.celery_config = _stock_config
 
 # --------------------------------------------------------------------------- the team (imported by the workers)
 
@@ -695,7 +718,7 @@ def figure_b(bench: Bench, args: argparse.Namespace) -> None:
     )
     setups: list[tuple[str, int, list[str], dict[str, str], int]] = [
         (
-            "threads (default)",
+            "asyncio (default)",
             args.concurrency_b,
             ["--concurrency", str(args.concurrency_b)],
             {},
@@ -705,13 +728,13 @@ def figure_b(bench: Bench, args: argparse.Namespace) -> None:
     for variant in (v.strip() for v in args.variants.split(",") if v.strip()):
         kind, _, size = variant.partition("@")
         n = int(size or args.concurrency_b)
-        if kind == "shared":
-            setups.append(("threads, shared loop", n, ["--concurrency", str(n)], {"LATTICE_WORKER_LOOP": "shared"},
+        if kind in ("asyncio", "threads"):
+            setups.append((kind, n, ["--pool", kind, "--concurrency", str(n)], {}, max(args.runs_b, 5 * n)))
+        elif kind == "stock-transport":
+            setups.append(("asyncio, kombu's transport", n, ["--concurrency", str(n)], {STOCK_TRANSPORT_ENV: "1"},
                            args.runs_b))  # fmt: skip
-        elif kind == "threads":
-            setups.append(("threads", n, ["--concurrency", str(n)], {}, max(args.runs_b, 5 * n)))
         else:
-            raise SystemExit(f"unknown variant {variant!r} (threads@N, shared@N)")
+            raise SystemExit(f"unknown variant {variant!r} (asyncio@N, threads@N, stock-transport@N)")
     p = args.prefork_concurrency
     setups.append(
         ("prefork", p, ["--pool", "prefork", "--concurrency", str(p)], {}, args.prefork_runs or 6 * p)
@@ -799,9 +822,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs-b", type=int, default=1000, help="(b) runs (1000)")
     parser.add_argument("--latency-b", type=float, default=2.0, help="(b) seconds per model call (2.0)")
     parser.add_argument(
-        "--concurrency-b", type=int, default=200, help="(b) threads of the default pool (200)"
+        "--concurrency-b", type=int, default=200, help="(b) steps in flight on the default pool (200)"
     )
-    parser.add_argument("--variants", default="", help="(b) more set-ups, e.g. shared@200,threads@400")
+    parser.add_argument(
+        "--variants", default="", help="(b) more set-ups, e.g. threads@200,asyncio@400,stock-transport@200"
+    )
     parser.add_argument("--prefork-concurrency", type=int, default=8, help="(b) prefork processes (8)")
     parser.add_argument("--prefork-runs", type=int, default=0, help="(b) prefork runs (6 x processes)")
     parser.add_argument("--repeats-b", type=int, default=1, help="(b) repetitions (1)")
