@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import warnings
 from typing import Any
 
@@ -62,12 +63,32 @@ app.conf.task_send_sent_event = False
 tasks.register(app)
 
 
+_producers = threading.local()
+
+
+def _producer() -> Any:
+    # One kombu producer per sending thread (the asyncio pool's loop thread, the
+    # reaper's, a threads-pool thread), kept: acquiring one from Celery's producer
+    # pool for every step costs about a third of a send (bench/distributed.py (a)).
+    # Its publish re-establishes a lost connection itself (kombu's ensure).
+    found = getattr(_producers, "producer", None)
+    if found is None or _producers.pid != os.getpid():
+        found = _producers.producer = app.producer_pool.acquire(block=True)
+        _producers.pid = os.getpid()
+    return found
+
+
 def _send_task(name: str, args: list[Any], queue: str) -> None:
+    options: dict[str, Any] = {
+        "producer": _producer(),
+        # Flower's args column (Celery's saferepr of them is slower and the args are short strings)
+        "argsrepr": repr(args),
+        "kwargsrepr": "{}",
+    }
     origin = tasks.current_origin.get()  # the step that sends it is its parent (Flower)
-    if origin is None:
-        app.send_task(name, args=args, queue=queue)
-    else:
-        app.send_task(name, args=args, queue=queue, parent_id=origin[0], root_id=origin[1])
+    if origin is not None:
+        options.update(parent_id=origin[0], root_id=origin[1])
+    app.send_task(name, args=args, queue=queue, **options)
 
 
 process.set_task_sender(_send_task)
