@@ -12,10 +12,13 @@ pool; pipelines are separate objects), so nothing else changes -- same
 connection pool, same key prefixing, same commands.
 
 It is selected by ``broker_transport`` in
-:func:`lattice_client.celery_config.celery_config` for ``redis://`` and
-``rediss://`` broker URLs, under the kombu transport alias :data:`ALIAS`
-(registered in ``kombu.transport.TRANSPORT_ALIASES`` when this module is
-imported; Celery's banner and logs show the broker as ``lattice-redis://...``). It relies on one kombu detail,
+:func:`lattice_client.celery_config.celery_config` for ``redis://`` broker
+URLs (``rediss://`` keeps kombu's own transport: kombu turns TLS on only for
+a transport named ``rediss``), under the kombu transport alias :data:`ALIAS`,
+registered when this module is imported in ``kombu.transport.TRANSPORT_ALIASES``
+and, as shown, in kombu's ``resolve_aliases`` (as kombu shows ``pyamqp`` as
+``amqp``): the broker still reads ``redis://...`` in Celery's banner, its logs
+and Flower, which picks its broker page's client by that scheme. It relies on one kombu detail,
 pinned by ``tests/integration/test_kombu_redis.py``: the blocking commands of a
 channel get their client from ``Channel._create_client(asynchronous=False)``.
 """
@@ -25,6 +28,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from kombu.connection import resolve_aliases
 from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 
@@ -63,5 +67,6 @@ ALIAS = "lattice-redis"
 """The transport's kombu alias (Celery's ``broker_transport``)."""
 
 TRANSPORT_ALIASES.setdefault(ALIAS, TRANSPORT_PATH)
+resolve_aliases.setdefault(ALIAS, "redis")
 
 __all__ = ["ALIAS", "TRANSPORT_PATH", "Channel", "Transport"]

@@ -29,10 +29,13 @@ itself does not queue.
 
 Costs: everything on the loop shares one thread, so synchronous work in a
 step (a blocking tool handler, a hook, CPU-heavy parsing) stalls every other
-step of the process while it runs. The runtime runs synchronous tool
-handlers in a thread (see :func:`in_pool_loop`); for CPU-bound tools use
-``--pool prefork``. Celery's time limits are not supported (as with the
-``threads`` pool).
+step of the process while it runs. On workers the runtime runs synchronous
+tool handlers in a thread
+(:data:`lattice_worker.tools.tool_definition.sync_handlers_in_threads`); for
+CPU-bound tools use ``--pool prefork``. Celery's time limits are not
+supported (as with the ``threads`` pool). A ``SystemExit`` or
+``KeyboardInterrupt`` raised in a step's asyncio task (asyncio lets them out
+of the loop) is logged and the loop goes on.
 
 Select it with ``lattice worker`` (the default) or
 ``celery worker --pool custom`` with ``CELERY_CUSTOM_WORKER_POOL`` set to
@@ -42,6 +45,7 @@ Select it with ``lattice worker`` (the default) or
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import os
 import threading
@@ -90,7 +94,9 @@ def await_coroutine(awaitable: Awaitable[T]) -> T:
     current = greenlet.getcurrent()
     if not isinstance(current, _TaskGreenlet):
         raise RuntimeError("await_coroutine() called outside an AsyncioPool task")
-    return current.parent.switch(awaitable)  # type: ignore[no-any-return]
+    # the coroutine runs in a copy of the task's context (what Celery's task_prerun
+    # receivers set there reaches it, as on a thread's own loop)
+    return current.parent.switch((awaitable, contextvars.copy_context()))  # type: ignore[no-any-return]
 
 
 async def run_in_greenlet(fn: Callable[..., T], *args: Any) -> T:
@@ -100,8 +106,12 @@ async def run_in_greenlet(fn: Callable[..., T], *args: Any) -> T:
     task = _TaskGreenlet(fn, greenlet.getcurrent())
     result: Any = task.switch(*args)
     while not task.dead:
+        awaitable, context = result
         try:
-            value = await result
+            if asyncio.iscoroutine(awaitable):
+                value = await asyncio.get_running_loop().create_task(awaitable, context=context)
+            else:
+                value = await awaitable
         except BaseException as exc:  # handed to the task, which may catch it
             result = task.throw(exc)
         else:
@@ -132,6 +142,7 @@ class AsyncioPool(BasePool):
         self._thread: threading.Thread | None = None
         self._running: set[Future[Any]] = set()
         self._lock = threading.Lock()
+        self._stopping = False
 
     def on_start(self) -> None:
         global _pool_loop
@@ -146,7 +157,14 @@ class AsyncioPool(BasePool):
         def serve() -> None:
             asyncio.set_event_loop(loop)
             loop.call_soon(started.set)
-            loop.run_forever()
+            while not self._stopping:
+                try:
+                    loop.run_forever()
+                except BaseException:  # noqa: BLE001 - the loop of every step must outlive any one
+                    # a SystemExit / KeyboardInterrupt raised in a step's asyncio task
+                    # propagates out of run_forever (asyncio re-raises them): the task
+                    # got it; the loop goes on serving every other step
+                    logger.exception("a step raised a BaseException on the pool loop; the loop goes on")
 
         self._thread = threading.Thread(target=serve, name="lattice-asyncio-pool", daemon=True)
         self._thread.start()
@@ -162,8 +180,8 @@ class AsyncioPool(BasePool):
         accept_callback: Callable[..., Any] | None = None,
         **_: Any,
     ) -> ApplyResult:
-        if self.loop is None:
-            raise RuntimeError("AsyncioPool.on_apply() before the pool started")
+        if self.loop is None or self._thread is None or not self._thread.is_alive():
+            raise RuntimeError("AsyncioPool.on_apply(): the pool's event loop is not running")
         future = asyncio.run_coroutine_threadsafe(
             run_in_greenlet(apply_target, target, args, kwargs, callback, accept_callback), self.loop
         )
@@ -184,8 +202,8 @@ class AsyncioPool(BasePool):
         """Warm shutdown: wait for the running tasks, then stop the loop."""
         with self._lock:
             running = list(self._running)
-        if running:
-            wait_futures(running)
+        while running and self._thread is not None and self._thread.is_alive():
+            running = list(wait_futures(running, timeout=1.0).not_done)
         self._stop_loop()
 
     def on_terminate(self) -> None:
@@ -195,6 +213,7 @@ class AsyncioPool(BasePool):
 
     def _stop_loop(self) -> None:
         global _pool_loop
+        self._stopping = True
         loop, self.loop = self.loop, None
         if loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(loop.stop)

@@ -10,6 +10,7 @@ them. A real worker on this pool runs in tests/e2e/test_default_pool.py.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 import time
 from typing import Any
@@ -176,3 +177,38 @@ async def test_a_plain_tool_handler_runs_in_a_thread_when_the_runtime_asks():
         assert where.pop() == loop_thread  # async handlers stay on the loop
     finally:
         sync_handlers_in_threads.reset(token)
+
+
+def test_a_system_exit_in_a_steps_task_does_not_stop_the_pool_loop(pool):
+    # asyncio lets SystemExit / KeyboardInterrupt out of run_forever: the loop must go on
+    async def spawns_a_failing_task() -> str:
+        async def argparse_like() -> None:
+            raise SystemExit(2)
+
+        inner = asyncio.ensure_future(argparse_like())
+        try:
+            await inner
+        except SystemExit:
+            return "caught"
+        return "not reached"
+
+    first, seen_first = _apply(pool, lambda: loops.run(spawns_a_failing_task()))
+    assert first.wait(10) and seen_first["value"] == "caught"
+    later, seen_later = _apply(pool, lambda: loops.run(_sleep_then(0.01, 5)))
+    assert later.wait(10) and seen_later["value"] == 5
+    assert pool._thread.is_alive()
+
+
+async def test_a_steps_coroutine_sees_the_context_its_task_greenlet_set():
+    # what a Celery task_prerun receiver sets in the task's context reaches the step
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("set_by_a_signal", default="unset")
+
+    async def read() -> str:
+        return var.get()
+
+    def task() -> str:
+        var.set("task-context")
+        return loops.run(read())
+
+    assert await run_in_greenlet(task) == "task-context"
+    assert var.get() == "unset"
