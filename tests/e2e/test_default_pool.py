@@ -75,3 +75,13 @@ def test_a_blocking_tool_on_the_default_pool_stalls_no_other_step(deployment):
     assert time.monotonic() - t0 < 5
     assert "end:slow sleep=6" not in d.work_log()
     assert slow.wait(timeout=30).result == "final: done:worked[slow sleep=6]"
+
+
+def test_more_steps_sending_at_once_than_celerys_producer_pool_holds_all_finish(deployment):
+    # 15 runs on the threads pool: 15 steps send their next step at once from 15
+    # threads, beyond Celery's producer pool (broker_pool_limit 10): none may wait forever
+    d = deployment
+    d.worker("tests.e2e.teams:team", "--pool", "threads", "--concurrency", "20")
+    handles = [d.client.submit("e2e", plan(("worker", "handoff", f"many{i} sleep=1"))) for i in range(15)]
+    for i, handle in enumerate(handles):
+        assert handle.wait(timeout=60).result == f"final: done:worked[many{i} sleep=1]"
