@@ -11,7 +11,6 @@ and consumes through it with the key prefix as before.
 from __future__ import annotations
 
 import threading
-import uuid
 
 import pytest
 import redis
@@ -24,19 +23,6 @@ from lattice_client.settings import get_settings
 from tests.support.services import REDIS_URL
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
-
-
-@pytest.fixture
-def prefix():
-    name = f"test-{uuid.uuid4().hex[:10]}"
-    yield name
-    sync = redis.Redis.from_url(REDIS_URL)
-    try:
-        keys = list(sync.scan_iter(match=f"{name}*", count=1000))
-        if keys:
-            sync.delete(*keys)
-    finally:
-        sync.close()
 
 
 def _connection(prefix: str, transport: object) -> Connection:
