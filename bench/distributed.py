@@ -14,7 +14,7 @@
     run after a warm-up; medians in milliseconds and the ratio. Also printed:
     the worker-side Redis round trips per handoff (every request a worker
     process writes to Redis -- a pipeline is one -- counted in the workers by
-    this module's instrumentation, split into the runtime's own asyncio
+    the bench's instrumentation, split into the runtime's own asyncio
     clients and Celery/kombu's blocking ones) and the commands per handoff
     (``INFO commandstats`` deltas of the bench's own Redis, client included).
     ``--trace``: first the Redis requests of one handoff, both workers' in time
@@ -23,12 +23,16 @@
 (b) **Many calls in flight** (target >= 0.9 of ideal with >= 200 calls in
     flight). ``--runs-b`` runs (1,000) with ``--latency-b`` seconds (2 s) of
     model latency per call, 3 calls per run, on ONE ``lattice worker``
-    process consuming every queue at its recommended settings (the threads
-    pool, 200 threads). Ideal: ``concurrency / (3 * latency)`` runs/s.
-    Printed: runs/s, the fraction of ideal, the process's peak resident
-    memory. Beside it the prefork pool (``--prefork-concurrency`` processes,
-    fewer runs) and, with ``--variants``, other pool set-ups
-    (``LATTICE_WORKER_LOOP=shared``: every task on one event loop per process).
+    process consuming every queue at its recommended settings (the default
+    asyncio pool, 200 steps in flight). Ideal: ``concurrency / (3 * latency)``
+    runs/s. Printed: runs/s, the fraction of ideal, the process's peak
+    resident memory and CPU per step. Beside it the prefork pool
+    (``--prefork-concurrency`` processes, fewer runs) and, with
+    ``--variants``, other set-ups (``asyncio@N``: N steps in flight;
+    ``threads@N``: Celery's threads pool with N threads; ``stock-transport@N``:
+    the default pool on kombu's own Redis transport instead of
+    ``lattice_client/kombu_redis.py``, which reuses one redis-py client per
+    channel).
 (d) **The tool journal's cost** (target <= 1.25x). The same handoff round
     trip with a member that calls one tool (unguarded, so journaled: recorded
     ``started`` before the handler, ``completed`` after, its history persisted
@@ -48,388 +52,25 @@ its figures); ``--broker-url`` uses an existing one under a fresh key prefix
 groups, stopped by group id. The load average is printed before each figure.
 
 Run: ``python bench/distributed.py [--figures a,d,b,c] [--repeats N] [--trace] ...``.
+
+This module is the command and the figures; beside it: ``distributed_teams.py``
+(what the workers import: the bench teams, the no-op Celery app, the Redis
+request counting), ``distributed_procs.py`` (Redis and the worker processes),
+``distributed_handoff.py`` (the deployments and round trips of (a) and (d)).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
-import json
 import os
-import re
-import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
-import threading
 import time
-import uuid
-from pathlib import Path
 from typing import Any
 
-from celery import Celery
-
-from lattice_client.celery_config import make_celery_app
-from lattice_client.settings import get_settings
-from lattice_worker import AssistantModelMessage, ScriptedModelClient, define_agent, tool
-from lattice_worker.team import create_team, team_member
-from lattice_worker.team.reports import parse_report_message
-
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-TEAM_REF = "distributed:bench_team"
-NOOP_QUEUE_SUFFIX = "bench.noop"
-COUNT_DIR_ENV = "BENCH_COUNT_DIR"
-
-# --------------------------------------------------------------------------- worker-side round-trip counting
-
-
-def _install_counters(directory: str) -> None:
-    """In a worker process: count every request written to Redis (one
-    ``send_packed_command`` per command or pipeline) and dump the counts to
-    ``<directory>/<pid>.json`` every 0.1 s."""
-    import redis.asyncio.connection as aconn
-    import redis.connection as sconn
-
-    counts: dict[str, Any] = {"async": 0, "sync": 0, "trace": []}
-    lock = threading.Lock()
-    tracing = bool(os.environ.get("BENCH_TRACE"))
-
-    scripts: dict[str, str] = {}  # SHA1 -> script name, for EVALSHA (filled on first use)
-
-    def script_name(sha: str) -> str:
-        if not scripts:
-            import hashlib
-
-            for folder in (REPO / "lattice_mailbox" / "lua", REPO / "lattice_client" / "runstore" / "lua"):
-                for lua in folder.glob("*.lua"):
-                    scripts[hashlib.sha1(lua.read_bytes()).hexdigest()] = lua.stem
-        return scripts.get(sha, sha[:8])
-
-    def names(packed: Any) -> str:
-        # the command names of one request (a pipeline has several), a script call with its
-        # script's name, for --trace
-        data = b"".join(packed) if isinstance(packed, (list, tuple)) else bytes(packed)
-        parts: list[str] = []
-        pos = 0
-        while pos < len(data) and data[pos : pos + 1] == b"*":  # RESP arrays of bulk strings
-            end = data.index(b"\r\n", pos)
-            args = []
-            pos = end + 2
-            for _ in range(int(data[1 + data.rfind(b"*", 0, end + 1) : end])):
-                end = data.index(b"\r\n", pos)
-                size = int(data[pos + 1 : end])
-                args.append(data[end + 2 : end + 2 + size])
-                pos = end + 4 + size
-            part = args[0].decode().upper() if args else "?"
-            if part == "EVAL" and len(args) > 1:
-                found = re.match(rb"-- (\w+)\.lua", args[1])
-                part += f"({found.group(1).decode() if found else '?'})"
-            elif part == "EVALSHA" and len(args) > 1:
-                part += f"({script_name(args[1].decode())})"
-            parts.append(part)
-        return "+".join(parts[:8]) + ("+..." if len(parts) > 8 else "")
-
-    def note(kind: str, packed: Any) -> None:
-        counts[kind] += 1
-        if tracing:
-            counts["trace"].append(f"{time.time():.6f} {kind}:{threading.current_thread().name}:{names(packed)}")
-
-    def wrap(cls: Any, kind: str, is_async: bool) -> None:
-        original = cls.send_packed_command
-        if is_async:
-
-            async def counted(self: Any, command: Any, *args: Any, **kwargs: Any) -> Any:
-                note(kind, command)
-                return await original(self, command, *args, **kwargs)
-        else:
-
-            def counted(self: Any, command: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[misc]
-                with lock:
-                    note(kind, command)
-                return original(self, command, *args, **kwargs)
-
-        cls.send_packed_command = counted
-
-    wrap(aconn.AbstractConnection, "async", True)
-    wrap(sconn.AbstractConnection, "sync", False)
-    path = Path(directory) / f"{os.getpid()}.json"
-
-    def dump() -> None:
-        while True:
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(counts))
-            tmp.replace(path)
-            time.sleep(0.1)
-
-    threading.Thread(target=dump, daemon=True, name="bench-counters").start()
-
-
-if os.environ.get(COUNT_DIR_ENV):
-    _install_counters(os.environ[COUNT_DIR_ENV])
-
-# --------------------------------------------------------------------------- the team (imported by the workers)
-
-
-async def _latency() -> None:
-    seconds = float(os.environ.get("BENCH_MODEL_LATENCY", "0") or 0)
-    if seconds > 0:
-        await asyncio.sleep(seconds)
-
-
-def _tool_use(name: str, data: dict[str, Any], tid: str) -> AssistantModelMessage:
-    return AssistantModelMessage(
-        content=[{"type": "tool_use", "id": tid, "name": name, "input": data}], stop_reason="tool_use"
-    )
-
-
-async def lead_model(request: Any) -> AssistantModelMessage:
-    """Hand the prompt to ``echo``; answer with its report."""
-    await _latency()
-    for message in reversed(request.messages):
-        entries = parse_report_message(message)
-        if entries:
-            return AssistantModelMessage(
-                content=[{"type": "text", "text": f"answer: {entries[0]['content']}"}], stop_reason="end_turn"
-            )
-    prompt = request.messages[0]["content"]
-    return _tool_use("echo", {"mode": "handoff", "task": str(prompt)}, "toolu_handoff")
-
-
-async def echo_model(request: Any) -> AssistantModelMessage:
-    """Reply to the task at once (``team_reply`` ends the member's turn)."""
-    await _latency()
-    return _tool_use("team_reply", {"content": "echoed"}, "toolu_reply")
-
-
-bench_team = create_team(
-    name="bench",
-    lead=define_agent(
-        name="lead", model_client=ScriptedModelClient(lead_model), max_turns=4, workspace=False
-    ),
-    members=[
-        team_member(
-            name="echo",
-            agent=define_agent(name="echo", model_client=ScriptedModelClient(echo_model), workspace=False),
-        )
-    ],
-)
-
-
-async def scribe_model(request: Any) -> AssistantModelMessage:
-    """Call ``note`` once, then reply with its result."""
-    await _latency()
-    if len(request.messages) == 1:
-        return _tool_use("note", {"text": "x"}, "toolu_note")
-    return _tool_use("team_reply", {"content": "echoed"}, "toolu_reply")
-
-
-@tool
-def note(text: str) -> str:
-    """Take a note (an unguarded tool: the journal records it)."""
-    return f"noted {text}"
-
-
-bench_tool_team = create_team(
-    name="bench_tool",
-    lead=define_agent(name="lead", model_client=ScriptedModelClient(lead_model), max_turns=4),
-    members=[
-        team_member(
-            name="echo",
-            agent=define_agent(name="scribe", model_client=ScriptedModelClient(scribe_model), tools=[note]),
-        )
-    ],
-)
-TOOL_TEAM_REF = "distributed:bench_tool_team"
-
-# --------------------------------------------------------------------------- the baseline (a Celery no-op)
-
-
-def _noop_app() -> Celery:
-    settings = get_settings()
-    app = make_celery_app(settings, name="bench-noop")
-    app.conf.result_backend = settings.broker_url
-    app.conf.task_ignore_result = False
-    return app
-
-
-noop_app = _noop_app()
-
-
-@noop_app.task(name="bench.noop", ignore_result=False, shared=False)
-def noop() -> str:
-    return "ok"
-
-
-# --------------------------------------------------------------------------- processes
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Proc:
-    def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
-        self._log = open(log, "wb")  # noqa: SIM115
-        self.log_path = log
-        self.proc = subprocess.Popen(
-            argv, cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-
-    def wait_ready(self, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if b" ready." in self.log_path.read_bytes():
-                return
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"worker exited:\n{self.log_path.read_text()[-3000:]}")
-            time.sleep(0.1)
-        raise RuntimeError(f"worker not ready after {timeout}s:\n{self.log_path.read_text()[-3000:]}")
-
-    def peak_rss_mb(self) -> float:
-        """Peak resident memory (VmHWM) of this process and its children, in MiB."""
-        total = 0
-        for pid in [self.proc.pid, *_children(self.proc.pid)]:
-            with contextlib.suppress(OSError):
-                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                    if line.startswith("VmHWM:"):
-                        total += int(line.split()[1])
-        return total / 1024
-
-    def cpu_seconds(self) -> float:
-        """CPU time (user + system, seconds) used so far by this process and its children."""
-        ticks = 0
-        for pid in [self.proc.pid, *_children(self.proc.pid)]:
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                ticks += int(fields[11]) + int(fields[12])
-        return ticks / os.sysconf("SC_CLK_TCK")
-
-    def stop(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self._log.close()
-
-
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    with contextlib.suppress(OSError):
-        for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
-            out += [int(child), *_children(int(child))]
-    return out
-
-
-class Bench:
-    def __init__(self, broker_url: str | None) -> None:
-        self.prefix = f"bench-{uuid.uuid4().hex[:10]}"
-        self.logs = Path(tempfile.mkdtemp(prefix="lattice-bench-"))
-        self.redis_proc: subprocess.Popen[bytes] | None = None
-        if broker_url is None:
-            port = _free_port()
-            self.redis_proc = subprocess.Popen(
-                ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                 "--dir", str(self.logs)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
-            broker_url = f"redis://127.0.0.1:{port}/0"
-            self._wait_redis(broker_url)
-        self.broker = broker_url
-        self.env = {
-            k: v for k, v in os.environ.items() if not k.startswith(("LATTICE_", "ANTHROPIC_", "DEEPSEEK_"))
-        }
-        self.env.update(
-            {
-                "LATTICE_BROKER_URL": self.broker,
-                "LATTICE_KEY_PREFIX": self.prefix,
-                "LATTICE_REAPER": "0",
-                "LATTICE_REGISTRY_HEARTBEAT_SECONDS": "30",
-                "PYTHONPATH": f"{HERE}{os.pathsep}{REPO}",
-                "PYTHONUNBUFFERED": "1",
-            }
-        )
-        os.environ["LATTICE_KEY_PREFIX"] = self.prefix
-        os.environ["LATTICE_BROKER_URL"] = self.broker
-        self.procs: list[Proc] = []
-        self.started = 0
-
-    @staticmethod
-    def _wait_redis(url: str) -> None:
-        import redis
-
-        client = redis.Redis.from_url(url)
-        try:
-            for _ in range(100):
-                with contextlib.suppress(redis.RedisError):
-                    if client.ping():
-                        return
-                time.sleep(0.1)
-        finally:
-            client.close()
-        raise RuntimeError(f"redis-server at {url} did not start")
-
-    def redis(self) -> Any:
-        import redis
-
-        return redis.Redis.from_url(self.broker)
-
-    def start(self, argv: list[str], env: dict[str, str]) -> Proc:
-        self.started += 1
-        proc = Proc(argv, {**self.env, **env}, self.logs / f"p{self.started}.log")
-        self.procs.append(proc)
-        return proc
-
-    def lattice_worker(
-        self, *args: str, latency: float = 0.0, env: dict[str, str] | None = None, team_ref: str = TEAM_REF
-    ) -> Proc:
-        lattice = str(Path(sys.executable).with_name("lattice"))
-        argv = [lattice, "worker", team_ref, *args, "--without-mingle", "--without-gossip", "-l", "INFO"]
-        return self.start(argv, {"BENCH_MODEL_LATENCY": str(latency), **(env or {})})
-
-    def noop_worker(self, *pool_args: str) -> Proc:
-        queue = f"{self.prefix}.{NOOP_QUEUE_SUFFIX}"
-        return self.start(
-            [sys.executable, "-m", "celery", "-A", "distributed:noop_app", "worker", "-Q", queue, "-E",
-             *pool_args, "--without-mingle", "--without-gossip", "-l", "INFO", "-n", f"noop.{self.prefix}@%h"],
-            {},
-        )  # fmt: skip
-
-    def stop_all(self) -> None:
-        for proc in self.procs:
-            proc.stop()
-        self.procs.clear()
-
-    def cleanup(self) -> None:
-        self.stop_all()
-        if self.redis_proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.redis_proc.pid, signal.SIGKILL)
-            self.redis_proc.wait(10)
-            shutil.rmtree(self.logs / "dump.rdb", ignore_errors=True)
-            return
-        client = self.redis()
-        try:
-            keys = list(
-                client.scan_iter(match=f"{self.prefix}*", count=1000)
-            )  # the deployments' prefixes too
-            keys += list(client.scan_iter(match="celery-task-meta-*", count=1000))
-            for i in range(0, len(keys), 500):
-                client.delete(*keys[i : i + 500])
-        finally:
-            client.close()
+from distributed_handoff import VARIANTS, Deployment, round_trips, trace_one_handoff
+from distributed_procs import Bench
+from distributed_teams import STOCK_TRANSPORT_ENV, TOOL_TEAM_REF
 
 
 def load() -> str:
@@ -441,152 +82,7 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-# --------------------------------------------------------------------------- (a) handoff round trip
-
-
-def _counts(directory: Path, pids: list[int]) -> dict[str, int]:
-    total = {"async": 0, "sync": 0}
-    for pid in pids:
-        path = directory / f"{pid}.json"
-        with contextlib.suppress(OSError, ValueError):
-            for key, value in json.loads(path.read_text()).items():
-                if key in total:
-                    total[key] += value
-    return total
-
-
-def trace_one_handoff(bench: Bench, latency: float = 0.0) -> None:
-    """--trace: the Redis requests each worker process writes during one handoff, in
-    order, with ``latency`` seconds per model call (``--trace-latency``)."""
-    d = _Deployment(bench, "trace", {"BENCH_TRACE": "1", "BENCH_MODEL_LATENCY": str(latency)})
-    try:
-        d.ready()
-        d.handoff("warm")
-        time.sleep(1.5)
-        before = {p: _trace(d.counters, p) for p in (d.lead.proc.pid, d.member.proc.pid)}
-        t_submit = time.time()
-        d.handoff("traced")
-        t_result = time.time()
-        time.sleep(1.5)
-        rows = [(t_submit, "client", "submit"), (t_result, "client", "result")]
-        for label, pid in (("lead", d.lead.proc.pid), ("member", d.member.proc.pid)):
-            lines = _trace(d.counters, pid)[len(before[pid]) :]
-            print(f"    {label} worker: {len(lines)} requests (idle BRPOP polls included)")
-            for line in lines:
-                stamp, _, request = line.partition(" ")
-                rows.append((float(stamp), label, request))
-        rows.sort()
-        start = t_submit
-        print("    both workers' requests in time order (ms since the first):")
-        for stamp, label, request in rows:
-            print(f"      {(stamp - start) * 1000:8.2f}  {label:6s}  {request}")
-    finally:
-        d.close()
-        bench.stop_all()
-
-
-def _trace(directory: Path, pid: int) -> list[str]:
-    with contextlib.suppress(OSError, ValueError):
-        return list(json.loads((directory / f"{pid}.json").read_text()).get("trace", []))
-    return []
-
-
-def _commands(client: Any) -> int:
-    stats = client.info("commandstats")
-    return sum(int(v["calls"]) for v in stats.values())
-
-
-class _Deployment:
-    """One bench team deployment (its own key prefix): a lead and a member worker, a client."""
-
-    def __init__(
-        self, bench: Bench, label: str, env: dict[str, str], team_ref: str = TEAM_REF, team: str = "bench"
-    ) -> None:
-        from lattice_client import LatticeClient
-
-        self.label = label
-        self.team = team
-        self.prefix = f"{bench.prefix}-{label}"
-        self.counters = Path(tempfile.mkdtemp(prefix=f"counts-{label}-", dir=bench.logs))
-        env = {**env, "LATTICE_KEY_PREFIX": self.prefix, COUNT_DIR_ENV: str(self.counters)}
-        self.lead = bench.lattice_worker("--member", "lead", env=env, team_ref=team_ref)
-        self.member = bench.lattice_worker("--member", "echo", env=env, team_ref=team_ref)
-        self.client_class = LatticeClient
-        self.broker = bench.broker
-        self.client: Any = None
-        self.times: list[float] = []
-
-    def ready(self) -> None:
-        self.lead.wait_ready()
-        self.member.wait_ready()
-        self.client = self.client_class(broker_url=self.broker, key_prefix=self.prefix)
-
-    def handoff(self, text: str) -> float:
-        t0 = time.perf_counter()
-        result = self.client.submit(self.team, text).wait(timeout=60)
-        elapsed = time.perf_counter() - t0
-        if result.result != "answer: echoed":
-            raise RuntimeError(f"unexpected result {result}")
-        return elapsed
-
-    def counts(self) -> dict[str, int]:
-        return _counts(self.counters, [self.lead.proc.pid, self.member.proc.pid])
-
-    def close(self) -> None:
-        if self.client is not None:
-            self.client.close()
-
-
-VARIANTS: dict[str, dict[str, str]] = {"handoff": {}}
-"""Deployments (label -> extra worker environment) measured side by side in (a), paired run by run."""
-
-
-def round_trips(bench: Bench, count: int, warmup: int, labels: list[str]) -> dict[str, Any]:
-    """One repetition of (a): every variant's deployment and the no-op worker run side by
-    side; each round is one handoff per variant (in rotating order) and one no-op."""
-    deployments = [_Deployment(bench, label, VARIANTS[label]) for label in labels]
-    noop_proc = bench.noop_worker("--pool", "threads")
-    for d in deployments:
-        d.ready()
-    noop_proc.wait_ready()
-    queue = f"{bench.prefix}.{NOOP_QUEUE_SUFFIX}"
-    sender = _noop_app()  # built now: the module-level app predates the bench's key prefix
-    raw = bench.redis()
-    base: list[float] = []
-    try:
-        for i in range(warmup):
-            for d in deployments:
-                d.handoff(f"warm {i}")
-            sender.send_task("bench.noop", queue=queue).get(timeout=60)
-        time.sleep(0.3)
-        c0 = {d.label: d.counts() for d in deployments}
-        for i in range(count):
-            order = deployments[i % len(deployments) :] + deployments[: i % len(deployments)]
-            for d in order:
-                d.times.append(d.handoff(f"task {i}"))
-            t0 = time.perf_counter()
-            assert sender.send_task("bench.noop", queue=queue).get(timeout=60) == "ok"
-            base.append(time.perf_counter() - t0)
-        time.sleep(0.3)
-        per = {d.label: {k: (v - c0[d.label][k]) / count for k, v in d.counts().items()} for d in deployments}
-        # the commands of handoffs alone (client and workers, Lua-internal ones included)
-        alone = 20
-        k0 = _commands(raw)
-        for i in range(alone):
-            deployments[0].handoff(f"alone {i}")
-        commands = (_commands(raw) - k0 - 1) / alone
-    finally:
-        for d in deployments:
-            d.close()
-        sender.close()
-        raw.close()
-        bench.stop_all()
-    return {
-        "times": {d.label: d.times for d in deployments},
-        "base": base,
-        "round_trips": per,
-        "commands": commands,
-    }
+# --------------------------------------------------------------------------- (a), (d) handoff round trips
 
 
 def figure_a(bench: Bench, args: argparse.Namespace) -> None:
@@ -632,8 +128,8 @@ def figure_d(bench: Bench, args: argparse.Namespace) -> None:
     for rep in range(args.repeats):
         print(f"    {load()}")
         sides = [
-            _Deployment(bench, "journal", {"LATTICE_TOOL_JOURNAL": "1"}, TOOL_TEAM_REF, "bench_tool"),
-            _Deployment(bench, "nojournal", {"LATTICE_TOOL_JOURNAL": "0"}, TOOL_TEAM_REF, "bench_tool"),
+            Deployment(bench, "journal", {"LATTICE_TOOL_JOURNAL": "1"}, TOOL_TEAM_REF, "bench_tool"),
+            Deployment(bench, "nojournal", {"LATTICE_TOOL_JOURNAL": "0"}, TOOL_TEAM_REF, "bench_tool"),
         ]
         try:
             for side in sides:
@@ -695,7 +191,7 @@ def figure_b(bench: Bench, args: argparse.Namespace) -> None:
     )
     setups: list[tuple[str, int, list[str], dict[str, str], int]] = [
         (
-            "threads (default)",
+            "asyncio (default)",
             args.concurrency_b,
             ["--concurrency", str(args.concurrency_b)],
             {},
@@ -705,13 +201,13 @@ def figure_b(bench: Bench, args: argparse.Namespace) -> None:
     for variant in (v.strip() for v in args.variants.split(",") if v.strip()):
         kind, _, size = variant.partition("@")
         n = int(size or args.concurrency_b)
-        if kind == "shared":
-            setups.append(("threads, shared loop", n, ["--concurrency", str(n)], {"LATTICE_WORKER_LOOP": "shared"},
+        if kind in ("asyncio", "threads"):
+            setups.append((kind, n, ["--pool", kind, "--concurrency", str(n)], {}, max(args.runs_b, 5 * n)))
+        elif kind == "stock-transport":
+            setups.append(("asyncio, kombu's transport", n, ["--concurrency", str(n)], {STOCK_TRANSPORT_ENV: "1"},
                            args.runs_b))  # fmt: skip
-        elif kind == "threads":
-            setups.append(("threads", n, ["--concurrency", str(n)], {}, max(args.runs_b, 5 * n)))
         else:
-            raise SystemExit(f"unknown variant {variant!r} (threads@N, shared@N)")
+            raise SystemExit(f"unknown variant {variant!r} (asyncio@N, threads@N, stock-transport@N)")
     p = args.prefork_concurrency
     setups.append(
         ("prefork", p, ["--pool", "prefork", "--concurrency", str(p)], {}, args.prefork_runs or 6 * p)
@@ -799,9 +295,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs-b", type=int, default=1000, help="(b) runs (1000)")
     parser.add_argument("--latency-b", type=float, default=2.0, help="(b) seconds per model call (2.0)")
     parser.add_argument(
-        "--concurrency-b", type=int, default=200, help="(b) threads of the default pool (200)"
+        "--concurrency-b", type=int, default=200, help="(b) steps in flight on the default pool (200)"
     )
-    parser.add_argument("--variants", default="", help="(b) more set-ups, e.g. shared@200,threads@400")
+    parser.add_argument(
+        "--variants", default="", help="(b) more set-ups, e.g. threads@200,asyncio@400,stock-transport@200"
+    )
     parser.add_argument("--prefork-concurrency", type=int, default=8, help="(b) prefork processes (8)")
     parser.add_argument("--prefork-runs", type=int, default=0, help="(b) prefork runs (6 x processes)")
     parser.add_argument("--repeats-b", type=int, default=1, help="(b) repetitions (1)")

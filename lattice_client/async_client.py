@@ -16,8 +16,10 @@ from typing import Any
 
 from celery import Celery
 from pydantic import BaseModel, Field
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from lattice_mailbox import MessageStatus, mailbox_from_url, mask_url
+from lattice_mailbox.connections import read_again
 
 from .celery_config import make_celery_app
 from .decisions import DecisionsMixin
@@ -307,46 +309,53 @@ class AsyncLatticeClient(SubmitMixin, ViewsMixin, DecisionsMixin):
         Idempotent (``previous_status`` tells whether the run was cancelled
         already). Raises :class:`RunNotFoundError` for an unknown run.
         """
-        before = await self.runs.get(run_id)
+        before = await read_again(lambda: self.runs.get(run_id))
         items = await self.runs.cancel(run_id)
         report = CancelReport(
             run_id=run_id,
             status=RunStatus.CANCELLED,
             previous_status=before.status if before is not None else None,
         )
-        mailbox = self.mailbox
         for item in items:
             message_id = str(item.get("message_id"))
-            message = await mailbox.get(message_id)
-            if message is None:
-                report.skipped_messages[message_id] = "unknown message"
-                continue
-            if message.status.terminal:
-                report.skipped_messages[message_id] = f"already {message.status.value}"
-                continue
-            try:
-                changed = await mailbox.update_status(message_id, MessageStatus.CANCELLED)
-            except ValueError as exc:  # InvalidTransitionError: it finished meanwhile
-                report.skipped_messages[message_id] = str(exc)
-                continue
-            if changed:
+            outcome = await self._cancel_message(message_id)
+            if outcome is None:
                 report.cancelled_messages.append(message_id)
             else:
-                report.skipped_messages[message_id] = "unknown message"
-        record = await self.runs.get(run_id)
+                report.skipped_messages[message_id] = outcome
+        record = await read_again(lambda: self.runs.get(run_id))
         if record is not None:
             report.status = record.status
         if record is not None and record.status == RunStatus.CANCELLED:
-            for message_id in await self._unread_messages(run_id):
-                try:
-                    message = await mailbox.get(message_id)
-                    if message is None or message.status.terminal:
-                        continue
-                    if await mailbox.update_status(message_id, MessageStatus.CANCELLED):
-                        report.cancelled_messages.append(message_id)
-                except ValueError:  # finished meanwhile
-                    continue
+            for message_id in await read_again(lambda: self._unread_messages(run_id)):
+                if await self._cancel_message(message_id) is None:
+                    report.cancelled_messages.append(message_id)
         return report
+
+    async def _cancel_message(self, message_id: str, attempts: int = 3) -> str | None:
+        """Move one unfinished message to ``cancelled``; ``None`` when it was
+        moved, else why not. A move whose connection was lost is decided by
+        reading the message again (moved: done; still unfinished: moved again,
+        up to ``attempts`` times)."""
+        mailbox = self.mailbox
+        for attempt in range(1, attempts + 1):
+            message = await read_again(lambda: mailbox.get(message_id))
+            if message is None:
+                return "unknown message"
+            if message.status == MessageStatus.CANCELLED and attempt > 1:
+                return None  # the lost call moved it
+            if message.status.terminal:
+                return f"already {message.status.value}"
+            try:
+                changed = await mailbox.update_status(message_id, MessageStatus.CANCELLED)
+            except ValueError as exc:  # InvalidTransitionError: it finished meanwhile
+                return str(exc)
+            except RedisConnectionError:
+                if attempt == attempts:
+                    raise
+                continue
+            return None if changed else "unknown message"
+        return None  # (not reached)
 
     async def _unread_messages(self, run_id: str) -> list[str]:
         # replies to the lead of finished items not consumed yet, then the task

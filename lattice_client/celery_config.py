@@ -32,12 +32,17 @@ from celery import Celery
 
 from lattice_mailbox.connections import CONNECT_TIMEOUT_SECONDS, keepalive_options
 
+from .kombu_redis import ALIAS as KOMBU_TRANSPORT
 from .settings import LatticeSettings, get_settings
 
 HEALTH_CHECK_SECONDS = 10
 """kombu's ``health_check_interval`` (seconds): a broker connection idle longer is
 ``PING``-ed before use; also the period of kombu's checks of its BRPOP and
 Pub/Sub connections (a half-open one is dropped after ``brpop_timeout`` + this)."""
+
+BROKER_SOCKET_TIMEOUT_SECONDS = 10
+"""kombu's ``socket_timeout`` (seconds) on broker connections: the longest a
+publish, an ack or a task event waits for Redis's reply before it fails."""
 
 LEAD_MEMBER = "lead"
 """Member name of a team's lead queue: ``queue_name(prefix, team, LEAD_MEMBER)``."""
@@ -64,12 +69,18 @@ def queue_name(prefix: str, team: str, member: str = LEAD_MEMBER) -> str:
     return f"{prefix}.{team}.{member}"
 
 
+def _is_redis_url(url: str) -> bool:
+    return url.split("://", 1)[0].lower() == "redis"  # (rediss: kombu's own, for TLS)
+
+
 def celery_config(settings: LatticeSettings) -> dict[str, Any]:
     """The Celery configuration (a dict for ``app.conf.update``) for ``settings``."""
     prefix = settings.key_prefix
     default_queue = f"{prefix}.default"
     return {
         "broker_url": settings.broker_url,
+        # kombu's Redis transport with one redis-py client per channel (lattice_client/kombu_redis.py)
+        **({"broker_transport": KOMBU_TRANSPORT} if _is_redis_url(settings.broker_url) else {}),
         "broker_connection_retry_on_startup": True,
         "broker_connection_retry": True,  # a lost broker connection is re-made, not fatal
         "broker_transport_options": {
@@ -83,6 +94,10 @@ def celery_config(settings: LatticeSettings) -> dict[str, Any]:
             # (a duplicate task); dead peers found by TCP keepalive
             "health_check_interval": HEALTH_CHECK_SECONDS,
             "retry_on_timeout": False,
+            # a broker command that gets no reply fails after this (seconds) instead of
+            # waiting forever: on the asyncio pool a step's publish blocks the loop every
+            # step of the process shares (kombu's BRPOP waits 1 s, well inside it)
+            "socket_timeout": BROKER_SOCKET_TIMEOUT_SECONDS,
             "socket_connect_timeout": CONNECT_TIMEOUT_SECONDS,
             "socket_keepalive": True,
             "socket_keepalive_options": keepalive_options(),
@@ -133,6 +148,7 @@ def make_celery_app(settings: LatticeSettings | None = None, *, name: str = "lat
 
 
 __all__ = [
+    "BROKER_SOCKET_TIMEOUT_SECONDS",
     "DELIVER_TASK",
     "LEAD_MEMBER",
     "RESUME_LEAD_TASK",

@@ -54,7 +54,6 @@ class ItemClaimLostError(RunLeaseLostError):
         self.status = "claim_lost"
 
 
-
 def describe_module_error(module: str, exc: BaseException) -> str:
     """One line for an exception raised while importing (or calling into) a
     user's team module: the module, where it was raised (file and line) and

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from lattice_mailbox import MessageStatus, TeamMessage
+from lattice_mailbox.connections import read_again
 
 from .decisions import ParkedCall, PendingApproval
 from .models import RunRecord
@@ -58,7 +59,11 @@ class ViewsMixin:
         workers (those serving ``team`` when given) and the tool calls waiting
         for a person. ``team`` may also be a ``"package.module:attribute"``
         reference a live worker serves (see
-        :meth:`resolve_team`)."""
+        :meth:`resolve_team`). Only reads: read again whole when a connection
+        is lost mid-way."""
+        return await read_again(lambda: self._status(team, limit))
+
+    async def _status(self, team: str | None, limit: int) -> StatusReport:
         workers = await self.live_workers()
         if team and ":" in team and "::" not in team:
             live = LiveRegistry(workers)
@@ -104,7 +109,7 @@ class ViewsMixin:
         ``ValueError`` for an unknown status."""
         if status != "all":
             status = MessageStatus.parse(status)
-        return await self.mailbox.inbox(mailbox_id, status)
+        return await read_again(lambda: self.mailbox.inbox(mailbox_id, status))
 
 
 __all__ = ["StatusReport", "ViewsMixin"]

@@ -71,17 +71,6 @@ def worker_function(command_name: str, module: str, name: str) -> Any:
 PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
-def _pool(args: list[str]) -> str | None:
-    """The ``--pool`` / ``-P`` value among Celery options passed through, if any."""
-    for index, arg in enumerate(args):
-        for name in ("--pool", "-P"):
-            if arg == name and index + 1 < len(args):
-                return args[index + 1]
-            if arg.startswith(f"{name}="):
-                return arg.split("=", 1)[1]
-    return None
-
-
 @command(context_settings=PASS_THROUGH)
 def worker(
     ctx: typer.Context,
@@ -108,21 +97,22 @@ def worker(
             "-c",
             min=1,
             metavar="N",
-            help="Steps in flight: threads of the default threads pool (default 200), "
-            "or processes with --pool prefork (default: one per CPU).",
+            help="Steps (model calls) in flight in the process: default 200 on the default "
+            "asyncio pool and on --pool threads; processes with --pool prefork (default: one per CPU).",
         ),
     ] = None,
 ) -> None:
     """Start a Celery worker for a team's queues.
 
-    The default pool is Celery's threads pool with 200 threads: model calls
-    mostly wait on the network, so one process keeps many in flight. For
-    CPU-bound tools use --pool prefork (one process per step). Other Celery
-    worker options go after TEAM_REF and pass through, e.g.:
+    The default pool, asyncio, runs every step of the process on one event
+    loop (200 at a time): model calls mostly wait on the network, so one
+    process keeps many in flight in little memory. It uses one CPU at most:
+    past about 100 steps/s add processes, not concurrency. Plain (non-async)
+    tool handlers run in threads; for CPU-bound tools use --pool prefork (one
+    process per step); --pool threads gives each step a thread of its own.
+    Other Celery worker options go after TEAM_REF and pass through, e.g.:
     lattice worker lattice_worker.examples.team:team --member searcher --pool prefork --concurrency 4 --loglevel INFO
     """
-    if concurrency is not None and _pool(list(ctx.args)) == "solo":
-        fail("--concurrency does nothing with --pool solo (one task at a time): leave one of them out")
     options = options_of(ctx)
     with guard():
         options.settings()  # validate before handing over

@@ -193,16 +193,15 @@ class RunEvents(RunStoreCore):
         not-yet-dispatched queue. Returns the run's unfinished items (registered,
         not completed) so the caller can cancel their mailbox messages; a repeated
         cancel appends nothing but lists them again; a completed or failed run
-        returns ``[]`` unchanged. Raises :class:`RunNotFoundError`.
+        returns ``[]`` unchanged. A call whose connection was lost is made again
+        (a repeated cancel changes nothing more). Raises :class:`RunNotFoundError`.
         """
         result = RunResult(run_id=run_id, status="cancelled", error=reason)
         k = self.keys(run_id)
-        out = await self._run(
-            "cancel",
-            run_id,
-            [k.record, k.events, k.order, k.state, k.items, k.queued, self.result_key(run_id)],
-            [result.model_dump_json(), dumps(result.to_event(), "result"), self.max_events, now_ms()],
-        )
+        keys = [k.record, k.events, k.order, k.state, k.items, k.queued, self.result_key(run_id)]
+        args = [result.model_dump_json(), dumps(result.to_event(), "result"), self.max_events, now_ms()]
+        # cancel.lua may run twice (see its header): read_again's "call again" is safe here
+        out = await read_again(lambda: self._run("cancel", run_id, keys, args))
         return [json.loads(as_text(x)) for x in out[1:]]
 
 

@@ -184,8 +184,10 @@ class RunRecords(RunStoreCore):
     async def status_and_parent(self, run_id: str) -> tuple[RunStatus | None, RunParent | None]:
         """The run's status and its ``parent`` (a nested team's child run) in one
         ``HMGET``: ``(None, None)`` when there is no such run, parent ``None``
-        for a root run."""
-        status, parent = await self._conn().client.hmget(self.keys(run_id).record, ["status", "parent"])
+        for a root run. A read whose connection was lost is made again (``read_again``)."""
+        client = self._conn().client
+        record = self.keys(run_id).record
+        status, parent = await read_again(lambda: client.hmget(record, ["status", "parent"]))
         if status is None:
             return None, None
         link = RunParent.model_validate_json(as_text(parent)) if parent else None

@@ -43,7 +43,7 @@ from celery.exceptions import CPendingDeprecationWarning
 
 from lattice_client.celery_config import make_celery_app
 
-from . import loops, process, tasks
+from . import aio_pool, loops, process, tasks
 from .heartbeat import Heartbeat, pool_name, worker_info
 from .reaper import Reaper
 from .run_trace import flush_tracers
@@ -62,8 +62,37 @@ app.conf.task_send_sent_event = False
 tasks.register(app)
 
 
+_pool_producer: Any = None
+
+
+def _producer() -> Any:
+    # On the asyncio pool's loop thread (where every step of the process sends)
+    # one kombu producer is kept: acquiring one from Celery's producer pool for
+    # every step cost about a sixth of a send (bench/distributed.py (a)). Other
+    # threads (a threads pool's 200, the reaper) take one from Celery's pool per
+    # send and give it back: the pool holds broker_pool_limit (10) of them.
+    # The kept producer's publish re-establishes a lost connection itself (kombu's ensure).
+    global _pool_producer
+    if not aio_pool.in_pool_loop():
+        return None
+    if _pool_producer is None:
+        _pool_producer = app.producer_pool.acquire(block=True)
+    return _pool_producer
+
+
 def _send_task(name: str, args: list[Any], queue: str) -> None:
-    app.send_task(name, args=args, queue=queue)
+    options: dict[str, Any] = {
+        # Flower's args column (Celery's saferepr of them is slower and the args are short strings)
+        "argsrepr": repr(args),
+        "kwargsrepr": "{}",
+    }
+    producer = _producer()
+    if producer is not None:
+        options["producer"] = producer
+    origin = tasks.current_origin.get()  # the step that sends it is its parent (Flower)
+    if origin is not None:
+        options.update(parent_id=origin[0], root_id=origin[1])
+    app.send_task(name, args=args, queue=queue, **options)
 
 
 process.set_task_sender(_send_task)

@@ -36,6 +36,7 @@ logger = logging.getLogger("lattice_worker.heartbeat")
 
 _POOLS = {
     "celery.concurrency.prefork": "prefork",
+    "lattice_worker.runtime.aio_pool": "asyncio",
     "celery.concurrency.thread": "threads",
     "celery.concurrency.solo": "solo",
     "celery.concurrency.eventlet": "eventlet",

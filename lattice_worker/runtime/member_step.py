@@ -38,9 +38,12 @@ import contextlib
 import logging
 from typing import Any
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+
 from lattice_client.errors import RunLeaseLostError
 from lattice_client.models import RunRecord
 from lattice_mailbox.base import ClaimError, InvalidTransitionError
+from lattice_mailbox.connections import UnreachableError
 from lattice_mailbox.message import MessageStatus, TeamMessage
 
 from ..agent.abort import AbortController
@@ -137,15 +140,35 @@ async def claim_startable(
     the settings' lease; a ``session`` member's mailbox is serial. ``None``:
     nothing claimed."""
     for candidate in [message_id] if message_id else await startable(ctx, mailbox_id):
-        claimed = await ctx.mailbox.claim_next(
-            mailbox_id,
-            lease_s=ctx.settings.lease_seconds,
-            worker_id=ctx.worker_id,
-            max_in_flight=1 if mode == "session" else None,
-            message_id=candidate,
-        )
+        claimed = await _claim(ctx, mailbox_id, mode, candidate)
         if claimed is not None or mode == "session":  # (a busy serial mailbox refuses them all)
             return claimed
+    return None
+
+
+CLAIM_ATTEMPTS = 3
+"""How many times a claim whose connection was lost (and that did not happen:
+the mailbox's claim token lookup says so) is made again before the error goes
+to Celery's retry."""
+
+
+async def _claim(ctx: WorkerContext, mailbox_id: str, mode: str, message_id: str) -> TeamMessage | None:
+    for attempt in range(1, CLAIM_ATTEMPTS + 1):
+        try:
+            return await ctx.mailbox.claim_next(
+                mailbox_id,
+                lease_s=ctx.settings.lease_seconds,
+                worker_id=ctx.worker_id,
+                max_in_flight=1 if mode == "session" else None,
+                message_id=message_id,
+            )
+        except UnreachableError:
+            raise  # no server to claim from (after the connect retries)
+        except RedisConnectionError:
+            # the connection was lost and the claim did not happen (a claim that
+            # did is returned by claim_next itself): claiming again is safe
+            if attempt == CLAIM_ATTEMPTS:
+                raise
     return None
 
 
@@ -342,4 +365,12 @@ async def _cancel_message(ctx: WorkerContext, team: Team, message: TeamMessage, 
     return "cancelled"
 
 
-__all__ = ["STARTABLE_SCAN", "claim_startable", "deliver", "process_claimed", "session_agent", "startable"]
+__all__ = [
+    "CLAIM_ATTEMPTS",
+    "STARTABLE_SCAN",
+    "claim_startable",
+    "deliver",
+    "process_claimed",
+    "session_agent",
+    "startable",
+]

@@ -5,7 +5,8 @@ The registry is built once per process from the settings' mailbox URL and
 the team references in ``LATTICE_WORKER_TEAMS`` (``lattice worker`` sets it
 before Celery starts, so pool processes load the same teams however they are
 started). Contexts are per thread because each thread has its own event loop
-(:mod:`lattice_worker.runtime.loops`); after a fork they are dropped.
+(:mod:`lattice_worker.runtime.loops`; the asyncio pool's steps all run on its
+loop thread); after a fork they are dropped.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ _lock = threading.RLock()
 _settings: LatticeSettings | None = None
 _registry: TeamRegistry | None = None
 _local = threading.local()
-_shared_ctx: WorkerContext | None = None
 _sender: TaskSender | None = None
 _worker_id: str | None = None
 
@@ -75,15 +75,8 @@ def worker_id() -> str:
 
 
 def context() -> WorkerContext:
-    """This thread's :class:`WorkerContext` (created on first use); in the shared
-    loop mode (:func:`~lattice_worker.runtime.loops.in_shared_mode`) the one
-    context of the shared loop."""
-    global _shared_ctx
-    if loops.in_shared_mode():
-        with _lock:
-            if _shared_ctx is None:
-                _shared_ctx = new_context()
-            return _shared_ctx
+    """This thread's :class:`WorkerContext` (created on first use): one per event
+    loop, so all the steps of an ``AsyncioPool`` process share the pool loop's."""
     ctx: WorkerContext | None = getattr(_local, "ctx", None)
     if ctx is None:
         ctx = new_context()
@@ -109,9 +102,8 @@ def new_context(sender: Callable[[str, list[Any], str], None] | None = None) -> 
 
 
 def _reset() -> None:
-    global _worker_id, _shared_ctx
+    global _worker_id
     _local.ctx = None
-    _shared_ctx = None
     _worker_id = None
 
 

@@ -1,8 +1,8 @@
 """The Celery tasks: ``lattice.run_lead``, ``lattice.deliver``, ``lattice.resume_lead``.
 
-Each task is a thin synchronous wrapper that runs its async body on the
-worker process's event loop (:func:`lattice_worker.runtime.loops.run`) with
-this thread's :class:`~lattice_worker.runtime.context.WorkerContext`:
+Each task is a thin synchronous wrapper that runs its async body through
+:func:`lattice_worker.runtime.loops.run` (on the asyncio pool's loop, or the
+task thread's own) with that loop's :class:`~lattice_worker.runtime.context.WorkerContext`:
 
 * ``lattice.run_lead(run_id)`` -> :func:`lattice_worker.runtime.lead_segment.run_lead`
   (only from ``queued``; a duplicate is a no-op);
@@ -27,13 +27,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from typing import Any
 
+from celery import current_task
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from lattice_client.celery_config import DELIVER_TASK, RESUME_LEAD_TASK, RUN_LEAD_TASK
 
+from ..tools.tool_definition import sync_handlers_in_threads
 from . import lead_segment, loops, member_step, process
 from .context import WorkerContext
 
@@ -46,15 +49,38 @@ _BODIES: dict[str, Callable[..., Awaitable[str]]] = {
 }
 
 
-async def run_step(ctx: WorkerContext, task: str, arg: str, *more: str) -> str:
+current_origin: ContextVar[tuple[str, str] | None] = ContextVar("lattice_step_origin", default=None)
+"""``(task id, root id)`` of the Celery task running this step: the steps it
+enqueues name it as their parent (Flower shows the chain), on every pool."""
+
+
+async def run_step(
+    ctx: WorkerContext, task: str, arg: str, *more: str, origin: tuple[str, str] | None = None
+) -> str:
     """Run the body of ``task`` on ``arg`` (and ``more`` arguments: a doorbell's
     message id); its queued writes are written before the task ends (the steps
-    it enqueued may already be running elsewhere and find them). Returns the
-    body's outcome word."""
+    it enqueued may already be running elsewhere and find them). ``origin``:
+    the Celery task's ``(id, root_id)`` (:data:`current_origin`). Synchronous
+    tool handlers run in threads (:data:`~lattice_worker.tools.tool_definition.sync_handlers_in_threads`).
+    Returns the body's outcome word."""
+    threads = sync_handlers_in_threads.set(True)
+    origin_token = current_origin.set(origin)
     try:
         return await _BODIES[task](ctx, arg, *more)
     finally:
-        await ctx.writer.flush()
+        try:
+            await ctx.writer.flush()
+        finally:
+            current_origin.reset(origin_token)
+            sync_handlers_in_threads.reset(threads)
+
+
+def _origin() -> tuple[str, str] | None:
+    request = getattr(current_task, "request", None)
+    task_id = getattr(request, "id", None)
+    if not task_id:
+        return None
+    return task_id, getattr(request, "root_id", None) or task_id
 
 
 _RETRY = {
@@ -77,7 +103,7 @@ def run_lead(run_id: str) -> str:
     """Start the lead of run ``run_id`` (see :func:`lattice_worker.runtime.lead_segment.run_lead`)."""
     if not isinstance(run_id, str) or not run_id:
         return _bad_arg(RUN_LEAD_TASK, "run_id", run_id)
-    return loops.run(run_step(process.context(), RUN_LEAD_TASK, run_id))
+    return loops.run(run_step(process.context(), RUN_LEAD_TASK, run_id, origin=_origin()))
 
 
 def deliver(mailbox_id: str, message_id: str | None = None) -> str:
@@ -88,14 +114,14 @@ def deliver(mailbox_id: str, message_id: str | None = None) -> str:
     if message_id is not None and (not isinstance(message_id, str) or not message_id):
         return _bad_arg(DELIVER_TASK, "message_id", message_id)
     more = (message_id,) if message_id else ()
-    return loops.run(run_step(process.context(), DELIVER_TASK, mailbox_id, *more))
+    return loops.run(run_step(process.context(), DELIVER_TASK, mailbox_id, *more, origin=_origin()))
 
 
 def resume_lead(run_id: str) -> str:
     """Resume run ``run_id`` (see :func:`lattice_worker.runtime.lead_segment.resume_lead`)."""
     if not isinstance(run_id, str) or not run_id:
         return _bad_arg(RESUME_LEAD_TASK, "run_id", run_id)
-    return loops.run(run_step(process.context(), RESUME_LEAD_TASK, run_id))
+    return loops.run(run_step(process.context(), RESUME_LEAD_TASK, run_id, origin=_origin()))
 
 
 def register(app: Any) -> dict[str, Any]:
@@ -107,4 +133,4 @@ def register(app: Any) -> dict[str, Any]:
     }
 
 
-__all__ = ["deliver", "register", "resume_lead", "run_lead", "run_step"]
+__all__ = ["current_origin", "deliver", "register", "resume_lead", "run_lead", "run_step"]

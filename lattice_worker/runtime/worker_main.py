@@ -31,12 +31,22 @@ from collections.abc import Sequence
 from ..errors import ConfigError
 from .registry import TEAMS_ENV
 
-DEFAULT_POOL = "threads"
-"""The Celery pool ``lattice worker`` uses unless ``--pool``/``-P`` is given."""
+DEFAULT_POOL = "asyncio"
+"""The pool ``lattice worker`` uses unless ``--pool``/``-P`` is given: every step
+in a greenlet on one event loop (:class:`~lattice_worker.runtime.aio_pool.AsyncioPool`)."""
 
 DEFAULT_THREADS = 200
 """Default ``--concurrency`` of the ``threads`` pool: task threads, i.e. steps
-(model calls) in flight in one process (see the README's "Sizing workers")."""
+(model calls) in flight in one process (see docs/deploy.md, "Sizing workers")."""
+
+DEFAULT_ASYNCIO_CONCURRENCY = 200
+"""Default ``--concurrency`` of the ``asyncio`` pool: steps (model calls) in
+flight in one process (see docs/deploy.md, "Sizing workers")."""
+
+_DEFAULT_SIZES = {"asyncio": DEFAULT_ASYNCIO_CONCURRENCY, "threads": DEFAULT_THREADS}
+
+POOLS = ("asyncio", "threads", "prefork", "solo")
+"""The pools a lattice worker runs on (``--pool``; asyncio is the default)."""
 
 
 def given_pool(extra_args: Sequence[str]) -> str | None:
@@ -53,25 +63,55 @@ def given_pool(extra_args: Sequence[str]) -> str | None:
     return None
 
 
+def _without_pool(extra_args: Sequence[str]) -> list[str]:
+    args = list(extra_args)
+    out: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        if arg in ("--pool", "-P"):
+            skip = True
+            continue
+        if arg.startswith("--pool=") or (arg.startswith("-P") and len(arg) > 2):
+            continue
+        out.append(arg)
+    return out
+
+
 def worker_argv(
     queues: Sequence[str], node: str, concurrency: int | None, extra_args: Sequence[str]
 ) -> list[str]:
     """The argv given to ``app.worker_main``: ``worker -Q <queues> -n <node> -E
-    [--pool threads unless a pool is given] [--concurrency N] [--loglevel INFO
-    unless given] <extra_args>``. Without ``concurrency`` the ``threads`` pool
-    gets :data:`DEFAULT_THREADS`; other pools keep Celery's default."""
+    [--concurrency N] [--loglevel INFO unless given] <extra_args>``.
+
+    The ``asyncio`` pool (the default, or ``--pool asyncio``) is not named in the
+    argv: Celery knows it from ``app.conf.worker_pool`` (:func:`pool_setting`).
+    Without ``concurrency`` the ``asyncio`` pool gets :data:`DEFAULT_ASYNCIO_CONCURRENCY`
+    and the ``threads`` pool :data:`DEFAULT_THREADS`; other pools keep Celery's default."""
     argv = ["worker", "-Q", ",".join(queues), "-n", node, "-E"]
-    pool = given_pool(extra_args)
-    if pool is None:
-        pool = DEFAULT_POOL
-        argv += ["--pool", pool]
-    if concurrency is None and pool == "threads":
-        concurrency = DEFAULT_THREADS
+    pool = given_pool(extra_args) or DEFAULT_POOL
+    if pool == "asyncio":
+        extra_args = _without_pool(extra_args)
+    if concurrency is None:
+        concurrency = _DEFAULT_SIZES.get(pool)
     if concurrency is not None:
         argv += ["--concurrency", str(concurrency)]
     if not any(a in ("-l", "--loglevel") or a.startswith("--loglevel=") for a in extra_args):
         argv += ["--loglevel", "INFO"]
     return argv + list(extra_args)
+
+
+def pool_setting(extra_args: Sequence[str]) -> str | None:
+    """The ``worker_pool`` setting for a worker started with ``extra_args``: the
+    :class:`~lattice_worker.runtime.aio_pool.AsyncioPool` path for the ``asyncio``
+    pool (the default), else ``None`` (the pool named in the argv)."""
+    if (given_pool(extra_args) or DEFAULT_POOL) == "asyncio":
+        from .aio_pool import POOL_PATH
+
+        return POOL_PATH
+    return None
 
 
 def run_worker(
@@ -88,10 +128,18 @@ def run_worker(
         extra_args: more Celery worker options, passed through unchanged.
 
     Raises :class:`ConfigError` for a bad reference, a lead that is not an
-    ``AgentSpec``, an unknown member, or a concurrency below 1.
+    ``AgentSpec``, an unknown member, a pool not in :data:`POOLS`, or a
+    concurrency below 1 (or given to the one-task ``solo`` pool).
     """
     if concurrency is not None and concurrency < 1:
         raise ConfigError(f"--concurrency must be at least 1, got {concurrency}")
+    pool = given_pool(list(extra_args or []))
+    if pool is not None and pool not in POOLS:
+        raise ConfigError(f"--pool {pool}: not a pool lattice workers run on; use one of {', '.join(POOLS)}")
+    if concurrency is not None and pool == "solo":
+        raise ConfigError(
+            "--concurrency does nothing with --pool solo (one task at a time): leave one of them out"
+        )
     refs = [r for r in os.environ.get(TEAMS_ENV, "").split(",") if r.strip()]
     if team_ref not in refs:
         refs.append(team_ref)
@@ -106,7 +154,19 @@ def run_worker(
     from .celery_app import app
 
     node = f"lattice.{root.name}.{uuid.uuid4().hex[:8]}@{socket.gethostname()}"
+    pool = pool_setting(list(extra_args or []))
+    if pool is not None:
+        app.conf.worker_pool = pool
     app.worker_main(worker_argv(queues, node, concurrency, list(extra_args or [])))
 
 
-__all__ = ["DEFAULT_POOL", "DEFAULT_THREADS", "given_pool", "run_worker", "worker_argv"]
+__all__ = [
+    "DEFAULT_ASYNCIO_CONCURRENCY",
+    "DEFAULT_POOL",
+    "DEFAULT_THREADS",
+    "POOLS",
+    "given_pool",
+    "pool_setting",
+    "run_worker",
+    "worker_argv",
+]

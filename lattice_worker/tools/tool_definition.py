@@ -8,9 +8,12 @@ by :mod:`lattice_worker.tools.effects`.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import inspect
 import re
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
@@ -23,6 +26,13 @@ TOOL_NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 """Tool names the Anthropic Messages API accepts."""
 
 ToolKind = Literal["tool", "agent_tool"]
+
+sync_handlers_in_threads: ContextVar[bool] = ContextVar("lattice_sync_handlers_in_threads", default=False)
+"""When true, a tool whose handler is a plain (not ``async``) function runs it in
+a thread (``asyncio.to_thread``) instead of on the event loop. The distributed
+runtime sets it for every step: a worker runs many steps on one event loop
+(docs/deploy.md, "Pools and sizing"), which a blocking handler would stall.
+In-process agents and teams leave it false: handlers run on the loop."""
 
 
 class ToolInputError(ToolExecutionError):
@@ -111,6 +121,7 @@ class ToolDefinition:
         "concurrent",
         "defer",
         "_handler",
+        "_handler_is_async",
         "_pass_context",
         "_unpack_fields",
         "_context_param",
@@ -202,6 +213,10 @@ class ToolDefinition:
         self.concurrent = effects.concurrent
         self.defer = effects.defer
         self._handler = handler
+        # an async def function (or partial of one), or an object whose __call__ is one
+        self._handler_is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+            type(handler).__call__
+        )
         self._unpack_fields = unpack_fields
         self._context_param = context_param
         if unpack_fields:
@@ -267,7 +282,8 @@ class ToolDefinition:
         return answer is True
 
     async def invoke(self, parsed: Any, ctx: ToolContext) -> ToolResult:
-        """Run the handler on already-parsed input and normalise its return value.
+        """Run the handler on already-parsed input and normalise its return value
+        (a plain-function handler in a thread when :data:`sync_handlers_in_threads` is set).
 
         Raises whatever the handler raises, or :class:`ToolExecutionError` when the
         handler returns something that is not a valid tool result.
@@ -277,11 +293,15 @@ class ToolDefinition:
             kwargs = {k: getattr(parsed, k) for k in type(parsed).model_fields}
             if self._context_param is not None:
                 kwargs[self._context_param] = ctx
-            value = handler(**kwargs)
+            call = functools.partial(handler, **kwargs)
         elif self._pass_context:
-            value = handler(parsed, ctx)
+            call = functools.partial(handler, parsed, ctx)
         else:
-            value = handler(parsed)
+            call = functools.partial(handler, parsed)
+        if not self._handler_is_async and sync_handlers_in_threads.get():
+            value = await asyncio.to_thread(call)
+        else:
+            value = call()
         if inspect.isawaitable(value):
             value = await value
         return normalize_tool_output(self.name, value)
@@ -306,4 +326,5 @@ __all__ = [
     "ToolInputError",
     "ToolKind",
     "format_validation_error",
+    "sync_handlers_in_threads",
 ]

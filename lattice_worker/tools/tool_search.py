@@ -152,7 +152,7 @@ def build_tool_search(names: list[str]) -> ToolDefinition:
         f"available for the rest of the conversation. Tools you can load: {listing}"
     )
 
-    def handler(data: ToolSearchInput, ctx: ToolContext) -> str:
+    async def handler(data: ToolSearchInput, ctx: ToolContext) -> str:  # (fast: stays on the loop)
         deferred = getattr(ctx.agent, "deferred_tools", None)
         if not isinstance(deferred, DeferredTools):
             raise ToolExecutionError("tool_search runs only inside an agent")

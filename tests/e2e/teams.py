@@ -36,7 +36,9 @@ items), ``session_team`` ("e2e_session": member ``clerk`` is a live Agent,
 serial), ``nested_team`` ("e2e_company" whose member ``eng`` is the team
 "e2e_eng" with member ``backend``), ``compact_team`` ("e2e_compact": the
 ``team`` members under a lead with ``auto_compact`` whose every response
-reports :data:`COMPACT_REPORTED_TOKENS` input tokens, past its threshold).
+reports :data:`COMPACT_REPORTED_TOKENS` input tokens, past its threshold),
+``blocking_team`` ("e2e_blocking": lead + ``worker``, whose ``work`` is a plain
+blocking function: ``sleep=<s>`` is ``time.sleep``).
 """
 
 from __future__ import annotations
@@ -316,10 +318,43 @@ def build_compact_team() -> Any:
     )
 
 
+@tool(name="work", effect="read_only")
+def blocking_work(task: str) -> str:
+    """Do the task with blocking calls (a plain function): ``sleep=<s>`` is ``time.sleep``."""
+    client = _redis()
+    prefix = _prefix()
+    try:
+        client.incr(f"{prefix}:test:exec:{task}")
+        client.rpush(f"{prefix}:test:log", f"start:{task}")
+        for word in task.split():
+            if word.startswith("sleep="):
+                time.sleep(float(word.split("=", 1)[1]))
+        client.rpush(f"{prefix}:test:log", f"end:{task}")
+        return f"worked[{task}]"
+    finally:
+        client.close()
+
+
+def build_blocking_team() -> Any:
+    """The "e2e_blocking" team: lead + template member ``worker`` whose ``work``
+    tool is a plain (blocking) function."""
+    lead = define_agent(name="lead", model_client=ScriptedModelClient(lead_model), max_turns=8)
+    worker = define_agent(
+        name="worker", model_client=ScriptedModelClient(member_model), tools=[blocking_work], max_turns=8
+    )
+    return create_team(
+        name="e2e_blocking",
+        lead=lead,
+        members=[team_member(name="worker", agent=worker)],
+        runner={"max_concurrent_work_items": 4},
+    )
+
+
 team = build_team()
 session_team = build_session_team()
 nested_team = build_nested_team()
 compact_team = build_compact_team()
+blocking_team = build_blocking_team()
 
 
 def plan(*calls: tuple[str, str, str]) -> str:

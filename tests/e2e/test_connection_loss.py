@@ -155,7 +155,7 @@ def _kill_consumers(server: RedisServer) -> int:
     return len(ids)
 
 
-@pytest.mark.parametrize("pool", ["prefork", "threads"])
+@pytest.mark.parametrize("pool", ["asyncio", "prefork", "threads"])
 def test_a_broker_blip_lets_the_running_member_task_finish_once(dep: OwnServerDeployment, pool: str) -> None:
     d = dep
     worker = d.worker("tests.e2e.teams:team", "--pool", pool, "--concurrency", "2")

@@ -69,6 +69,15 @@ def test_g_flower_lists_the_workers_and_deliver_tasks(deployment: Deployment):
     assert {ast.literal_eval(t["args"])[0] for t in tasks} == {"e2e::worker", "e2e::other"}
     assert all(len(ast.literal_eval(t["args"])) == 2 for t in tasks)
     assert {t["worker"] for t in tasks} == {node}
+    # the step that sent each doorbell is its parent, on the default (asyncio) pool too
+    leads = {
+        t["uuid"] for t in _get(f"{base}/api/tasks").json().values() if t.get("name") == "lattice.run_lead"
+    }
+    assert {t.get("parent_id") for t in tasks} <= leads and all(t.get("parent_id") for t in tasks)
+    # Flower's broker page reads the queue lengths (it picks its Redis client by the broker URL's scheme)
+    response = _get(f"{base}/api/queues/length")
+    assert response is not None and response.status_code == 200, response and response.text
+    assert f"{d.prefix}.e2e.lead" in {q["name"] for q in response.json()["active_queues"]}
     assert flower.alive()
 
 

@@ -115,8 +115,8 @@ def test_the_registry_follows_live_workers_and_comes_back_after_a_redis_restart(
         assert nodes[q["other"]] == [member_node] and lead_node != member_node
         report = client.status("e2e")
         assert {(w.node, w.pool, w.concurrency) for w in report.workers} == {
-            (lead_node, "threads", 200),
-            (member_node, "threads", 200),
+            (lead_node, "asyncio", 200),
+            (member_node, "asyncio", 200),
         }  # the default pool and size
         assert (
             client.submit("e2e", plan(("worker", "ask", "t1"))).wait(timeout=60).result
@@ -132,7 +132,7 @@ def test_the_registry_follows_live_workers_and_comes_back_after_a_redis_restart(
         rows = {
             line.split()[0]: line for line in shown.stdout.splitlines() if line.strip().startswith(d.prefix)
         }
-        assert lead_node in rows[q["lead"]] and "threads x 200" in rows[q["lead"]]
+        assert lead_node in rows[q["lead"]] and "asyncio x 200" in rows[q["lead"]]
         assert member_node in rows[q["worker"]] and rows[q["worker"]].split()[1] == "1"
 
         # Redis restarts empty: the registry is back within about one heartbeat

@@ -140,4 +140,5 @@ def test_broker_connections_follow_the_connection_policy():
         assert kwargs["health_check_interval"] == 10
         assert kwargs["socket_keepalive"] is True and kwargs["socket_keepalive_options"]
         assert not kwargs.get("retry_on_timeout")
+        assert kwargs["socket_timeout"] == 10  # a silent broker fails a publish, never hangs the loop
         assert channel.client.ping()

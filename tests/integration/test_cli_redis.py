@@ -103,7 +103,10 @@ def test_submit_prints_the_run_id_and_enqueues_the_lead_task(prefix):
     [
         ("nosuchteam", "no live worker serves team 'nosuchteam'"),
         ("lattice_worker.examples.team", "needs ':attribute', e.g. 'lattice_worker.examples.team:team'"),
-        ("lattice_worker.examples.team:TEAM_NAME", "unknown team reference 'lattice_worker.examples.team:TEAM_NAME'"),
+        (
+            "lattice_worker.examples.team:TEAM_NAME",
+            "unknown team reference 'lattice_worker.examples.team:TEAM_NAME'",
+        ),
     ],
 )
 def test_submit_refuses_a_team_no_worker_registered_and_queues_nothing(prefix, team, expected):

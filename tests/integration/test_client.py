@@ -197,7 +197,10 @@ def test_an_unregistered_ref_is_refused_and_never_imported(client, raw, prefix, 
             "lattice_worker.examples.team",
             r"no live worker serves team 'lattice_worker.examples.team'.*needs ':attribute', e.g. 'lattice_worker.examples.team:team'",
         ),
-        ("lattice_worker.examples.team:TEAM_NAME", r"unknown team reference 'lattice_worker.examples.team:TEAM_NAME'"),
+        (
+            "lattice_worker.examples.team:TEAM_NAME",
+            r"unknown team reference 'lattice_worker.examples.team:TEAM_NAME'",
+        ),
         ("x" * 65, "invalid team name"),
         ("bad/name", "invalid team name"),
         ("pkg.mod:" + "a" * 200, "at most 200 characters"),
@@ -487,7 +490,10 @@ def test_status_counts_team_mailboxes_and_lists_recent_runs(client, prefix):
     assert report.mailboxes["example::counter"]["pending"] == 1
     assert [r.run_id for r in report.runs] == [second.run_id, first.run_id]
     register_teams(prefix, refs={"lattice_worker.examples.team:team": "example"})
-    assert set(client.status("lattice_worker.examples.team:team").mailboxes) == {"example::searcher", "example::counter"}
+    assert set(client.status("lattice_worker.examples.team:team").mailboxes) == {
+        "example::searcher",
+        "example::counter",
+    }
     everything = client.status()
     assert set(everything.mailboxes) == {"example::searcher", "example::counter", "other::worker"}
     assert len(everything.runs) == 3

@@ -268,3 +268,39 @@ async def test_a_run_create_whose_reply_was_lost_is_decided_by_the_stored_record
         assert proxy.cuts == 2
         assert (await store.get("r2")).prompt == "other"
         await store.aclose()
+
+
+async def test_the_clients_cancel_status_and_inbox_ride_out_a_lost_reply(server):
+    # a cancel whose script reply is lost is made again (cancel.lua may run twice);
+    # a message move to cancelled whose reply is lost is decided by reading the
+    # message; status and inbox are reads, read again whole
+    from lattice_client import AsyncLatticeClient
+
+    with CuttingProxy(server.port) as proxy:
+        client = AsyncLatticeClient(broker_url=proxy.url, key_prefix="test-conn")
+        try:
+            await client.runs.create("r1", "team", "hello")
+            task = await client.mailbox.send("team::lead", "team::m", "do it", work_item_id="w1")
+            await client.status("team")  # (loads the scripts: the cuts below hit EVALSHAs)
+            assert [m.id for m in await client.inbox("team::m")] == [task.id]
+
+            proxy.cut_reply_of(b"cancelled by request")  # cancel.lua runs; its reply is lost
+            report = await client.cancel("r1")
+            assert proxy.cuts == 1
+            assert (report.previous_status.value, report.status.value) == ("queued", "cancelled")
+            assert (await client.runs.get("r1")).status.value == "cancelled"
+
+            # update_status(task, "cancelled") runs; its reply is lost
+            proxy.cut_reply_of(task.id.encode() + b"\r\n$9\r\ncancelled")
+            assert await client._cancel_message(task.id) is None
+            assert proxy.cuts == 2
+            assert (await client.mailbox.get(task.id)).status.value == "cancelled"
+
+            proxy.cut_reply_of(b"SMEMBERS")  # status() reads the mailbox registry
+            status = await client.status("team")
+            assert proxy.cuts == 3 and status.mailboxes["team::m"]["cancelled"] == 1
+            proxy.cut_reply_of(b"team::m")
+            assert [m.id for m in await client.inbox("team::m", "all")] == [task.id]
+            assert proxy.cuts == 4
+        finally:
+            await client.aclose()

@@ -63,4 +63,7 @@ def test_pool_names():
     from celery.concurrency.prefork import TaskPool as Prefork
     from celery.concurrency.thread import TaskPool as Threads
 
+    from lattice_worker.runtime.aio_pool import AsyncioPool
+
     assert (pool_name(Threads), pool_name(Prefork)) == ("threads", "prefork")
+    assert pool_name(AsyncioPool) == pool_name(AsyncioPool(limit=1)) == "asyncio"

@@ -1,4 +1,4 @@
-"""``lattice worker``'s pool defaults, the task loops (per thread / shared), the registry's refusal."""
+"""``lattice worker``'s pool defaults, the task loops (per thread), the registry's refusal."""
 
 from __future__ import annotations
 
@@ -10,16 +10,46 @@ import pytest
 
 from lattice_mailbox.memory import MemoryMailbox
 from lattice_worker.runtime import loops
+from lattice_worker.runtime.aio_pool import POOL_PATH, AsyncioPool
 from lattice_worker.runtime.registry import TeamNotServedError, TeamRegistry
-from lattice_worker.runtime.worker_main import DEFAULT_THREADS, given_pool, worker_argv
+from lattice_worker.runtime.worker_main import (
+    DEFAULT_ASYNCIO_CONCURRENCY,
+    DEFAULT_THREADS,
+    given_pool,
+    pool_setting,
+    worker_argv,
+)
 
 
-def test_the_default_pool_is_threads_with_many_threads():
+def test_the_default_pool_is_the_asyncio_pool_with_many_steps_in_flight():
     argv = worker_argv(["q"], "node@h", None, [])
-    assert argv[argv.index("--pool") + 1] == "threads"
-    assert argv[argv.index("--concurrency") + 1] == str(DEFAULT_THREADS) == "200"
+    # Celery finds the pool in app.conf.worker_pool: the argv names none
+    assert "--pool" not in argv and "-P" not in argv
+    assert argv[argv.index("--concurrency") + 1] == str(DEFAULT_ASYNCIO_CONCURRENCY) == "200"
+    assert pool_setting([]) == POOL_PATH
     argv = worker_argv(["q"], "node@h", 50, [])
     assert argv[argv.index("--concurrency") + 1] == "50"
+
+
+@pytest.mark.parametrize(
+    "pool_args", [["--pool", "asyncio"], ["--pool=asyncio"], ["-P", "asyncio"], ["-Pasyncio"]]
+)
+def test_naming_the_asyncio_pool_is_the_default(pool_args):
+    argv = worker_argv(["q"], "node@h", None, [*pool_args, "--without-gossip"])
+    assert "asyncio" not in " ".join(argv) and argv[-1] == "--without-gossip"
+    assert pool_setting(pool_args) == POOL_PATH
+
+
+def test_the_pool_path_names_the_pool_class():
+    from celery.concurrency import get_implementation
+
+    assert get_implementation(POOL_PATH) is AsyncioPool
+
+
+def test_the_threads_pool_gets_many_threads():
+    argv = worker_argv(["q"], "node@h", None, ["--pool", "threads"])
+    assert argv[argv.index("--concurrency") + 1] == str(DEFAULT_THREADS) == "200"
+    assert pool_setting(["--pool", "threads"]) is None
 
 
 @pytest.mark.parametrize(
@@ -29,6 +59,7 @@ def test_a_given_pool_is_kept_and_gets_celerys_default_size(pool_args):
     assert given_pool(pool_args) == "prefork"
     argv = worker_argv(["q"], "node@h", None, pool_args)
     assert argv.count("--pool") + argv.count("-P") <= 1 and "threads" not in argv
+    assert pool_setting(pool_args) is None
     assert "--concurrency" not in argv  # Celery's own default (one process per CPU)
     assert "4" in worker_argv(["q"], "node@h", 4, pool_args)
 
@@ -40,29 +71,19 @@ def _loop_of_run() -> asyncio.AbstractEventLoop:
     return loops.run(which())
 
 
-def _loops_from_threads(n: int) -> list[asyncio.AbstractEventLoop]:
-    found: list[asyncio.AbstractEventLoop] = []
-    threads = [threading.Thread(target=lambda: found.append(_loop_of_run())) for _ in range(n)]
+def test_each_task_thread_of_the_threads_pool_keeps_its_own_loop():
+    pairs: list[tuple[asyncio.AbstractEventLoop, asyncio.AbstractEventLoop]] = []
+
+    def task_thread() -> None:
+        pairs.append((_loop_of_run(), _loop_of_run()))
+
+    threads = [threading.Thread(target=task_thread) for _ in range(3)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(10)
-    return found
-
-
-def test_thread_mode_gives_each_task_thread_its_own_loop(monkeypatch):
-    monkeypatch.delenv(loops.LOOP_MODE_ENV, raising=False)
-    found = _loops_from_threads(3)
-    assert len({id(loop) for loop in found}) == 3
-
-
-def test_shared_mode_runs_every_task_thread_on_one_loop_thread(monkeypatch):
-    monkeypatch.setenv(loops.LOOP_MODE_ENV, "shared")
-    found = _loops_from_threads(3)
-    assert len({id(loop) for loop in found}) == 1 and found[0] is loops.shared_loop()
-    monkeypatch.setenv(loops.LOOP_MODE_ENV, "bogus")
-    with pytest.raises(ValueError, match="LATTICE_WORKER_LOOP must be 'thread' or 'shared'"):
-        loops.loop_mode()
+    assert len({id(first) for first, _ in pairs}) == 3
+    assert all(first is second for first, second in pairs)  # reused, task after task
 
 
 def test_a_worker_refuses_a_team_it_was_not_started_with_and_imports_nothing():

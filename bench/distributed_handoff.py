@@ -1,0 +1,162 @@
+"""Figures (a) and (d) of ``bench/distributed.py``: a handoff deployment (a lead and
+a member worker under their own key prefix, and a client), the interleaved
+handoff / Celery no-op round trips of one repetition of (a), the workers'
+Redis round-trip counts and ``--trace``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from distributed_procs import Bench
+from distributed_teams import COUNT_DIR_ENV, NOOP_QUEUE_SUFFIX, TEAM_REF, make_noop_app
+
+
+def _counts(directory: Path, pids: list[int]) -> dict[str, int]:
+    total = {"async": 0, "sync": 0}
+    for pid in pids:
+        path = directory / f"{pid}.json"
+        with contextlib.suppress(OSError, ValueError):
+            for key, value in json.loads(path.read_text()).items():
+                if key in total:
+                    total[key] += value
+    return total
+
+
+def trace_one_handoff(bench: Bench, latency: float = 0.0) -> None:
+    """--trace: the Redis requests each worker process writes during one handoff, in
+    order, with ``latency`` seconds per model call (``--trace-latency``)."""
+    d = Deployment(bench, "trace", {"BENCH_TRACE": "1", "BENCH_MODEL_LATENCY": str(latency)})
+    try:
+        d.ready()
+        d.handoff("warm")
+        time.sleep(1.5)
+        before = {p: _trace(d.counters, p) for p in (d.lead.proc.pid, d.member.proc.pid)}
+        t_submit = time.time()
+        d.handoff("traced")
+        t_result = time.time()
+        time.sleep(1.5)
+        rows = [(t_submit, "client", "submit"), (t_result, "client", "result")]
+        for label, pid in (("lead", d.lead.proc.pid), ("member", d.member.proc.pid)):
+            lines = _trace(d.counters, pid)[len(before[pid]) :]
+            print(f"    {label} worker: {len(lines)} requests (idle BRPOP polls included)")
+            for line in lines:
+                stamp, _, request = line.partition(" ")
+                rows.append((float(stamp), label, request))
+        rows.sort()
+        start = t_submit
+        print("    both workers' requests in time order (ms since the first):")
+        for stamp, label, request in rows:
+            print(f"      {(stamp - start) * 1000:8.2f}  {label:6s}  {request}")
+    finally:
+        d.close()
+        bench.stop_all()
+
+
+def _trace(directory: Path, pid: int) -> list[str]:
+    with contextlib.suppress(OSError, ValueError):
+        return list(json.loads((directory / f"{pid}.json").read_text()).get("trace", []))
+    return []
+
+
+def _commands(client: Any) -> int:
+    stats = client.info("commandstats")
+    return sum(int(v["calls"]) for v in stats.values())
+
+
+class Deployment:
+    """One bench team deployment (its own key prefix): a lead and a member worker, a client."""
+
+    def __init__(
+        self, bench: Bench, label: str, env: dict[str, str], team_ref: str = TEAM_REF, team: str = "bench"
+    ) -> None:
+        from lattice_client import LatticeClient
+
+        self.label = label
+        self.team = team
+        self.prefix = f"{bench.prefix}-{label}"
+        self.counters = Path(tempfile.mkdtemp(prefix=f"counts-{label}-", dir=bench.logs))
+        env = {**env, "LATTICE_KEY_PREFIX": self.prefix, COUNT_DIR_ENV: str(self.counters)}
+        self.lead = bench.lattice_worker("--member", "lead", env=env, team_ref=team_ref)
+        self.member = bench.lattice_worker("--member", "echo", env=env, team_ref=team_ref)
+        self.client_class = LatticeClient
+        self.broker = bench.broker
+        self.client: Any = None
+        self.times: list[float] = []
+
+    def ready(self) -> None:
+        self.lead.wait_ready()
+        self.member.wait_ready()
+        self.client = self.client_class(broker_url=self.broker, key_prefix=self.prefix)
+
+    def handoff(self, text: str) -> float:
+        t0 = time.perf_counter()
+        result = self.client.submit(self.team, text).wait(timeout=60)
+        elapsed = time.perf_counter() - t0
+        if result.result != "answer: echoed":
+            raise RuntimeError(f"unexpected result {result}")
+        return elapsed
+
+    def counts(self) -> dict[str, int]:
+        return _counts(self.counters, [self.lead.proc.pid, self.member.proc.pid])
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+
+
+VARIANTS: dict[str, dict[str, str]] = {"handoff": {}}
+"""Deployments (label -> extra worker environment) measured side by side in (a), paired run by run."""
+
+
+def round_trips(bench: Bench, count: int, warmup: int, labels: list[str]) -> dict[str, Any]:
+    """One repetition of (a): every variant's deployment and the no-op worker run side by
+    side; each round is one handoff per variant (in rotating order) and one no-op."""
+    deployments = [Deployment(bench, label, VARIANTS[label]) for label in labels]
+    noop_proc = bench.noop_worker("--pool", "threads")
+    for d in deployments:
+        d.ready()
+    noop_proc.wait_ready()
+    queue = f"{bench.prefix}.{NOOP_QUEUE_SUFFIX}"
+    sender = make_noop_app()  # built now: the module-level app predates the bench's key prefix
+    raw = bench.redis()
+    base: list[float] = []
+    try:
+        for i in range(warmup):
+            for d in deployments:
+                d.handoff(f"warm {i}")
+            sender.send_task("bench.noop", queue=queue).get(timeout=60)
+        time.sleep(0.3)
+        c0 = {d.label: d.counts() for d in deployments}
+        for i in range(count):
+            order = deployments[i % len(deployments) :] + deployments[: i % len(deployments)]
+            for d in order:
+                d.times.append(d.handoff(f"task {i}"))
+            t0 = time.perf_counter()
+            assert sender.send_task("bench.noop", queue=queue).get(timeout=60) == "ok"
+            base.append(time.perf_counter() - t0)
+        time.sleep(0.3)
+        per = {d.label: {k: (v - c0[d.label][k]) / count for k, v in d.counts().items()} for d in deployments}
+        # the commands of handoffs alone (client and workers, Lua-internal ones included)
+        alone = 20
+        k0 = _commands(raw)
+        for i in range(alone):
+            deployments[0].handoff(f"alone {i}")
+        commands = (_commands(raw) - k0 - 1) / alone
+    finally:
+        for d in deployments:
+            d.close()
+        sender.close()
+        raw.close()
+        bench.stop_all()
+    return {
+        "times": {d.label: d.times for d in deployments},
+        "base": base,
+        "round_trips": per,
+        "commands": commands,
+    }

@@ -1,0 +1,87 @@
+"""End-to-end: the default pool (the asyncio pool, 200 steps in flight) and the threads pool
+under kill -9, cancellation and blocking tools.
+
+Issue 10 item 7. Many member calls are in flight in ONE worker process; its
+process group is killed with SIGKILL while they work. Another worker
+recovers every one of them after the lease (each executed once more, none
+lost, none left processing). A run cancelled while its member works stops
+that member (its lease check aborts it). On the asyncio pool every step of a
+process shares one event loop: a tool whose handler is a plain blocking
+function runs in a thread, so it stalls no other step.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.e2e.conftest import wait_for
+from tests.e2e.teams import plan
+
+pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(150)]
+
+RUNS = 6
+
+
+@pytest.mark.parametrize(("pool_args", "pool"), [([], "asyncio"), (["--pool", "threads"], "threads")])
+def test_kill9_of_a_worker_with_many_calls_in_flight_recovers_them_all(deployment_factory, pool_args, pool):
+    d = deployment_factory(lease_seconds=2, max_attempts=3)
+    doomed = d.worker("tests.e2e.teams:team", *pool_args)  # the pool's default size
+    [info] = d.client.status("e2e").workers
+    assert (info.pool, info.concurrency) == (pool, 200)
+    tasks = [f"job{i} hang-first" for i in range(RUNS)]
+    handles = [d.client.submit("e2e", plan(("worker", "handoff", task))) for task in tasks]
+    # every member call is in flight at once in the one process
+    wait_for(lambda: all(f"start:{t}" in d.work_log() for t in tasks), 45, "every member call to start")
+    pids = {entry.split(":")[-1] for entry in d.redis.lrange(f"{d.prefix}:test:pids", 0, -1)}
+    assert pids == {str(doomed.proc.pid)}  # the worker's own process runs them all
+    doomed.kill9()
+    assert len(d.client.inbox("e2e::worker", "processing")) == RUNS
+
+    d.worker("tests.e2e.teams:team")  # recovered on the default pool
+    for handle, task in zip(handles, tasks, strict=True):
+        result = handle.wait(timeout=60)
+        assert result.status == "completed", result
+        assert result.result == f"final: done:worked[{task}]"
+        assert d.executions(task) == 2
+    messages = d.client.inbox("e2e::worker", "all")
+    assert sorted((m.status.value, m.attempts) for m in messages) == [("done", 2)] * RUNS
+
+
+def test_cancel_stops_a_member_working_on_the_default_pool(deployment):
+    d = deployment
+    d.worker("tests.e2e.teams:team")
+    handle = d.client.submit("e2e", plan(("worker", "handoff", "long sleep=40")))
+    wait_for(lambda: "start:long sleep=40" in d.work_log(), 30, "the member to start")
+    report = d.client.cancel(handle.run_id)
+    assert report.status.value == "cancelled"
+    assert handle.wait(timeout=10).status == "cancelled"
+    # the member's lease check aborts it: it never ends its work, and nothing stays processing
+    wait_for(lambda: not d.client.inbox("e2e::worker", "processing"), 30, "the member to be stopped")
+    assert "end:long sleep=40" not in d.work_log()
+    assert [m.status.value for m in d.client.inbox("e2e::worker", "all")] == ["cancelled"]
+
+
+def test_a_blocking_tool_on_the_default_pool_stalls_no_other_step(deployment):
+    d = deployment
+    d.worker("tests.e2e.teams:blocking_team")
+    slow = d.client.submit("e2e_blocking", plan(("worker", "handoff", "slow sleep=6")))
+    wait_for(lambda: "start:slow sleep=6" in d.work_log(), 30, "the blocking tool to start")
+    t0 = time.monotonic()
+    quick = d.client.submit("e2e_blocking", plan(("worker", "handoff", "quick")))
+    assert quick.wait(timeout=30).result == "final: done:worked[quick]"
+    # the quick run's three steps went through the process while the handler blocked
+    assert time.monotonic() - t0 < 5
+    assert "end:slow sleep=6" not in d.work_log()
+    assert slow.wait(timeout=30).result == "final: done:worked[slow sleep=6]"
+
+
+def test_more_steps_sending_at_once_than_celerys_producer_pool_holds_all_finish(deployment):
+    # 15 runs on the threads pool: 15 steps send their next step at once from 15
+    # threads, beyond Celery's producer pool (broker_pool_limit 10): none may wait forever
+    d = deployment
+    d.worker("tests.e2e.teams:team", "--pool", "threads", "--concurrency", "20")
+    handles = [d.client.submit("e2e", plan(("worker", "handoff", f"many{i} sleep=1"))) for i in range(15)]
+    for i, handle in enumerate(handles):
+        assert handle.wait(timeout=60).result == f"final: done:worked[many{i} sleep=1]"
