@@ -56,6 +56,7 @@ from typing import Any, TypeVar
 
 import greenlet
 from celery.concurrency.base import BasePool, apply_target
+from celery.concurrency.thread import ApplyResult  # (a future's result, as the threads pool returns)
 
 logger = logging.getLogger("lattice_worker.runtime.aio_pool")
 
@@ -117,17 +118,6 @@ async def run_in_greenlet(fn: Callable[..., T], *args: Any) -> T:
         else:
             result = task.switch(value)
     return result  # type: ignore[no-any-return]
-
-
-class ApplyResult:
-    """What :meth:`AsyncioPool.on_apply` returns (Celery keeps a weak reference)."""
-
-    def __init__(self, future: Future[Any]) -> None:
-        self.f = future
-        self.get = future.result
-
-    def wait(self, timeout: float | None = None) -> None:
-        wait_futures([self.f], timeout)
 
 
 class AsyncioPool(BasePool):
