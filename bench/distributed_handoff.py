@@ -10,11 +10,12 @@ import contextlib
 import json
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 from distributed_procs import Bench
-from distributed_teams import COUNT_DIR_ENV, NOOP_QUEUE_SUFFIX, TEAM_REF, make_noop_app
+from distributed_teams import CHAIN_QUEUE_SUFFIX, COUNT_DIR_ENV, NOOP_QUEUE_SUFFIX, TEAM_REF, make_noop_app
 
 
 def _counts(directory: Path, pids: list[int]) -> dict[str, int]:
@@ -114,23 +115,43 @@ VARIANTS: dict[str, dict[str, str]] = {"handoff": {}}
 """Deployments (label -> extra worker environment) measured side by side in (a), paired run by run."""
 
 
+def _chain(sender: Any, first: str, second: str) -> float:
+    """One Celery-only chain round trip: ``bench.chain`` on ``first`` sends the next
+    hop to ``second``, which sends ``bench.noop`` back to ``first`` (the handoff's
+    three steps on its two workers, no runtime); the client waits for the last
+    hop's result. Seconds."""
+    final_id = uuid.uuid4().hex
+    t0 = time.perf_counter()
+    sender.send_task("bench.chain", args=[[second, first], final_id], queue=first)
+    if sender.AsyncResult(final_id).get(timeout=60) != "ok":
+        raise RuntimeError("the chain's last hop did not answer ok")
+    return time.perf_counter() - t0
+
+
 def round_trips(bench: Bench, count: int, warmup: int, labels: list[str]) -> dict[str, Any]:
-    """One repetition of (a): every variant's deployment and the no-op worker run side by
-    side; each round is one handoff per variant (in rotating order) and one no-op."""
+    """One repetition of (a): every variant's deployment and the no-op workers run side by
+    side; each round is one handoff per variant (in rotating order), one no-op and one
+    three-hop Celery chain across the two no-op workers (the floor Celery alone sets
+    for the handoff's three steps)."""
     deployments = [Deployment(bench, label, VARIANTS[label]) for label in labels]
     noop_proc = bench.noop_worker("--pool", "threads")
+    second_proc = bench.noop_worker("--pool", "threads", queue_suffix=CHAIN_QUEUE_SUFFIX)
     for d in deployments:
         d.ready()
     noop_proc.wait_ready()
+    second_proc.wait_ready()
     queue = f"{bench.prefix}.{NOOP_QUEUE_SUFFIX}"
+    second = f"{bench.prefix}.{CHAIN_QUEUE_SUFFIX}"
     sender = make_noop_app()  # built now: the module-level app predates the bench's key prefix
     raw = bench.redis()
     base: list[float] = []
+    chain: list[float] = []
     try:
         for i in range(warmup):
             for d in deployments:
                 d.handoff(f"warm {i}")
             sender.send_task("bench.noop", queue=queue).get(timeout=60)
+            _chain(sender, queue, second)
         time.sleep(0.3)
         c0 = {d.label: d.counts() for d in deployments}
         for i in range(count):
@@ -140,6 +161,7 @@ def round_trips(bench: Bench, count: int, warmup: int, labels: list[str]) -> dic
             t0 = time.perf_counter()
             assert sender.send_task("bench.noop", queue=queue).get(timeout=60) == "ok"
             base.append(time.perf_counter() - t0)
+            chain.append(_chain(sender, queue, second))
         time.sleep(0.3)
         per = {d.label: {k: (v - c0[d.label][k]) / count for k, v in d.counts().items()} for d in deployments}
         # the commands of handoffs alone (client and workers, Lua-internal ones included)
@@ -157,6 +179,7 @@ def round_trips(bench: Bench, count: int, warmup: int, labels: list[str]) -> dic
     return {
         "times": {d.label: d.times for d in deployments},
         "base": base,
+        "chain": chain,
         "round_trips": per,
         "commands": commands,
     }

@@ -157,11 +157,12 @@ class Bench:
         argv = [lattice, "worker", team_ref, *args, "--without-mingle", "--without-gossip", "-l", "INFO"]
         return self.start(argv, {"BENCH_MODEL_LATENCY": str(latency), **(env or {})})
 
-    def noop_worker(self, *pool_args: str) -> Proc:
-        queue = f"{self.prefix}.{NOOP_QUEUE_SUFFIX}"
+    def noop_worker(self, *pool_args: str, queue_suffix: str = NOOP_QUEUE_SUFFIX) -> Proc:
+        """A Celery worker of the no-op app consuming ``<prefix>.<queue_suffix>``."""
+        queue = f"{self.prefix}.{queue_suffix}"
         return self.start(
             [sys.executable, "-m", "celery", "-A", NOOP_APP_REF, "worker", "-Q", queue, "-E",
-             *pool_args, "--without-mingle", "--without-gossip", "-l", "INFO", "-n", f"noop.{self.prefix}@%h"],
+             *pool_args, "--without-mingle", "--without-gossip", "-l", "INFO", "-n", f"{queue_suffix}.{self.prefix}@%h"],
             {},
         )  # fmt: skip
 

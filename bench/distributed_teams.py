@@ -35,6 +35,8 @@ TEAM_REF = "distributed_teams:bench_team"
 TOOL_TEAM_REF = "distributed_teams:bench_tool_team"
 NOOP_APP_REF = "distributed_teams:noop_app"
 NOOP_QUEUE_SUFFIX = "bench.noop"
+CHAIN_QUEUE_SUFFIX = "bench.chain"
+"""The second no-op worker's queue (the middle hop of the Celery-only chain of (a))."""
 COUNT_DIR_ENV = "BENCH_COUNT_DIR"
 
 # --------------------------------------------------------------------------- worker-side round-trip counting
@@ -233,3 +235,14 @@ noop_app = make_noop_app()
 @noop_app.task(name="bench.noop", ignore_result=False, shared=False)
 def noop() -> str:
     return "ok"
+
+
+@noop_app.task(name="bench.chain", ignore_result=True, shared=False)
+def chain(hops: list[str], final_id: str) -> str:
+    """One hop of the Celery chain floor: send the next hop to the next queue of
+    ``hops`` (the last hop stores ``"ok"`` under ``final_id``)."""
+    if len(hops) == 1:
+        noop_app.send_task("bench.noop", queue=hops[0], task_id=final_id)
+    else:
+        noop_app.send_task("bench.chain", args=[hops[1:], final_id], queue=hops[0])
+    return "sent"
