@@ -11,11 +11,14 @@ worker's heartbeat publishes its teams and queues in the live registry
   nested teams (a single worker with ``--concurrency 1`` runs whole runs);
 * ``members``: only those queues (``"lead"`` names the lead queues).
 
-Pool: Celery's ``threads`` pool by default (:data:`DEFAULT_POOL`), with
-:data:`DEFAULT_THREADS` threads unless ``--concurrency`` says otherwise -- a
-model call mostly waits on the network, so one process keeps many in flight,
-each task thread on its own event loop (:mod:`lattice_worker.runtime.loops`).
-``--pool prefork`` (Celery's default pool; ``--concurrency`` processes, one
+Pool: the ``asyncio`` pool by default (:data:`DEFAULT_POOL`,
+:class:`~lattice_worker.runtime.aio_pool.AsyncioPool`), with
+:data:`DEFAULT_ASYNCIO_CONCURRENCY` steps in flight unless ``--concurrency``
+says otherwise -- a model call mostly waits on the network, so one process
+keeps many in flight, every step on the pool's one event loop.
+``--pool threads`` (:data:`DEFAULT_THREADS` threads, each on its own event
+loop: :mod:`lattice_worker.runtime.loops`) is the alternative for tools that
+block; ``--pool prefork`` (Celery's default pool; ``--concurrency`` processes, one
 task each, Celery's default of one per CPU) suits CPU-bound tools. Any other
 Celery worker option (``extra_args``) passes through. Every worker gets a
 unique node name (``lattice.<team>.<random>@<host>``).
@@ -122,9 +125,11 @@ def run_worker(
     Args:
         team_ref: ``"package.module:attribute"`` or a registered team name.
         members: member names whose queues to consume (``"lead"`` = the lead's); empty = all.
-        concurrency: Celery ``--concurrency`` (threads of the default ``threads``
-            pool, processes of ``--pool prefork``), or ``None``: :data:`DEFAULT_THREADS`
-            threads, or Celery's default for another pool.
+        concurrency: Celery ``--concurrency`` (steps in flight on the default
+            ``asyncio`` pool, threads of ``--pool threads``, processes of
+            ``--pool prefork``), or ``None``: :data:`DEFAULT_ASYNCIO_CONCURRENCY`
+            on the ``asyncio`` pool, :data:`DEFAULT_THREADS` on ``threads``,
+            Celery's default on another pool.
         extra_args: more Celery worker options, passed through unchanged.
 
     Raises :class:`ConfigError` for a bad reference, a lead that is not an
