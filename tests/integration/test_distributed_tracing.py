@@ -12,8 +12,6 @@ which context runs each enqueued task.
 from __future__ import annotations
 
 import json
-import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -21,20 +19,14 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from lattice_client.celery_config import DELIVER_TASK, RESUME_LEAD_TASK, RUN_LEAD_TASK
+from lattice_client.celery_config import RUN_LEAD_TASK
 from lattice_client.errors import RunLeaseLostError
-from lattice_client.runstore import RunStore
-from lattice_client.settings import get_settings
-from lattice_mailbox.redis import RedisMailbox
 from lattice_worker import ScriptedModelClient, define_agent
-from lattice_worker.runtime import lead_segment, member_step
-from lattice_worker.runtime.context import WorkerContext
-from lattice_worker.runtime.registry import TeamRegistry
 from lattice_worker.runtime.run_trace import TRACE_CARRIER_KEY, run_tracer
 from lattice_worker.team import create_team, team_member
 from lattice_worker.tracing import create_jsonl_context_tracer, create_otel_context_tracer
 from tests.e2e.teams import lead_model, member_model, plan, work
-from tests.support.services import REDIS_URL
+from tests.support.inprocess import Cluster, Worker
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
@@ -76,73 +68,6 @@ def traced_team(tracer: Any, name: str = "tr") -> Any:
         runner={"max_concurrent_work_items": 4},
         tracer=tracer,
     )
-
-
-@dataclass
-class Worker:
-    """One stand-in worker process: a context over its own registry."""
-
-    ctx: WorkerContext
-    exporter: InMemorySpanExporter | None = None
-
-    def spans(self) -> list[Any]:
-        return list(self.exporter.get_finished_spans()) if self.exporter is not None else []
-
-
-@dataclass
-class Cluster:
-    prefix: str
-    sent: list[tuple[str, str]] = field(default_factory=list)
-    workers: list[Worker] = field(default_factory=list)
-
-    def worker(self, *teams: Any, exporter: InMemorySpanExporter | None = None) -> Worker:
-        settings = get_settings(key_prefix=self.prefix, lease_seconds=5)
-        mailbox = RedisMailbox(REDIS_URL, prefix=self.prefix)
-        registry = TeamRegistry(mailbox)
-        for team in teams:
-            registry.add(team)
-        ctx = WorkerContext(
-            settings=settings,
-            registry=registry,
-            mailbox=mailbox,
-            runs=RunStore(REDIS_URL, self.prefix),
-            send_task=lambda name, args, queue: self.sent.append((name, args[0])),
-        )
-        worker = Worker(ctx, exporter)
-        self.workers.append(worker)
-        return worker
-
-    async def run(self, worker: Worker, *, only: str | None = None, limit: int = 50) -> list[str]:
-        """Run the enqueued tasks (those named ``only``, when given) on ``worker``
-        until none is left; returns their outcomes."""
-        outcomes: list[str] = []
-        for _ in range(limit):
-            pending = [t for t in self.sent if only is None or t[0] == only]
-            if not pending:
-                return outcomes
-            task = pending[0]
-            self.sent.remove(task)
-            name, arg = task
-            body = {
-                RUN_LEAD_TASK: lead_segment.run_lead,
-                DELIVER_TASK: member_step.deliver,
-                RESUME_LEAD_TASK: lead_segment.resume_lead,
-            }[name]
-            outcomes.append(await body(worker.ctx, arg))
-            await worker.ctx.writer.flush()
-        raise AssertionError("tasks kept coming")
-
-    async def submit(self, worker: Worker, team: str, prompt: str) -> str:
-        run_id = f"run_{uuid.uuid4().hex[:10]}"
-        await worker.ctx.runs.create(run_id, team, prompt)
-        self.sent.append((RUN_LEAD_TASK, run_id))
-        return run_id
-
-    async def close(self) -> None:
-        for worker in self.workers:
-            await worker.ctx.writer.aclose()
-            await worker.ctx.runs.aclose()
-            await worker.ctx.mailbox.aclose()
 
 
 @pytest.fixture
