@@ -6,7 +6,10 @@ run exists the claim is extended for :data:`CHILD_CLAIM_SECONDS` (the child
 run's own lead lease covers crashes from then on). A worker dying between the
 claim and that point leaves a claim whose lease expires: the message is
 re-claimed and the (deterministic) child run reused, under the new claim
-token (kept in ``P:child:<child run id>:claim``). When the child run ends,
+token (kept in ``P:child:<child run id>:claim``). The child run's record
+carries the member's delegation depth and limit (``metadata["lattice_parent"]``),
+so its lead delegates no deeper than a nested team's lead in one process
+(:mod:`lattice_worker.team.depth`). When the child run ends,
 :func:`reply_from_child` replies upstream and completes the work item."""
 
 from __future__ import annotations
@@ -18,12 +21,13 @@ from lattice_client.models import RunRecord, RunResult
 from lattice_mailbox.base import ClaimError
 from lattice_mailbox.message import MessageStatus, TeamMessage
 
+from ..team.depth import DEPTH_METADATA_KEY, LIMIT_METADATA_KEY
 from ..team.events import TeamAgentEvent, TeamMessageEvent
 from ..team.ids import split_mailbox_id
 from ..team.member import TeamMember
 from ..team.member_tools import MailboxToolState, set_message_status
 from ..team.team import Team
-from ..team.work import WorkItemOutcome
+from ..team.work import WorkItemOutcome, member_depth, member_limit
 from .completion import complete_work_item, send_failure_report
 from .context import WorkerContext
 from .events import public_message
@@ -59,7 +63,12 @@ async def start_child_run(
         "work_item_id": message.work_item_id,
         "claim_token": message.claim_token,
         "parent_team_run": run_id,
+        # the child's lead runs at its member's delegation depth, under the limit there
+        DEPTH_METADATA_KEY: member_depth(message),
     }
+    limit = member_limit(team, message)
+    if limit is not None:
+        upstream[LIMIT_METADATA_KEY] = limit
     carrier = message.metadata.get(TRACE_CARRIER_KEY)
     if isinstance(carrier, dict):  # a traced parent run: the child run continues its trace
         upstream[TRACE_CARRIER_KEY] = carrier

@@ -29,6 +29,8 @@ run with ``parent``) replies upstream when it ends (:mod:`lattice_worker.runtime
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from lattice_client.errors import RunLeaseLostError, RunStateError
@@ -36,6 +38,7 @@ from lattice_client.models import RunRecord, RunResult, RunStatus
 from lattice_client.runstore import SegmentStart
 
 from ..agent.agent import Agent
+from ..team.depth import delegated, delegation_limit, metadata_depth, metadata_limit
 from ..team.reports import failed_work_items
 from ..team.team import Team
 from .context import WorkerContext
@@ -226,13 +229,14 @@ async def drive(
             options.update(trace.lead_options(team, agent))
         carrier_token = current_carrier.set(trace.carrier if trace is not None else None)
         try:
-            async for event in agent.query(prompt, **options):
-                if getattr(event, "type", None) == "result":
-                    final = event
-                    if event.subtype != "suspended":
-                        await ctx.events.emit(run_id, event)
-                    continue
-                await ctx.events.emit(run_id, event)
+            with lead_delegation(team, record):
+                async for event in agent.query(prompt, **options):
+                    if getattr(event, "type", None) == "result":
+                        final = event
+                        if event.subtype != "suspended":
+                            await ctx.events.emit(run_id, event)
+                        continue
+                    await ctx.events.emit(run_id, event)
         finally:
             current_carrier.reset(carrier_token)
             current_fence.reset(fence_token)
@@ -293,6 +297,26 @@ async def drive(
         return status
 
 
+@contextmanager
+def lead_delegation(team: Team, record: RunRecord) -> Iterator[None]:
+    """The delegation depth and limit the lead of ``record`` runs under, as in
+    one process: depth 0 under the team's ``max_delegate_depth`` for a run a
+    client submitted; for a nested team's child run, the depth and limit of
+    the member it serves (``metadata["lattice_parent"]``, written by
+    :func:`~lattice_worker.runtime.child_runs.start_child_run`) as well."""
+    depth: int | None = None
+    limit: int | None = None
+    upstream = record.metadata.get("lattice_parent") if record.parent is not None else None
+    if isinstance(upstream, dict):
+        depth, limit = metadata_depth(upstream), metadata_limit(upstream)
+    with (
+        delegated(depth or 0),
+        delegation_limit(limit),
+        delegation_limit(team.runner_options.max_delegate_depth),
+    ):
+        yield
+
+
 def _events_fence(ctx: WorkerContext, run_id: str, lease: LeadLease | None) -> FenceSource | None:
     """The fence of the segment's events: its lease, until the segment ends its
     hold itself (a suspension or a parked call: what it emits then is not fenced)."""
@@ -323,4 +347,4 @@ async def _parent_gone(ctx: WorkerContext, record: RunRecord) -> bool:
     return parent_record is None or parent_record.status.finished
 
 
-__all__ = ["drive", "resume_lead", "run_lead"]
+__all__ = ["drive", "lead_delegation", "resume_lead", "run_lead"]

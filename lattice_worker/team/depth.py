@@ -12,8 +12,10 @@ The limit is ``RunnerOptions.max_delegate_depth`` of the team whose runtime
 drives the query (the tightest one when teams are nested), else
 :data:`DEFAULT_MAX_DELEGATE_DEPTH`. Depth and limit travel in context
 variables (so tasks and tool calls started by a run inherit them); a team
-task message carries its depth in ``metadata["delegate_depth"]``, which the
-member run -- in this process or in a worker -- starts from.
+task message carries its depth in ``metadata["delegate_depth"]`` and the limit
+in effect where it was sent in ``metadata["delegate_limit"]``, which the member
+run -- in this process or in a worker -- starts from; a nested team's child run
+in a worker starts its lead from the same two (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ nested team; shallow enough that a runaway self-delegation stops quickly."""
 DEPTH_METADATA_KEY = "delegate_depth"
 """The team task message metadata key holding the depth its member runs at."""
 
+LIMIT_METADATA_KEY = "delegate_limit"
+"""The team task message metadata key holding the delegation limit in effect
+where the message was sent (the tightest of the sender's and its team's)."""
+
 _depth: ContextVar[int] = ContextVar("lattice_delegate_depth", default=0)
 _limit: ContextVar[int | None] = ContextVar("lattice_delegate_limit", default=None)
 
@@ -48,6 +54,12 @@ def current_limit() -> int:
     return DEFAULT_MAX_DELEGATE_DEPTH if limit is None else limit
 
 
+def effective_limit(limit: int | None = None) -> int:
+    """The limit a delegation under ``limit`` (a team's ``max_delegate_depth``;
+    ``None``: none of its own) is held to: the tightest of it and :func:`current_limit`."""
+    return current_limit() if limit is None else min(limit, current_limit())
+
+
 def next_depth(where: str, limit: int | None = None) -> int:
     """The depth a delegation from the running agent would run at.
 
@@ -57,7 +69,7 @@ def next_depth(where: str, limit: int | None = None) -> int:
     so; nothing ran) when that depth is beyond the limit.
     """
     depth = _depth.get() + 1
-    effective = current_limit() if limit is None else min(limit, current_limit())
+    effective = effective_limit(limit)
     if depth > effective:
         raise ToolExecutionError(
             f"{where}: refused -- delegation depth limit reached. This call would run an agent at "
@@ -79,22 +91,45 @@ def delegated(depth: int) -> Iterator[None]:
 
 
 @contextmanager
-def delegation_limit(limit: int) -> Iterator[None]:
-    """Run the block under ``limit`` (or the tighter limit already in effect)."""
+def delegation_limit(limit: int | None) -> Iterator[None]:
+    """Run the block under ``limit`` (or the tighter limit already in effect;
+    ``None`` changes nothing)."""
     current = _limit.get()
-    token = _limit.set(limit if current is None else min(current, limit))
+    if limit is None:
+        limit = current
+    token = _limit.set(limit if current is None or limit is None else min(current, limit))
     try:
         yield
     finally:
         _limit.reset(token)
 
 
+def _count(value: object, smallest: int) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= smallest:
+        return value
+    return None
+
+
+def metadata_depth(metadata: dict[str, object]) -> int | None:
+    """The depth ``metadata[DEPTH_METADATA_KEY]`` names (an integer >= 0), else ``None``."""
+    return _count(metadata.get(DEPTH_METADATA_KEY), 0)
+
+
+def metadata_limit(metadata: dict[str, object]) -> int | None:
+    """The limit ``metadata[LIMIT_METADATA_KEY]`` names (an integer >= 1), else ``None``."""
+    return _count(metadata.get(LIMIT_METADATA_KEY), 1)
+
+
 __all__ = [
     "DEFAULT_MAX_DELEGATE_DEPTH",
     "DEPTH_METADATA_KEY",
+    "LIMIT_METADATA_KEY",
     "current_depth",
     "current_limit",
     "delegated",
     "delegation_limit",
+    "effective_limit",
+    "metadata_depth",
+    "metadata_limit",
     "next_depth",
 ]

@@ -22,7 +22,7 @@ from lattice_mailbox.message import TeamMessage
 
 from ..tools.tool import ToolContext, ToolDefinition, ToolResult
 from .agent_tool import format_task
-from .depth import DEPTH_METADATA_KEY, next_depth
+from .depth import DEPTH_METADATA_KEY, LIMIT_METADATA_KEY, effective_limit, next_depth
 from .ids import lead_mailbox_id, mailbox_id, new_work_item_id
 from .member import TeamMember
 from .member_tools import TeamToolError
@@ -125,6 +125,7 @@ async def _send_task(
             "expected_output": data.expected_output,
             "acceptance_criteria": data.acceptance_criteria,
             DEPTH_METADATA_KEY: depth,
+            LIMIT_METADATA_KEY: effective_limit(team.runner_options.max_delegate_depth),
         },
     )
 

@@ -27,7 +27,7 @@ from lattice_mailbox.message import MessageStatus, TeamMessage
 
 from ..errors import AbortError
 from ..tracing.base import TraceContext, TraceEmitter
-from .depth import DEPTH_METADATA_KEY, current_depth, delegated
+from .depth import current_depth, delegated, delegation_limit, metadata_depth, metadata_limit
 from .events import (
     AgentMessageEvent,
     TeamAgentEvent,
@@ -179,9 +179,11 @@ async def run_work_item(
 
     The member runs at the delegation depth its message carries
     (``metadata["delegate_depth"]``, see :mod:`lattice_worker.team.depth`), else
-    one below the running agent.
+    one below the running agent, under the tightest of the limit the message
+    carries (``metadata["delegate_limit"]``), the team's ``max_delegate_depth``
+    and the limit already in effect.
     """
-    with delegated(member_depth(message)):
+    with delegated(member_depth(message)), delegation_limit(member_limit(team, message)):
         return await _run_work_item(
             team,
             member,
@@ -202,10 +204,21 @@ async def run_work_item(
 
 def member_depth(message: TeamMessage) -> int:
     """The delegation depth a member works on ``message`` at."""
-    depth = message.metadata.get(DEPTH_METADATA_KEY)
-    if isinstance(depth, int) and not isinstance(depth, bool) and depth >= 0:
-        return depth
-    return current_depth() + 1
+    depth = metadata_depth(message.metadata)
+    return current_depth() + 1 if depth is None else depth
+
+
+def member_limit(team: Any, message: TeamMessage) -> int | None:
+    """The delegation limit a member of ``team`` works on ``message`` under
+    (before the one already in effect is applied): the tighter of the limit
+    the message carries and the team's ``max_delegate_depth``; ``None``: neither."""
+    options = getattr(team, "runner_options", None)
+    limits = [
+        limit
+        for limit in (metadata_limit(message.metadata), getattr(options, "max_delegate_depth", None))
+        if limit is not None
+    ]
+    return min(limits) if limits else None
 
 
 async def _run_work_item(
@@ -484,6 +497,8 @@ __all__ = [
     "MemberRuntime",
     "REPORT_KINDS",
     "WorkItemOutcome",
+    "member_depth",
+    "member_limit",
     "member_prompt",
     "member_trace_context",
     "outcome_tool_text",
