@@ -16,7 +16,9 @@ next steps (doorbells, the resume, child runs) as Celery tasks of their own,
 even on a queue this worker consumes: every step shows in Flower with its
 state, and any worker on the step's queue may take it.
 A Redis connection failure is retried by Celery (every body is idempotent up
-to its first state change). Each task returns a short word saying what
+to its first state change). A body that raises ``SystemExit`` or another
+``BaseException`` that is not an ``Exception`` fails its task with
+:class:`StepInterruptedError` (acknowledged; the work is recovered by lease). Each task returns a short word saying what
 happened (``"idle"``, ``"skipped"``, ``"suspended"``, ``"done"``...), visible
 in Flower and the worker log.
 
@@ -26,11 +28,13 @@ in Flower and the worker log.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from contextvars import ContextVar
 from typing import Any
 
 from celery import current_task
+from celery.exceptions import WorkerShutdown, WorkerTerminate
+from greenlet import GreenletExit
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -94,6 +98,30 @@ _RETRY = {
 }
 
 
+class StepInterruptedError(RuntimeError):
+    """A step's body raised a ``BaseException`` that is not an ``Exception``
+    (``SystemExit`` from a library calling ``sys.exit()``, ``KeyboardInterrupt``,
+    a ``CancelledError`` escaping it): the task fails with this error instead,
+    so Celery records the failure and acknowledges the message (Celery's
+    thread-based pools leave such a message unacknowledged, holding a slot of
+    the worker until it restarts). The step's claim or lease is left to expire:
+    the reaper recovers the work as after a crash (docs/architecture.md)."""
+
+
+def _run(task: str, body: Coroutine[Any, Any, str]) -> str:
+    # loops.run(body), with a non-Exception BaseException turned into StepInterruptedError;
+    # Celery's own shutdown signals and a greenlet's exit pass through
+    try:
+        return loops.run(body)
+    except (WorkerShutdown, WorkerTerminate, GreenletExit):
+        raise
+    except Exception:
+        raise
+    except BaseException as exc:
+        logger.error("%s: the step raised %r; the task fails and its work is recovered by lease", task, exc)
+        raise StepInterruptedError(f"{task}: the step raised {exc!r}") from exc
+
+
 def _bad_arg(task: str, name: str, value: object) -> str:
     logger.error("%s: %s must be a non-empty string, got %r; ignored", task, name, value)
     return "invalid"
@@ -103,7 +131,7 @@ def run_lead(run_id: str) -> str:
     """Start the lead of run ``run_id`` (see :func:`lattice_worker.runtime.lead_segment.run_lead`)."""
     if not isinstance(run_id, str) or not run_id:
         return _bad_arg(RUN_LEAD_TASK, "run_id", run_id)
-    return loops.run(run_step(process.context(), RUN_LEAD_TASK, run_id, origin=_origin()))
+    return _run(RUN_LEAD_TASK, run_step(process.context(), RUN_LEAD_TASK, run_id, origin=_origin()))
 
 
 def deliver(mailbox_id: str, message_id: str | None = None) -> str:
@@ -114,14 +142,14 @@ def deliver(mailbox_id: str, message_id: str | None = None) -> str:
     if message_id is not None and (not isinstance(message_id, str) or not message_id):
         return _bad_arg(DELIVER_TASK, "message_id", message_id)
     more = (message_id,) if message_id else ()
-    return loops.run(run_step(process.context(), DELIVER_TASK, mailbox_id, *more, origin=_origin()))
+    return _run(DELIVER_TASK, run_step(process.context(), DELIVER_TASK, mailbox_id, *more, origin=_origin()))
 
 
 def resume_lead(run_id: str) -> str:
     """Resume run ``run_id`` (see :func:`lattice_worker.runtime.lead_segment.resume_lead`)."""
     if not isinstance(run_id, str) or not run_id:
         return _bad_arg(RESUME_LEAD_TASK, "run_id", run_id)
-    return loops.run(run_step(process.context(), RESUME_LEAD_TASK, run_id, origin=_origin()))
+    return _run(RESUME_LEAD_TASK, run_step(process.context(), RESUME_LEAD_TASK, run_id, origin=_origin()))
 
 
 def register(app: Any) -> dict[str, Any]:
@@ -133,4 +161,12 @@ def register(app: Any) -> dict[str, Any]:
     }
 
 
-__all__ = ["current_origin", "deliver", "register", "resume_lead", "run_lead", "run_step"]
+__all__ = [
+    "StepInterruptedError",
+    "current_origin",
+    "deliver",
+    "register",
+    "resume_lead",
+    "run_lead",
+    "run_step",
+]

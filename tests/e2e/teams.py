@@ -22,6 +22,7 @@ happens in Redis under the test's key prefix (``LATTICE_KEY_PREFIX``):
 
 Task words change its behaviour: ``sleep=<s>`` sleeps ``s`` seconds;
 ``hang-first`` sleeps 60 s on its first execution only (to be killed);
+``exit-first`` raises ``SystemExit`` on its first execution only;
 ``barrier=<n>`` waits (up to 30 s) until ``n`` executions have started;
 ``fail`` makes the member end without replying (a no-reply failure);
 ``followup`` makes it send the output with ``team_followup`` instead of
@@ -194,6 +195,8 @@ async def _work(task: str) -> str:
                 await asyncio.sleep(float(word.split("=", 1)[1]))
             if word == "hang-first" and count == 1:
                 await asyncio.sleep(60)
+            if word == "exit-first" and count == 1:
+                raise SystemExit(3)  # what a library calling sys.exit() does to its caller
             if word.startswith("barrier="):
                 want = int(word.split("=", 1)[1])
                 deadline = time.monotonic() + 30

@@ -1,5 +1,5 @@
 """End-to-end: the default pool (the asyncio pool, 200 steps in flight) and the threads pool
-under kill -9, cancellation and blocking tools.
+under kill -9, cancellation, blocking tools and a tool calling ``sys.exit()``.
 
 Issue 10 item 7. Many member calls are in flight in ONE worker process; its
 process group is killed with SIGKILL while they work. Another worker
@@ -85,3 +85,25 @@ def test_more_steps_sending_at_once_than_celerys_producer_pool_holds_all_finish(
     handles = [d.client.submit("e2e", plan(("worker", "handoff", f"many{i} sleep=1"))) for i in range(15)]
     for i, handle in enumerate(handles):
         assert handle.wait(timeout=60).result == f"final: done:worked[many{i} sleep=1]"
+
+
+@pytest.mark.parametrize("pool_args", [[], ["--pool", "threads"]], ids=["asyncio", "threads"])
+def test_a_step_that_raises_system_exit_fails_its_task_and_is_recovered_by_lease(
+    deployment_factory, pool_args
+):
+    # A tool calling sys.exit() on its first execution: the step's task fails (acknowledged,
+    # not left holding one of the worker's slots), the worker lives on, and the claim's
+    # expiry recovers the work item like a crash's.
+    d = deployment_factory(lease_seconds=2, max_attempts=3)
+    worker = d.worker("tests.e2e.teams:team", *pool_args)
+    handle = d.client.submit("e2e", plan(("worker", "handoff", "job exit-first")))
+    result = handle.wait(timeout=60)
+    assert result.status == "completed", result
+    # the failed attempt recorded its tool call as withheld; the next attempt replied with that
+    assert result.result.startswith("final: done:Error: this tool call's result was withheld")
+    [message] = d.client.inbox("e2e::worker", "all")
+    assert (message.status.value, message.attempts) == ("done", 2)
+    assert worker.alive()
+    worker.wait_log("StepInterruptedError")
+    # every Celery message was acknowledged: kombu's unacked-restore hash is empty
+    wait_for(lambda: d.redis.hlen(f"{d.prefix}:unacked") == 0, 10, "no message left unacknowledged")

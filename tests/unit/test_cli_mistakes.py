@@ -120,7 +120,10 @@ def test_an_option_value_that_looks_like_a_global_option_after_double_dash_is_le
             "--concurrency does nothing with --pool solo",
         ),
         (["worker", "x:y", "-c", "2", "-P=solo"], "--concurrency does nothing with --pool solo"),
-        (["worker", "x:y", "--pool", "gevent"], "--pool gevent: not a pool lattice workers run on; use one of asyncio"),
+        (
+            ["worker", "x:y", "--pool", "gevent"],
+            "--pool gevent: not a pool lattice workers run on; use one of asyncio",
+        ),
         (["flower"], "Flower needs credentials: --basic-auth USER:PASSWORD"),
         (["flower", "--unauthenticated", "--address", "0.0.0.0"], "loopback address only, not '0.0.0.0'"),
         (["flower", "--unauthenticated", "--basic-auth", "ops:pw"], "exclude each other"),
