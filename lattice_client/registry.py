@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
@@ -129,12 +129,14 @@ class LiveRegistry:
     def __init__(self, workers: Iterable[WorkerInfo]) -> None:
         self.workers = sorted(workers, key=lambda w: w.node)
 
-    def resolve(self, team: str) -> str | None:
+    def resolve(self, team: str, lead_queue: Callable[[str], str] | None = None) -> str | None:
         """The team name a live worker published for the name or reference
-        ``team``, or ``None`` when no live worker did."""
+        ``team``, or ``None`` when no live worker did. With ``lead_queue``
+        (team name -> its lead queue) only a worker that also consumes that
+        queue counts: one that can start the team's runs."""
         for worker in self.workers:
             name = worker.teams.get(team)
-            if name is not None:
+            if name is not None and (lead_queue is None or lead_queue(name) in worker.queues):
                 return name
         return None
 

@@ -64,19 +64,22 @@ class SubmitMixin:
         what the running workers published (:mod:`lattice_client.registry`).
         The client never imports a team's module.
 
-        A live worker's answer is reused for a while (5 s), so most submits make
-        no registry round trip. A name or reference no live worker serves is
-        refused: its run would wait on a queue nobody consumes. With
-        ``require_registered=False`` a plain *name* is accepted anyway (for
-        services that submit before their workers start, or while they
-        restart): a warning is logged (logger ``lattice_client.client``) and
-        the run waits in Redis until a worker for that name consumes its queue.
-        A reference is never accepted unresolved: only a worker started with it
-        knows its team's name (submit by name instead).
+        A team is served when a live worker that published it also consumes its
+        lead queue (that worker starts its runs). A live worker's answer is
+        reused for a while (5 s), so most submits make no registry round trip.
+        A name or reference no live worker serves is refused: its run would
+        wait on a queue nobody consumes. With ``require_registered=False`` a
+        plain *name* is accepted anyway (for services that submit before their
+        workers start, or while they restart), and so is a reference some live
+        worker published while none consumes its lead queue: a warning is
+        logged (logger ``lattice_client.client``) and the run waits in Redis
+        until a worker consumes its lead queue. A reference no live worker
+        published is never accepted: only a worker started with it knows its
+        team's name (submit by name instead).
 
         Raises ``ValueError`` (nothing is written) for a malformed name (not
         1-64 characters of ``[A-Za-z0-9_.-]``) or reference, a reference no
-        live worker serves, or a name no live worker serves (with
+        live worker published, or a team no live worker serves (with
         ``require_registered=True``).
         """
         if not isinstance(team, str) or not team.strip():
@@ -90,7 +93,8 @@ class SubmitMixin:
         if cached is not None:
             return cached
         live = LiveRegistry(await self.live_workers())
-        name = live.resolve(team)
+        # served means: some live worker consumes the team's lead queue (it starts the runs)
+        name = live.resolve(team, self._lead_queue)
         if name is not None:
             # A live worker's answer is kept a little while: no registry round trip before
             # each submit. Other answers are not kept.
@@ -99,15 +103,19 @@ class SubmitMixin:
                 self._teams.clear()
             self._teams[team] = (*answer, time.monotonic() + _TEAM_CACHE_SECONDS)
             return answer
-        if is_ref or require_registered:
+        published = live.resolve(team)  # a live worker serves it, but none consumes its lead queue
+        if require_registered or (is_ref and published is None):
             raise ValueError(_unserved_message(team, self.settings.key_prefix, live, is_ref=is_ref))
         logger.warning(
             "no live worker serves team %r under key prefix %r; the run is queued and waits until a worker "
-            "for it starts (lattice worker package.module:attribute)",
+            "consuming its lead queue starts (lattice worker package.module:attribute)",
             team,
             self.settings.key_prefix,
         )
-        return team, None
+        return (published or team), (team if is_ref else None)
+
+    def _lead_queue(self, team_name: str) -> str:
+        return queue_name(self.settings.key_prefix, team_name, "lead")
 
     def _cached_team(self, team: str) -> tuple[str, str | None] | None:
         cached = self._teams.get(team)
@@ -185,9 +193,20 @@ class SubmitMixin:
 
 
 def _unserved_message(team: str, prefix: str, live: LiveRegistry, *, is_ref: bool) -> str:
+    published = live.resolve(team)
+    if published is not None:  # served, but no live worker consumes its lead queue
+        lead = queue_name(prefix, published, "lead")
+        return (
+            f"no live worker starts team {published!r}'s runs under key prefix {prefix!r}: live workers serve "
+            f"its members, but none consumes its lead queue {lead!r}. Start one (lattice worker "
+            f"package.module:attribute --member lead, or without --member), or submit with "
+            "require_registered=False (CLI: --allow-unregistered) to queue the run until one starts."
+        )
     names = live.team_names()
     served = ", ".join(names[:20]) + (", ..." if len(names) > 20 else "") if names else "none"
-    workers = f"{len(live.workers)} live worker(s) serving: {served}" if live.workers else "no live worker"
+    workers = (
+        f"{len(live.workers)} live worker(s) serving: {served}" if live.workers else "there is no live worker"
+    )
     if is_ref:
         return (
             f"unknown team reference {team!r}: no live worker under key prefix {prefix!r} was started with it "

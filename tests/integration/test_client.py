@@ -235,6 +235,32 @@ def test_require_registered_false_queues_a_name_before_its_workers_start(client,
     assert len(queue_messages(raw, prefix, f"{prefix}.latecomer.lead")) == 2
 
 
+def test_a_team_whose_lead_queue_no_live_worker_consumes_is_not_served(client, raw, prefix, caplog):
+    # a live worker serves the team's member only (or consumes none of its queues)
+    publish_fake_worker(
+        prefix,
+        {"half": "half", "pkg.half:team": "half"},
+        node="member-only@test",
+        queues=[f"{prefix}.half.scout"],
+    )
+    for team in ("half", "pkg.half:team"):
+        with pytest.raises(ValueError, match=r"none consumes its lead queue '.*\.half\.lead'") as refused:
+            client.submit(team, "hi")
+        assert "--member lead" in str(refused.value) and "require_registered=False" in str(refused.value)
+    assert written(raw, prefix) == []
+    # queued when the caller says so, by name or by the reference a live worker published
+    with caplog.at_level("WARNING", logger="lattice_client"):
+        by_ref = client.submit("pkg.half:team", "early", require_registered=False)
+    assert "consuming its lead queue" in caplog.text
+    record = client.get_run(by_ref.run_id)
+    assert (record.team, record.team_ref, record.status) == ("half", "pkg.half:team", RunStatus.QUEUED)
+    assert len(queue_messages(raw, prefix, f"{prefix}.half.lead")) == 1
+    # a worker that consumes the lead queue serves it
+    publish_fake_worker(prefix, {"half": "half"}, node="lead@test")
+    client.submit("half", "now")
+    assert len(queue_messages(raw, prefix, f"{prefix}.half.lead")) == 2
+
+
 def test_a_worker_whose_entry_expired_serves_nothing(client, raw, prefix):
     publish_fake_worker(prefix, {"brief": "brief"}, node="short-lived@test", ttl_seconds=0.3)
     client.submit("brief", "while it lives")
