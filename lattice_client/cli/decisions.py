@@ -3,7 +3,8 @@
 
 They use :class:`~lattice_client.client.LatticeClient` only, and behave like
 every other client command: one ``error: ...`` line and exit code 1 on bad
-input (a ``DecisionError``: nothing changed), never a traceback.
+input (a ``DecisionError``: nothing changed; an unknown team name, with the
+known ones listed), never a traceback.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import typer
 
 from ..tables import waits_table
 from .app import client_for, command, options_of
+from .mailboxes import check_team
 from .output import fail, guard, out
 
 
@@ -31,7 +33,15 @@ def _call(ctx: typer.Context, method: str, *args: Any, **kwargs: Any) -> Any:
 def _listing(
     ctx: typer.Context, method: str, team: str | None, as_json: bool, what: str, id_field: str
 ) -> None:
-    rows = _call(ctx, method, team)
+    # an unknown team name is refused with the known ones (a typo never reads as "none")
+    with guard():
+        lattice = client_for(options_of(ctx))
+        try:
+            if team:
+                check_team(lattice, team, lattice.settings.key_prefix)
+            rows = getattr(lattice, method)(team)
+        finally:
+            lattice.close()
     if as_json:
         out.print_json(json.dumps([r.model_dump(mode="json") for r in rows]))
     elif not rows:

@@ -72,6 +72,16 @@ def test_an_unknown_team_is_refused_with_the_known_ones(prefix):
     assert lattice(prefix, "status", "research").exit_code == 0
 
 
+@pytest.mark.parametrize("command", ["parked", "approvals"])
+def test_the_waiting_calls_of_an_unknown_team_are_refused_not_listed_as_none(prefix, command):
+    register(prefix, "demo")
+    result = lattice(prefix, command, "dmeo")
+    assert result.exit_code == EXIT_ERROR, result.output
+    assert "unknown team 'dmeo'" in error_line(result) and "(did you mean demo?)" in error_line(result)
+    known = lattice(prefix, command, "demo")  # a known team with nothing waiting
+    assert known.exit_code == 0 and known.output.startswith("no ") and "for team 'demo'" in known.output
+
+
 def test_an_unknown_team_in_an_empty_deployment_says_none_is_known(prefix):
     result = lattice(prefix, "status", "demo")
     assert result.exit_code == EXIT_ERROR
