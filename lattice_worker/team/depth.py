@@ -54,6 +54,12 @@ def current_limit() -> int:
     return DEFAULT_MAX_DELEGATE_DEPTH if limit is None else limit
 
 
+def limit_in_effect() -> int | None:
+    """The limit a runtime (or a message) set for the running agent, ``None``
+    when none did (then :func:`current_limit` is the default)."""
+    return _limit.get()
+
+
 def effective_limit(limit: int | None = None) -> int:
     """The limit a delegation under ``limit`` (a team's ``max_delegate_depth``;
     ``None``: none of its own) is held to: the tightest of it and :func:`current_limit`."""
@@ -129,6 +135,7 @@ __all__ = [
     "delegated",
     "delegation_limit",
     "effective_limit",
+    "limit_in_effect",
     "metadata_depth",
     "metadata_limit",
     "next_depth",

@@ -106,11 +106,21 @@ def _description(team_name: str, member: TeamMember) -> str:
     return text
 
 
+def _team_limit(team: TeamShape, active: Any) -> int:
+    """The team's ``max_delegate_depth`` as the runtime driving the lead applies
+    it: a team runner's options (they may override the team's), else the team's own."""
+    limit = getattr(getattr(active, "options", None), "max_delegate_depth", None)
+    if isinstance(limit, int) and not isinstance(limit, bool):
+        return limit
+    return team.runner_options.max_delegate_depth
+
+
 async def _send_task(
-    team: TeamShape, member_name: str, data: MemberCallInput, ctx: ToolContext, depth: int
+    team: TeamShape, member_name: str, data: MemberCallInput, ctx: ToolContext, depth: int, limit: int
 ) -> TeamMessage:
     """Put one task in ``member_name``'s mailbox (from the lead, a new work item id);
-    ``depth``: the delegation depth the member will run at."""
+    ``depth``: the delegation depth the member will run at; ``limit``: the team's
+    limit (:func:`_team_limit`), tightened by the one in effect."""
     return await team.mailbox.send(
         lead_mailbox_id(team.name),
         mailbox_id(team.name, member_name),
@@ -125,7 +135,7 @@ async def _send_task(
             "expected_output": data.expected_output,
             "acceptance_criteria": data.acceptance_criteria,
             DEPTH_METADATA_KEY: depth,
-            LIMIT_METADATA_KEY: effective_limit(team.runner_options.max_delegate_depth),
+            LIMIT_METADATA_KEY: effective_limit(limit),
         },
     )
 
@@ -150,9 +160,10 @@ def make_member_tool(
             )
         if not data.task.strip():
             raise TeamToolError("task must not be blank; nothing was sent")
-        depth = next_depth(f'member "{member.name}"', team.runner_options.max_delegate_depth)
+        limit = _team_limit(team, active)
+        depth = next_depth(f'member "{member.name}"', limit)
         try:
-            message = await _send_task(team, member.name, data, ctx, depth)
+            message = await _send_task(team, member.name, data, ctx, depth, limit)
         except MessageTooLargeError as exc:
             raise TeamToolError(
                 f'the task for member "{member.name}" is too large for the team mailbox ({exc}). Nothing was '

@@ -27,7 +27,14 @@ from lattice_mailbox.message import MessageStatus, TeamMessage
 
 from ..errors import AbortError
 from ..tracing.base import TraceContext, TraceEmitter
-from .depth import current_depth, delegated, delegation_limit, metadata_depth, metadata_limit
+from .depth import (
+    current_depth,
+    delegated,
+    delegation_limit,
+    limit_in_effect,
+    metadata_depth,
+    metadata_limit,
+)
 from .events import (
     AgentMessageEvent,
     TeamAgentEvent,
@@ -179,9 +186,9 @@ async def run_work_item(
 
     The member runs at the delegation depth its message carries
     (``metadata["delegate_depth"]``, see :mod:`lattice_worker.team.depth`), else
-    one below the running agent, under the tightest of the limit the message
-    carries (``metadata["delegate_limit"]``), the team's ``max_delegate_depth``
-    and the limit already in effect.
+    one below the running agent, under the limit the message carries
+    (``metadata["delegate_limit"]``, see :func:`member_limit`) and the one
+    already in effect, whichever is tighter.
     """
     with delegated(member_depth(message)), delegation_limit(member_limit(team, message)):
         return await _run_work_item(
@@ -210,15 +217,17 @@ def member_depth(message: TeamMessage) -> int:
 
 def member_limit(team: Any, message: TeamMessage) -> int | None:
     """The delegation limit a member of ``team`` works on ``message`` under
-    (before the one already in effect is applied): the tighter of the limit
-    the message carries and the team's ``max_delegate_depth``; ``None``: neither."""
-    options = getattr(team, "runner_options", None)
-    limits = [
-        limit
-        for limit in (metadata_limit(message.metadata), getattr(options, "max_delegate_depth", None))
-        if limit is not None
-    ]
-    return min(limits) if limits else None
+    (the one already in effect still applies if tighter): the limit the
+    message carries (the lead's team runner's, or the team's, tightened where
+    it was sent); without one, the team's ``max_delegate_depth`` when no
+    runtime set a limit (a worker), else ``None`` (a team runner's own limit
+    is in effect: it may override the team's)."""
+    carried = metadata_limit(message.metadata)
+    if carried is not None:
+        return carried
+    if limit_in_effect() is not None:
+        return None
+    return getattr(getattr(team, "runner_options", None), "max_delegate_depth", None)
 
 
 async def _run_work_item(

@@ -26,6 +26,7 @@ from lattice_worker import (
     tool_turn,
 )
 from lattice_worker.team import parse_report_message
+from lattice_worker.team.runner import create_team_runner
 
 
 def last_tool_result(request: ModelRequest) -> dict[str, Any] | None:
@@ -208,6 +209,37 @@ async def test_a_team_runner_limits_delegation_depth_inside_member_runs(runner, 
         assert "delegation depth 2, beyond max_delegate_depth=1" in report["content"]
     [task] = [m for m in await team.mailbox.inbox("depth::member", "all")]
     assert task.metadata["delegate_depth"] == 1
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"), [(5, "L1(L2(bottom))"), (2, "depth 3, beyond max_delegate_depth=2")]
+)
+async def test_a_team_runners_max_delegate_depth_overrides_the_teams_inside_member_runs(override, expected):
+    # the team keeps the default (3); its runner says otherwise, for the lead and its members alike:
+    # member (1) -> level1 (2) -> level2 (3) -> level3 (4)
+    level = chain_level(3, None)
+    for n in (2, 1):
+        level = chain_level(n, delegate_tool("deeper", f"Ask level {n + 1}.", level))
+    lead_client = ScriptedModelClient(
+        [
+            tool_turn(("member", {"mode": "handoff", "task": "do it"})),
+            lambda r: text_turn(json.dumps(parse_report_message(r.messages[-1]))),
+        ]
+    )
+    team = create_team(
+        name="override",
+        lead=create_agent(name="lead", model_client=lead_client),
+        members=[
+            team_member(name="member", agent=member_with_helper(delegate_tool("helper", "Ask.", level)))
+        ],
+    )
+    events = [
+        e async for e in create_team_runner(team, max_delegate_depth=override).query("go", stream=False)
+    ]
+    [report] = json.loads(events[-1].result)
+    assert expected in report["content"]
+    [task] = await team.mailbox.inbox("override::member", "all")
+    assert (task.metadata["delegate_depth"], task.metadata["delegate_limit"]) == (1, override)
 
 
 @pytest.mark.parametrize("bad", [0, -1, True, "2"])
