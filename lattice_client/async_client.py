@@ -10,6 +10,7 @@ imported from :mod:`lattice_client` (or :mod:`lattice_client.client`).
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 from collections.abc import AsyncIterator
 from typing import Any
@@ -34,6 +35,18 @@ _EVENT_BATCH = 200
 # Below redis-py's default socket timeout (5 s): a longer XREAD BLOCK fails with
 # redis.exceptions.TimeoutError on a quiet stream instead of returning empty.
 _MAX_BLOCK_MS = 4_000
+
+
+def wait_timeout(timeout: float | None) -> float | None:
+    """A wait's ``timeout`` (seconds) checked: ``None`` or ``math.inf`` = no
+    limit (``None``); ``ValueError`` for a negative value, NaN or a non-number."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise ValueError(f"timeout must be a number of seconds >= 0 or None, got {timeout!r}")
+    if math.isnan(timeout) or timeout < 0:
+        raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
+    return None if math.isinf(timeout) else float(timeout)
 
 
 def _block_ms(deadline: float | None, now: float, run_id: str, timeout: float | None) -> int:
@@ -235,8 +248,7 @@ class AsyncLatticeClient(SubmitMixin, ViewsMixin, DecisionsMixin):
         and :class:`RunNotFoundError` for an unknown run (also when the run is
         deleted while waiting).
         """
-        if timeout is not None and timeout < 0:
-            raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
+        timeout = wait_timeout(timeout)
         runs = self.runs
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
@@ -267,8 +279,7 @@ class AsyncLatticeClient(SubmitMixin, ViewsMixin, DecisionsMixin):
         the builtin ``TimeoutError`` is raised when it passes first. Raises
         :class:`RunNotFoundError` for an unknown run (checked before the first event).
         """
-        if timeout is not None and timeout < 0:
-            raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
+        timeout = wait_timeout(timeout)
         record = await self.runs.get(run_id)
         if record is None:
             raise RunNotFoundError(run_id)

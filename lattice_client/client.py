@@ -38,7 +38,7 @@ from redis import Redis as SyncRedis
 from lattice_mailbox import MessageStatus, TeamMessage, mask_url
 from lattice_mailbox.connections import read_again_blocking, sync_redis
 
-from .async_client import AsyncLatticeClient, AsyncRunHandle, CancelReport, _block_ms
+from .async_client import AsyncLatticeClient, AsyncRunHandle, CancelReport, _block_ms, wait_timeout
 from .celery_config import queue_name
 from .decisions import SyncDecisionsMixin
 from .errors import RunNotFoundError
@@ -228,8 +228,7 @@ class LatticeClient(SyncDecisionsMixin):
         # AsyncLatticeClient.wait's reads, made from the calling thread (which blocks
         # anyway) with a blocking Redis client: the result wakes this thread
         # directly, not the loop thread first and this thread after it.
-        if timeout is not None and timeout < 0:
-            raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
+        timeout = wait_timeout(timeout)
         problem = self._loop.problem()
         if problem is not None:
             raise RuntimeError(problem)

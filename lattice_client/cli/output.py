@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -138,9 +139,9 @@ def describe_failed_item(entry: dict[str, Any]) -> str:
 
 
 def check_timeout(timeout: float | None) -> None:
-    """Refuse a negative ``--timeout``."""
-    if timeout is not None and timeout < 0:
-        fail(f"--timeout must be >= 0 seconds, got {timeout}")
+    """Refuse a negative or NaN ``--timeout`` (``inf``: no limit)."""
+    if timeout is not None and (math.isnan(timeout) or timeout < 0):
+        fail(f"--timeout must be >= 0 seconds (or inf: no limit), got {timeout}")
 
 
 __all__ = [

@@ -224,8 +224,13 @@ def test_blocking_wait_timeouts_unknown_and_deleted_runs(sync_client, prefix):
         handle.wait(timeout=0.2)
     with pytest.raises(TimeoutError):
         handle.wait(timeout=0)
-    with pytest.raises(ValueError, match="timeout must be >= 0"):
-        handle.wait(timeout=-1)
+    for bad in (-1, float("nan"), "5", True):
+        with pytest.raises(ValueError, match="timeout must be"):
+            handle.wait(timeout=bad)
+    # inf is no limit: the wait goes on until the run ends (here, cancelled from a thread)
+    endless = sync_client.submit("example", "no limit")
+    in_thread(lambda: sync_client.cancel(endless.run_id), 0.5)
+    assert endless.wait(timeout=float("inf")).status == "cancelled"
     with pytest.raises(RunNotFoundError):
         sync_client.wait("nope", timeout=1)
     with pytest.raises(ValueError, match="invalid run id"):

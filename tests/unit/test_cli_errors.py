@@ -52,6 +52,10 @@ def error_lines(result) -> list[str]:
             ["--broker-url", DOWN, "submit", "example", "hi", "--wait", "--timeout", "-1"],
             "--timeout must be >= 0",
         ),
+        (
+            ["--broker-url", DOWN, "submit", "example", "hi", "--wait", "--timeout", "nan"],
+            "--timeout must be >= 0 seconds (or inf: no limit), got nan",
+        ),
         (["--broker-url", DOWN, "submit", "example", "  "], "prompt must be a non-empty string"),
         (["demo", "/definitely/not/a/dir"], "not a directory"),
         (["--key-prefix", "bad prefix", "worker", "lattice_worker.examples.team:team"], "key_prefix"),
