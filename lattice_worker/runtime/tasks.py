@@ -39,6 +39,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from lattice_client.celery_config import DELIVER_TASK, RESUME_LEAD_TASK, RUN_LEAD_TASK
+from lattice_client.runstore import check_run_id
 
 from ..tools.tool_definition import sync_handlers_in_threads
 from . import lead_segment, loops, member_step, process
@@ -123,13 +124,22 @@ def _run(task: str, body: Coroutine[Any, Any, str]) -> str:
 
 
 def _bad_arg(task: str, name: str, value: object) -> str:
-    logger.error("%s: %s must be a non-empty string, got %r; ignored", task, name, value)
+    what = "a run id (1-128 characters of [A-Za-z0-9_.:-])" if name == "run_id" else "a non-empty string"
+    logger.error("%s: %s must be %s, got %r; ignored", task, name, what, value)
     return "invalid"
+
+
+def _bad_run_id(run_id: object) -> bool:
+    try:
+        check_run_id(run_id)  # type: ignore[arg-type]
+    except ValueError:
+        return True
+    return False
 
 
 def run_lead(run_id: str) -> str:
     """Start the lead of run ``run_id`` (see :func:`lattice_worker.runtime.lead_segment.run_lead`)."""
-    if not isinstance(run_id, str) or not run_id:
+    if _bad_run_id(run_id):
         return _bad_arg(RUN_LEAD_TASK, "run_id", run_id)
     return _run(RUN_LEAD_TASK, run_step(process.context(), RUN_LEAD_TASK, run_id, origin=_origin()))
 
@@ -147,7 +157,7 @@ def deliver(mailbox_id: str, message_id: str | None = None) -> str:
 
 def resume_lead(run_id: str) -> str:
     """Resume run ``run_id`` (see :func:`lattice_worker.runtime.lead_segment.resume_lead`)."""
-    if not isinstance(run_id, str) or not run_id:
+    if _bad_run_id(run_id):
         return _bad_arg(RESUME_LEAD_TASK, "run_id", run_id)
     return _run(RESUME_LEAD_TASK, run_step(process.context(), RESUME_LEAD_TASK, run_id, origin=_origin()))
 
