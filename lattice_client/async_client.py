@@ -206,16 +206,16 @@ class AsyncLatticeClient(SubmitMixin, ViewsMixin, DecisionsMixin):
         imported here). ``require_registered=False`` also accepts a plain name
         no live worker serves -- for services that submit before their workers
         start: a warning is logged and the run waits in Redis until a worker
-        for that name consumes its queue (a misspelt name waits forever).
+        consumes the team's lead queue (a misspelt name waits forever).
         ``run_id``: your own id (1-128 characters of ``[A-Za-z0-9_.:-]``, not
         starting with ``child.``, the runtime's own namespace; default a fresh
         ``run_<hex>``). ``metadata``: a JSON-serialisable dict kept on the run record.
 
         Raises ``ValueError`` for bad input (unknown or unserved team, malformed
-        team name or reference, empty prompt, prompt over
-        ``settings.max_message_bytes`` bytes, duplicate, malformed or reserved
-        run id, metadata not a JSON object) with nothing written and no task
-        sent. When the task cannot be sent (broker down), the run is finished
+        team name or reference, empty prompt or one that is not valid Unicode
+        text, prompt or metadata JSON over ``settings.max_message_bytes``
+        bytes, duplicate, malformed or reserved run id, metadata not a JSON
+        object) with nothing written and no task sent. When the task cannot be sent (broker down), the run is finished
         as ``failed`` with the error and the error is raised.
         """
         run_id, queue = await self._create_run(

@@ -142,16 +142,26 @@ class SubmitMixin:
         # submit's checks of its input (ValueError); returns the run id to use
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError("prompt must be a non-empty string")
-        size = len(prompt.encode("utf-8"))
-        if size > self.settings.max_message_bytes:
+        bound = self.settings.max_message_bytes
+        try:
+            size = len(prompt.encode("utf-8"))
+        except UnicodeEncodeError as exc:  # a lone surrogate: no UTF-8 text can hold it
+            raise ValueError(f"prompt is not valid Unicode text: {exc.reason} at index {exc.start}") from None
+        if size > bound:
             raise ValueError(
-                f"prompt is {size} bytes, over the bound of {self.settings.max_message_bytes} bytes "
-                "(LATTICE_MAX_MESSAGE_BYTES)"
+                f"prompt is {size} bytes, over the bound of {bound} bytes (LATTICE_MAX_MESSAGE_BYTES)"
             )
         if metadata is not None:
             if not isinstance(metadata, dict):
                 raise ValueError(f"metadata must be a dict, got {type(metadata).__name__}")
-            dumps(metadata, "metadata")
+            try:
+                encoded = len(dumps(metadata, "metadata").encode("utf-8"))
+            except UnicodeEncodeError as exc:
+                raise ValueError(f"metadata is not valid Unicode text: {exc.reason}") from None
+            if encoded > bound:
+                raise ValueError(
+                    f"metadata is {encoded} bytes as JSON, over the bound of {bound} bytes (LATTICE_MAX_MESSAGE_BYTES)"
+                )
         return check_submitted_run_id(run_id) if run_id is not None else f"run_{uuid.uuid4().hex}"
 
     async def _send_failed(self, run_id: str, queue: str, exc: Exception) -> None:

@@ -298,6 +298,8 @@ async def test_async_client_refuses_unregistered_names_too(prefix, raw):
         ("example", "hi", {"run_id": "bad id"}, "invalid run id"),
         ("example", "hi", {"metadata": {"x": object()}}, "metadata"),
         ("example", "hi", {"metadata": [1]}, "metadata must be a dict"),
+        ("example", "half a pair \ud800", {}, "prompt is not valid Unicode text"),
+        ("example", "hi", {"metadata": {"note": "\udfff"}}, "metadata is not valid Unicode text"),
     ],
 )
 def test_bad_submit_input_writes_nothing(client, raw, prefix, team, prompt, kwargs, match):
@@ -311,7 +313,10 @@ def test_prompt_over_the_size_bound_is_refused(prefix, raw):
     with LatticeClient(settings=settings) as c:
         with pytest.raises(ValueError, match="over the bound of 64 bytes"):
             c.submit("example", "é" * 40)  # 80 bytes in UTF-8
-    assert written(raw, prefix) == []
+        with pytest.raises(ValueError, match="metadata is 72 bytes as JSON, over the bound of 64 bytes"):
+            c.submit("example", "hi", metadata={"notes": "x" * 60})
+        c.submit("example", "hi", metadata={"notes": "x" * 50})  # 62 bytes: taken
+    assert [k for k in written(raw, prefix) if ":run:" in k]  # only that one run was written
 
 
 def test_duplicate_run_id_is_refused_without_a_second_task(client, raw, prefix):
