@@ -35,7 +35,10 @@ tool handlers in a thread
 CPU-bound tools use ``--pool prefork``. Celery's time limits are not
 supported (as with the ``threads`` pool). A ``SystemExit`` or
 ``KeyboardInterrupt`` raised in a step's asyncio task (asyncio lets them out
-of the loop) is logged and the loop goes on.
+of the loop) is logged and the loop goes on; the runtime's tasks turn one
+into a failure of the task (``StepInterruptedError`` in
+:mod:`lattice_worker.runtime.tasks`), since Celery's ``apply_target`` cannot
+complete a request a ``BaseException`` ended.
 
 Select it with ``lattice worker`` (the default) or
 ``celery worker --pool custom`` with ``CELERY_CUSTOM_WORKER_POOL`` set to
