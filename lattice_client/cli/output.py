@@ -70,12 +70,22 @@ def fail(message: str, code: int = EXIT_ERROR, *, exc: BaseException | None = No
     raise typer.Exit(code)
 
 
+_SETTING_SOURCES = {
+    "broker_url": "LATTICE_BROKER_URL or --broker-url",
+    "mailbox_url": "LATTICE_MAILBOX_URL or --mailbox-url",
+    "key_prefix": "LATTICE_KEY_PREFIX or --key-prefix",
+}
+"""Where a setting the ``lattice`` command also takes as an option comes from."""
+
+
 def describe(exc: BaseException) -> str:
     """A one-line description of ``exc`` (pydantic validation errors: ``field: message; ...``)."""
     if isinstance(exc, ValidationError):
         parts = []
         for error in exc.errors():
             loc = ".".join(str(x) for x in error.get("loc", ()))
+            if loc and exc.title == "LatticeSettings":  # name the variable (or option) that sets it
+                loc = f"{loc} ({_SETTING_SOURCES.get(loc, f'LATTICE_{loc.upper()}')})"
             msg = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
             parts.append(f"{loc}: {msg}" if loc else msg)
         return "invalid settings: " + "; ".join(parts)

@@ -37,7 +37,7 @@ def error_lines(result) -> list[str]:
         (["--broker-url", DOWN, "inbox", "example::searcher"], "cannot reach Redis"),
         (["--broker-url", DOWN, "events", "run-1"], "cannot reach Redis"),
         (["inbox", "example::searcher", "--status", "bogus"], "unknown status 'bogus'"),
-        (["--key-prefix", "bad prefix", "status"], "key_prefix"),
+        (["--key-prefix", "bad prefix", "status"], "key_prefix (LATTICE_KEY_PREFIX or --key-prefix): "),
         (["--broker-url", "amqp://x", "status"], "broker_url must be a Redis URL"),
         (["--broker-url", DOWN, "wait", "bad/id"], "invalid run id"),
         (
@@ -77,6 +77,13 @@ def test_environment_variables_configure_the_cli():
     result = run("status", env={"LATTICE_BROKER_URL": DOWN})
     assert result.exit_code == EXIT_ERROR
     assert "127.0.0.1:1" in error_lines(result)[0]
+
+
+def test_a_bad_setting_from_the_environment_names_its_variable():
+    result = run("status", env={"LATTICE_MAX_RUN_EVENTS": "5"})
+    assert result.exit_code == EXIT_ERROR
+    [line] = error_lines(result)
+    assert "max_run_events (LATTICE_MAX_RUN_EVENTS): Input should be greater than or equal to 10" in line
 
 
 def test_usage_errors_exit_2_without_traceback():
