@@ -117,7 +117,22 @@ def guard() -> Iterator[None]:
     except (ValueError, LookupError, ImportError, OSError, TypeError) as exc:
         fail(describe(exc), exc=exc)
     except Exception as exc:  # never a traceback for a user (unless --debug)
+        database = _database_error(exc)
+        if database is not None:
+            fail(f"mailbox database error (LATTICE_MAILBOX_URL or --mailbox-url): {database}", exc=exc)
         fail(f"{type(exc).__name__}: {describe(exc)}", exc=exc)
+
+
+def _database_error(exc: BaseException) -> str | None:
+    """The driver's own message of an SQL mailbox's database error (SQLAlchemy's
+    ``DBAPIError``: cannot connect, refused, locked, ...), else ``None``."""
+    try:
+        from sqlalchemy.exc import DBAPIError
+    except ImportError:  # a thin install without the sql extra has no SQL mailbox
+        return None
+    if not isinstance(exc, DBAPIError):
+        return None
+    return " ".join(str(exc.orig if exc.orig is not None else exc).split())
 
 
 def print_result(result: Any, as_json: bool) -> int:

@@ -79,6 +79,15 @@ def test_environment_variables_configure_the_cli():
     assert "127.0.0.1:1" in error_lines(result)[0]
 
 
+def test_an_unreachable_sql_mailbox_is_one_error_line_naming_its_setting_without_the_password():
+    url = "postgresql://postgres:s3cret@127.0.0.1:1/test"
+    result = run("--broker-url", DOWN, "--mailbox-url", url, "inbox", "demo::x")
+    assert result.exit_code == EXIT_ERROR
+    [line] = error_lines(result)
+    assert line.startswith("error: mailbox database error (LATTICE_MAILBOX_URL or --mailbox-url): connection")
+    assert "sqlalche.me" not in line and "s3cret" not in result.output
+
+
 def test_a_bad_setting_from_the_environment_names_its_variable():
     result = run("status", env={"LATTICE_MAX_RUN_EVENTS": "5"})
     assert result.exit_code == EXIT_ERROR
