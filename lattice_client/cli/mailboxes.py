@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
+from ..celery_config import queue_name
 from ..tables import inbox_table, mailboxes_table, runs_table, waits_table
 from ..workers_view import workers_table
 from .app import client_for, command, options_of
@@ -56,6 +57,14 @@ def check_mailbox(client: Any, mailbox: str, prefix: str) -> None:
     )
 
 
+def _team_queues(report: Any, prefix: str) -> list[str]:
+    """The queues of ``report.team``: its lead's and one per member mailbox it has."""
+    if not report.team:
+        return []
+    members = {"lead"} | {box.partition("::")[2] for box in report.mailboxes}
+    return sorted(queue_name(prefix, report.team, member) for member in members if member)
+
+
 @command()
 def status(
     ctx: typer.Context,
@@ -94,11 +103,13 @@ def status(
     if as_json:
         out.print_json(report.model_dump_json())
         return
-    if report.workers:
+    expected = _team_queues(report, client.settings.key_prefix)
+    if report.workers or expected:
+        # a team's queues no live worker consumes show with 0 workers (its lead's, its mailboxes')
         title = f"live workers of {report.team}" if report.team else "live workers"
-        out.print(workers_table(title, report.workers, out.width))
+        out.print(workers_table(title, report.workers, out.width, expected_queues=expected))
     else:
-        out.print("no live worker" + (f" serves team {report.team!r}" if report.team else ""), markup=False)
+        out.print("no live worker", markup=False)
     if report.mailboxes:
         title = f"mailboxes of {team}" if team else "mailboxes"
         out.print(mailboxes_table(title, report.mailboxes, out.width))

@@ -250,3 +250,13 @@ def test_a_reference_submitted_with_no_live_worker_is_refused_without_importing_
     assert "lattice_broken_submit:team" in line and "no live worker" in line, line
     assert "lattice_broken_submit" not in sys.modules
     assert not (tmp_path / "imported").exists()
+
+
+def test_status_of_a_team_lists_its_queues_no_live_worker_consumes_with_0_workers(prefix):
+    # a worker serves the team's scout only: its lead queue and the searcher's have nobody
+    publish_fake_worker(prefix, {"demo": "demo"}, node="scout-only@test", queues=[f"{prefix}.demo.scout"])
+    send(prefix, "demo::searcher")
+    result = lattice(prefix, "status", "demo", env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    rows = {line.split()[0]: line.split()[1] for line in result.stdout.splitlines() if line.startswith(prefix)}
+    assert rows == {f"{prefix}.demo.lead": "0", f"{prefix}.demo.scout": "1", f"{prefix}.demo.searcher": "0"}
