@@ -88,8 +88,9 @@ def status(
     pending approvals.
 
     Tables fit the terminal width; in a narrow one the least useful columns are
-    hidden (a note says which) and --json shows everything. An unknown team
-    name is refused with the known ones listed (exit code 1).
+    hidden (a note says which), the widest text column is shortened with '…',
+    and --json shows everything. An unknown team name is refused with the
+    known ones listed (exit code 1).
     """
     with guard():
         options = options_of(ctx)
