@@ -149,9 +149,12 @@ def import_team(ref_or_name: str) -> Team:
     if obj is None:
         if ":" not in ref_or_name:
             known = ", ".join(sorted(_named)) or "(none)"
+            hint = (
+                f"; a reference needs ':attribute', e.g. '{ref_or_name}:team'" if "." in ref_or_name else ""
+            )
             raise ConfigError(
                 f"unknown team {ref_or_name!r}: not a registered name (registered: {known}) and not a "
-                "'package.module:attribute' reference"
+                f"'package.module:attribute' reference{hint}"
             )
         if not _REF.match(ref_or_name):
             raise ConfigError(f"invalid team reference {ref_or_name!r}: expected 'package.module:attribute'")

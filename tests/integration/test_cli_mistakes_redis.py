@@ -67,6 +67,8 @@ def test_an_unknown_team_is_refused_with_the_known_ones(prefix):
     line = error_line(result)
     assert "unknown team 'dmeo'" in line and f"key prefix {prefix!r}" in line
     assert "known teams: demo, research (did you mean demo?)" in line
+    dotted = error_line(lattice(prefix, "status", "pkg.demo"))  # a reference without its attribute
+    assert "unknown team 'pkg.demo' (a reference needs ':attribute', e.g. 'pkg.demo:team')" in dotted
     # a registered team with no mailbox yet, and a team with mailboxes, are fine
     assert lattice(prefix, "status", "demo").exit_code == 0
     assert lattice(prefix, "status", "research").exit_code == 0

@@ -60,6 +60,10 @@ def error_lines(result) -> list[str]:
         (["demo", "/definitely/not/a/dir"], "not a directory"),
         (["--key-prefix", "bad prefix", "worker", "lattice_worker.examples.team:team"], "key_prefix"),
         (
+            ["worker", "lattice_worker.examples.team"],
+            "a reference needs ':attribute', e.g. 'lattice_worker.examples.team:team'",
+        ),
+        (
             ["flower", "--unauthenticated", "--app", "no_such_module_for_flower:app"],
             "cannot find the Celery app module",
         ),
