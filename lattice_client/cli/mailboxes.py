@@ -25,12 +25,28 @@ _LISTED = 20
 
 
 def known_list(name: str, known: list[str], what: str) -> str:
-    """``"<what>: a, b, c (did you mean b?)"`` (at most 20 listed), or ``"no <what> yet"``."""
+    """``"<what>: a, b, c (did you mean b?)"`` (at most 20 listed), or ``"no <what> yet"``.
+    Mailbox ids (``team::member``) are matched part by part: a shared team
+    name alone does not make a member name close."""
     if not known:
         return f"no {what} yet"
     listed = ", ".join(known[:_LISTED]) + (", ..." if len(known) > _LISTED else "")
-    close = difflib.get_close_matches(name, known, n=1)
-    return f"{what}: {listed}" + (f" (did you mean {close[0]}?)" if close else "")
+    close = _closest(name, known)
+    return f"{what}: {listed}" + (f" (did you mean {close}?)" if close else "")
+
+
+def _closest(name: str, known: list[str]) -> str | None:
+    team, sep, member = name.partition("::")
+    if not sep:
+        found = difflib.get_close_matches(name, known, n=1)
+        return found[0] if found else None
+    teams = {k.partition("::")[0] for k in known}
+    if team not in teams:  # the team part is wrong: suggest by it
+        found = difflib.get_close_matches(team, sorted(teams), n=1)
+        return f"{found[0]}::{member}" if found and f"{found[0]}::{member}" in known else None
+    members = [k.partition("::")[2] for k in known if k.partition("::")[0] == team]
+    found = difflib.get_close_matches(member, members, n=1)
+    return f"{team}::{found[0]}" if found else None
 
 
 def check_team(client: Any, team: str, prefix: str) -> None:

@@ -98,6 +98,11 @@ def test_an_unknown_mailbox_is_refused_with_the_known_ones(prefix):
     line = error_line(result)
     assert "unknown mailbox 'demo::serch': no message was ever sent to it" in line
     assert "known mailboxes: demo::counter, demo::searcher (did you mean demo::searcher?)" in line
+    # a member name nothing like the known ones gets no suggestion (the shared team name is not closeness)
+    assert error_line(lattice(prefix, "inbox", "demo::typo")).endswith(
+        "known mailboxes: demo::counter, demo::searcher"
+    )
+    assert "(did you mean demo::searcher?)" in error_line(lattice(prefix, "inbox", "dmeo::searcher"))
     bad = lattice(prefix, "inbox", "searcher")
     assert bad.exit_code == EXIT_ERROR and "expected '<team>::<member>'" in error_line(bad)
     ok = lattice(prefix, "inbox", "demo::searcher")
@@ -260,5 +265,7 @@ def test_status_of_a_team_lists_its_queues_no_live_worker_consumes_with_0_worker
     send(prefix, "demo::searcher")
     result = lattice(prefix, "status", "demo", env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
-    rows = {line.split()[0]: line.split()[1] for line in result.stdout.splitlines() if line.startswith(prefix)}
+    rows = {
+        line.split()[0]: line.split()[1] for line in result.stdout.splitlines() if line.startswith(prefix)
+    }
     assert rows == {f"{prefix}.demo.lead": "0", f"{prefix}.demo.scout": "1", f"{prefix}.demo.searcher": "0"}
