@@ -31,7 +31,9 @@ Costs: everything on the loop shares one thread, so synchronous work in a
 step (a blocking tool handler, a hook, CPU-heavy parsing) stalls every other
 step of the process while it runs. On workers the runtime runs synchronous
 tool handlers in a thread
-(:data:`lattice_worker.tools.tool_definition.sync_handlers_in_threads`); for
+(:data:`lattice_worker.tools.tool_definition.sync_handlers_in_threads`), of
+the pool's own tool thread pool (:func:`tool_executor`: one thread per step in
+flight, apart from the loop's default executor); for
 CPU-bound tools use ``--pool prefork``. Celery's time limits are not
 supported (as with the ``threads`` pool). A ``SystemExit`` or
 ``KeyboardInterrupt`` raised in a step's asyncio task (asyncio lets them out
@@ -79,6 +81,19 @@ def in_task_greenlet() -> bool:
     """Whether the caller runs inside a task greenlet of an :class:`AsyncioPool`
     (then :func:`await_coroutine` may be called)."""
     return isinstance(greenlet.getcurrent(), _TaskGreenlet)
+
+
+_tool_executors: dict[asyncio.AbstractEventLoop, ThreadPoolExecutor] = {}
+
+
+def tool_executor() -> ThreadPoolExecutor | None:
+    """The thread pool of the running loop's :class:`AsyncioPool` for the steps'
+    plain-function tool handlers (``None`` off a pool loop: they use the loop's
+    default executor). See :data:`~lattice_worker.tools.tool_definition.sync_handler_executor`."""
+    try:
+        return _tool_executors.get(asyncio.get_running_loop())
+    except RuntimeError:
+        return None
 
 
 def in_pool_loop() -> bool:
@@ -136,6 +151,7 @@ class AsyncioPool(BasePool):
         self._running: set[Future[Any]] = set()
         self._lock = threading.Lock()
         self._stopping = False
+        self.tool_executor: ThreadPoolExecutor | None = None
 
     def on_start(self) -> None:
         global _pool_loop
@@ -144,6 +160,12 @@ class AsyncioPool(BasePool):
         # steps may be in flight, created as needed (asyncio's default is min(32, CPUs + 4))
         loop.set_default_executor(
             ThreadPoolExecutor(max_workers=max(32, self.num_processes), thread_name_prefix="lattice-blocking")
+        )
+        # the steps' plain-function tool handlers get threads of their own (one per step in
+        # flight): however many block, the loop's default executor stays free for its DNS
+        # lookups and the SQL mailboxes' calls
+        self.tool_executor = ThreadPoolExecutor(
+            max_workers=self.num_processes, thread_name_prefix="lattice-tool"
         )
         started = threading.Event()
 
@@ -163,6 +185,7 @@ class AsyncioPool(BasePool):
         self._thread.start()
         started.wait()
         self.loop = _pool_loop = loop
+        _tool_executors[loop] = self.tool_executor
 
     def on_apply(
         self,
@@ -208,6 +231,10 @@ class AsyncioPool(BasePool):
         global _pool_loop
         self._stopping = True
         loop, self.loop = self.loop, None
+        if loop is not None:
+            _tool_executors.pop(loop, None)
+        if self.tool_executor is not None:
+            self.tool_executor.shutdown(wait=False, cancel_futures=True)
         if loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(loop.stop)
             if self._thread is not None:
@@ -236,4 +263,5 @@ __all__ = [
     "in_pool_loop",
     "in_task_greenlet",
     "run_in_greenlet",
+    "tool_executor",
 ]

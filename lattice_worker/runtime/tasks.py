@@ -41,8 +41,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from lattice_client.celery_config import DELIVER_TASK, RESUME_LEAD_TASK, RUN_LEAD_TASK
 from lattice_client.runstore import check_run_id
 
-from ..tools.tool_definition import sync_handlers_in_threads
-from . import lead_segment, loops, member_step, process
+from ..tools.tool_definition import sync_handler_executor, sync_handlers_in_threads
+from . import aio_pool, lead_segment, loops, member_step, process
 from .context import WorkerContext
 
 logger = logging.getLogger("lattice_worker.runtime.tasks")
@@ -66,9 +66,11 @@ async def run_step(
     message id); its queued writes are written before the task ends (the steps
     it enqueued may already be running elsewhere and find them). ``origin``:
     the Celery task's ``(id, root_id)`` (:data:`current_origin`). Synchronous
-    tool handlers run in threads (:data:`~lattice_worker.tools.tool_definition.sync_handlers_in_threads`).
+    tool handlers run in threads (:data:`~lattice_worker.tools.tool_definition.sync_handlers_in_threads`;
+    on the asyncio pool, its own tool threads: :func:`~lattice_worker.runtime.aio_pool.tool_executor`).
     Returns the body's outcome word."""
     threads = sync_handlers_in_threads.set(True)
+    executor = sync_handler_executor.set(aio_pool.tool_executor())
     origin_token = current_origin.set(origin)
     try:
         return await _BODIES[task](ctx, arg, *more)
@@ -77,6 +79,7 @@ async def run_step(
             await ctx.writer.flush()
         finally:
             current_origin.reset(origin_token)
+            sync_handler_executor.reset(executor)
             sync_handlers_in_threads.reset(threads)
 
 

@@ -9,10 +9,12 @@ by :mod:`lattice_worker.tools.effects`.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import inspect
 import re
 from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
 from contextvars import ContextVar
 from typing import Any, Literal
 
@@ -33,6 +35,13 @@ a thread (``asyncio.to_thread``) instead of on the event loop. The distributed
 runtime sets it for every step: a worker runs many steps on one event loop
 (docs/deploy.md, "Pools and sizing"), which a blocking handler would stall.
 In-process agents and teams leave it false: handlers run on the loop."""
+
+
+sync_handler_executor: ContextVar[Executor | None] = ContextVar("lattice_sync_handler_executor", default=None)
+"""The thread pool the handlers :data:`sync_handlers_in_threads` sends to a
+thread run in; ``None``: the event loop's default executor (``asyncio.to_thread``).
+The asyncio worker pool gives them one of their own, so blocking tools never
+take the threads its loop needs for DNS lookups and the SQL mailboxes."""
 
 
 class ToolInputError(ToolExecutionError):
@@ -299,7 +308,13 @@ class ToolDefinition:
         else:
             call = functools.partial(handler, parsed)
         if not self._handler_is_async and sync_handlers_in_threads.get():
-            value = await asyncio.to_thread(call)
+            executor = sync_handler_executor.get()
+            if executor is None:
+                value = await asyncio.to_thread(call)
+            else:  # as asyncio.to_thread does, in the context of the caller
+                value = await asyncio.get_running_loop().run_in_executor(
+                    executor, contextvars.copy_context().run, call
+                )
         else:
             value = call()
         if inspect.isawaitable(value):
@@ -326,5 +341,6 @@ __all__ = [
     "ToolInputError",
     "ToolKind",
     "format_validation_error",
+    "sync_handler_executor",
     "sync_handlers_in_threads",
 ]

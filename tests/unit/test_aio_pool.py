@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from lattice_worker.runtime import aio_pool, loops
+from lattice_worker.runtime import aio_pool, loops, tasks
 from lattice_worker.runtime.aio_pool import AsyncioPool, await_coroutine, in_task_greenlet, run_in_greenlet
 from lattice_worker.tools.tool import tool
 from lattice_worker.tools.tool_definition import sync_handlers_in_threads
@@ -212,3 +212,54 @@ async def test_a_steps_coroutine_sees_the_context_its_task_greenlet_set():
 
     assert await run_in_greenlet(task) == "task-context"
     assert var.get() == "unset"
+
+
+def test_steps_plain_tool_handlers_run_on_the_pools_own_tool_threads(monkeypatch):
+    # A pool with 2 steps in flight has 2 tool threads. While both block in tool handlers
+    # (and a third handler waits for one), the loop's default executor -- its DNS lookups,
+    # the SQL mailboxes' calls -- still serves at once.
+    pool = AsyncioPool(limit=2)
+    pool.start()
+    release = threading.Event()
+    started: list[str] = []
+
+    @tool
+    def blocking(x: int) -> str:
+        """Block until released."""
+        started.append(threading.current_thread().name)
+        release.wait(10)
+        return str(x)
+
+    class _Ctx:  # what run_step touches of a WorkerContext
+        class writer:  # noqa: N801
+            @staticmethod
+            async def flush() -> None:
+                return None
+
+    async def body(ctx: Any, arg: str) -> str:
+        result = await blocking.invoke(blocking.parse_input({"x": int(arg)}), None)  # type: ignore[arg-type]
+        return str(result.content)
+
+    monkeypatch.setitem(tasks._BODIES, "test.blocking", body)
+    try:
+        assert aio_pool.tool_executor() is None  # off the pool loop
+        steps = [
+            asyncio.run_coroutine_threadsafe(tasks.run_step(_Ctx(), "test.blocking", str(i)), pool.loop)
+            for i in range(3)
+        ]
+        deadline = time.monotonic() + 5
+        while len(started) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        assert len(started) == 2 and all(name.startswith("lattice-tool") for name in started)
+
+        async def default_executor() -> str:
+            return await asyncio.to_thread(lambda: threading.current_thread().name)
+
+        other = asyncio.run_coroutine_threadsafe(default_executor(), pool.loop).result(timeout=2)
+        assert other.startswith("lattice-blocking")
+        release.set()
+        assert sorted(s.result(timeout=5) for s in steps) == ["0", "1", "2"]
+    finally:
+        release.set()
+        pool.stop()
