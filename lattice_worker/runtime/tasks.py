@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from contextvars import ContextVar
 from typing import Any
 
+from billiard.common import terminate_handler_fired
 from celery import current_task
 from celery.exceptions import WorkerShutdown, WorkerTerminate
 from greenlet import GreenletExit
@@ -114,7 +115,7 @@ class StepInterruptedError(RuntimeError):
 
 def _run(task: str, body: Coroutine[Any, Any, str]) -> str:
     # loops.run(body), with a non-Exception BaseException turned into StepInterruptedError;
-    # Celery's own shutdown signals and a greenlet's exit pass through
+    # Celery's own shutdown signals, a pool process's termination and a greenlet's exit pass through
     try:
         return loops.run(body)
     except (WorkerShutdown, WorkerTerminate, GreenletExit):
@@ -122,6 +123,10 @@ def _run(task: str, body: Coroutine[Any, Any, str]) -> str:
     except Exception:
         raise
     except BaseException as exc:
+        if terminate_handler_fired():
+            # a prefork pool process got its termination signal (billiard's handler raises
+            # SystemExit): the process is on its way out, and Celery requeues the message
+            raise
         logger.error("%s: the step raised %r; the task fails and its work is recovered by lease", task, exc)
         raise StepInterruptedError(f"{task}: the step raised {exc!r}") from exc
 

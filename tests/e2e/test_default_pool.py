@@ -1,5 +1,6 @@
 """End-to-end: the default pool (the asyncio pool, 200 steps in flight) and the threads pool
-under kill -9, cancellation, blocking tools and a tool calling ``sys.exit()``.
+under kill -9, cancellation, blocking tools, a tool calling ``sys.exit()`` and a SIGTERM to a
+prefork pool process.
 
 Issue 10 item 7. Many member calls are in flight in ONE worker process; its
 process group is killed with SIGKILL while they work. Another worker
@@ -12,7 +13,11 @@ function runs in a thread, so it stalls no other step.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -107,3 +112,33 @@ def test_a_step_that_raises_system_exit_fails_its_task_and_is_recovered_by_lease
     worker.wait_log("StepInterruptedError")
     # every Celery message was acknowledged: kombu's unacked-restore hash is empty
     wait_for(lambda: d.redis.hlen(f"{d.prefix}:unacked") == 0, 10, "no message left unacknowledged")
+
+
+def test_sigterm_to_a_prefork_pool_process_ends_it_and_its_step_is_requeued(deployment_factory):
+    # billiard's SIGTERM handler raises SystemExit inside the pool process: that is the
+    # process ending (a cold shutdown, a revoke with terminate), not a step's error. The
+    # process exits, and Celery requeues the message (reject_on_worker_lost).
+    d = deployment_factory(lease_seconds=2, max_attempts=3)
+    worker = d.worker("tests.e2e.teams:team", "--pool", "prefork", "--concurrency", "1")
+    handle = d.client.submit("e2e", plan(("worker", "handoff", "job hang-first")))
+    wait_for(lambda: "start:job hang-first" in d.work_log(), 30, "the member to start")
+    [entry] = d.redis.lrange(f"{d.prefix}:test:pids", 0, -1)
+    child = int(entry.split(":")[-1])
+    assert child != worker.proc.pid  # the pool process, not the worker's main process
+    os.kill(child, signal.SIGTERM)
+    wait_for(lambda: not _running(child), 10, "the pool process to exit")
+    result = handle.wait(timeout=60)
+    assert result.status == "completed" and result.result == "final: done:worked[job hang-first]"
+    assert "StepInterruptedError" not in worker.log()
+    worker.wait_log("WorkerLostError|Process .* exited|signal 15")
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with contextlib.suppress(OSError):  # a zombie the worker has not reaped yet is gone too
+        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            return False
+    return True
