@@ -32,8 +32,9 @@ step (a blocking tool handler, a hook, CPU-heavy parsing) stalls every other
 step of the process while it runs. On workers the runtime runs synchronous
 tool handlers in a thread
 (:data:`lattice_worker.tools.tool_definition.sync_handlers_in_threads`), of
-the pool's own tool thread pool (:func:`tool_executor`: one thread per step in
-flight, apart from the loop's default executor); for
+the pool's own tool thread pool (:func:`tool_executor`: enough threads for
+every concurrent call of every step in flight, made as needed, apart from the
+loop's default executor); for
 CPU-bound tools use ``--pool prefork``. Celery's time limits are not
 supported (as with the ``threads`` pool). A ``SystemExit`` or
 ``KeyboardInterrupt`` raised in a step's asyncio task (asyncio lets them out
@@ -62,6 +63,8 @@ from typing import Any, TypeVar
 import greenlet
 from celery.concurrency.base import BasePool, apply_target
 from celery.concurrency.thread import ApplyResult  # (a future's result, as the threads pool returns)
+
+from ..agent.tool_schedule import MAX_CONCURRENT_CALLS
 
 logger = logging.getLogger("lattice_worker.runtime.aio_pool")
 
@@ -161,11 +164,12 @@ class AsyncioPool(BasePool):
         loop.set_default_executor(
             ThreadPoolExecutor(max_workers=max(32, self.num_processes), thread_name_prefix="lattice-blocking")
         )
-        # the steps' plain-function tool handlers get threads of their own (one per step in
-        # flight): however many block, the loop's default executor stays free for its DNS
+        # the steps' blocking tool handlers get threads of their own (as many as the steps in
+        # flight may run at once: each runs up to MAX_CONCURRENT_CALLS calls together; made as
+        # needed): however many block, the loop's default executor stays free for its DNS
         # lookups and the SQL mailboxes' calls
         self.tool_executor = ThreadPoolExecutor(
-            max_workers=self.num_processes, thread_name_prefix="lattice-tool"
+            max_workers=max(32, self.num_processes * MAX_CONCURRENT_CALLS), thread_name_prefix="lattice-tool"
         )
         started = threading.Event()
 

@@ -44,6 +44,17 @@ The asyncio worker pool gives them one of their own, so blocking tools never
 take the threads its loop needs for DNS lookups and the SQL mailboxes."""
 
 
+async def in_handler_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """``await``: the blocking ``fn(*args)`` run in a thread in the caller's context
+    (as ``asyncio.to_thread``), on :data:`sync_handler_executor` when one is set,
+    else the loop's default executor. For tools' blocking work."""
+    call = functools.partial(fn, *args)
+    executor = sync_handler_executor.get()
+    if executor is None:
+        return await asyncio.to_thread(call)
+    return await asyncio.get_running_loop().run_in_executor(executor, contextvars.copy_context().run, call)
+
+
 class ToolInputError(ToolExecutionError):
     """The model's input for a tool did not match its input schema."""
 
@@ -308,13 +319,7 @@ class ToolDefinition:
         else:
             call = functools.partial(handler, parsed)
         if not self._handler_is_async and sync_handlers_in_threads.get():
-            executor = sync_handler_executor.get()
-            if executor is None:
-                value = await asyncio.to_thread(call)
-            else:  # as asyncio.to_thread does, in the context of the caller
-                value = await asyncio.get_running_loop().run_in_executor(
-                    executor, contextvars.copy_context().run, call
-                )
+            value = await in_handler_thread(call)
         else:
             value = call()
         if inspect.isawaitable(value):
@@ -341,6 +346,7 @@ __all__ = [
     "ToolInputError",
     "ToolKind",
     "format_validation_error",
+    "in_handler_thread",
     "sync_handler_executor",
     "sync_handlers_in_threads",
 ]

@@ -20,7 +20,7 @@ import pytest
 from lattice_worker.runtime import aio_pool, loops, tasks
 from lattice_worker.runtime.aio_pool import AsyncioPool, await_coroutine, in_task_greenlet, run_in_greenlet
 from lattice_worker.tools.tool import tool
-from lattice_worker.tools.tool_definition import sync_handlers_in_threads
+from lattice_worker.tools.tool_definition import in_handler_thread, sync_handlers_in_threads
 
 
 async def test_a_task_greenlet_awaits_coroutines_and_gets_their_results_and_errors():
@@ -215,18 +215,20 @@ async def test_a_steps_coroutine_sees_the_context_its_task_greenlet_set():
 
 
 def test_steps_plain_tool_handlers_run_on_the_pools_own_tool_threads(monkeypatch):
-    # A pool with 2 steps in flight has 2 tool threads. While both block in tool handlers
-    # (and a third handler waits for one), the loop's default executor -- its DNS lookups,
-    # the SQL mailboxes' calls -- still serves at once.
-    pool = AsyncioPool(limit=2)
+    # A pool with ONE step in flight: its step still runs its concurrent calls together
+    # (two handlers meet at a barrier), on the pool's tool threads; while they block, the
+    # loop's default executor -- its DNS lookups, the SQL mailboxes' calls -- serves at once.
+    pool = AsyncioPool(limit=1)
     pool.start()
+    barrier = threading.Barrier(2, timeout=5)
     release = threading.Event()
-    started: list[str] = []
+    names: list[str] = []
 
     @tool
-    def blocking(x: int) -> str:
-        """Block until released."""
-        started.append(threading.current_thread().name)
+    def meet(x: int) -> str:
+        """Wait for the other call, then until released."""
+        names.append(threading.current_thread().name)
+        barrier.wait()
         release.wait(10)
         return str(x)
 
@@ -237,21 +239,19 @@ def test_steps_plain_tool_handlers_run_on_the_pools_own_tool_threads(monkeypatch
                 return None
 
     async def body(ctx: Any, arg: str) -> str:
-        result = await blocking.invoke(blocking.parse_input({"x": int(arg)}), None)  # type: ignore[arg-type]
-        return str(result.content)
+        calls = [meet.invoke(meet.parse_input({"x": i}), None) for i in range(2)]  # type: ignore[arg-type]
+        plain = in_handler_thread(lambda: threading.current_thread().name)  # a built-in tool's blocking part
+        results = await asyncio.gather(*calls, plain)
+        return ",".join(str(getattr(r, "content", r)) for r in results)
 
-    monkeypatch.setitem(tasks._BODIES, "test.blocking", body)
+    monkeypatch.setitem(tasks._BODIES, "test.meet", body)
     try:
         assert aio_pool.tool_executor() is None  # off the pool loop
-        steps = [
-            asyncio.run_coroutine_threadsafe(tasks.run_step(_Ctx(), "test.blocking", str(i)), pool.loop)
-            for i in range(3)
-        ]
+        step = asyncio.run_coroutine_threadsafe(tasks.run_step(_Ctx(), "test.meet", "x"), pool.loop)
         deadline = time.monotonic() + 5
-        while len(started) < 2 and time.monotonic() < deadline:
+        while len(names) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
-        time.sleep(0.2)
-        assert len(started) == 2 and all(name.startswith("lattice-tool") for name in started)
+        assert len(names) == 2 and all(name.startswith("lattice-tool") for name in names)
 
         async def default_executor() -> str:
             return await asyncio.to_thread(lambda: threading.current_thread().name)
@@ -259,7 +259,8 @@ def test_steps_plain_tool_handlers_run_on_the_pools_own_tool_threads(monkeypatch
         other = asyncio.run_coroutine_threadsafe(default_executor(), pool.loop).result(timeout=2)
         assert other.startswith("lattice-blocking")
         release.set()
-        assert sorted(s.result(timeout=5) for s in steps) == ["0", "1", "2"]
+        first, second, plain_thread = step.result(timeout=5).split(",")
+        assert (first, second) == ("0", "1") and plain_thread.startswith("lattice-tool")
     finally:
         release.set()
         pool.stop()

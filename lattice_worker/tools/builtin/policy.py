@@ -25,7 +25,6 @@ Every refusal is raised as :class:`Refusal`; the tools turn it into an error
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import io
 import os
@@ -40,6 +39,7 @@ from pydantic import BaseModel
 from ...errors import ConfigError
 from ..effects import builtin_tool_effect
 from ..tool import ToolContext, ToolDefinition, ToolResult
+from ..tool_definition import in_handler_thread
 
 DEFAULT_BASH_TIMEOUT_MS = 120_000
 """Default upper bound of one ``Bash`` call, in milliseconds (two minutes)."""
@@ -338,7 +338,7 @@ def define_tool(
                 workspace.ensure_cwd()
             if is_async:
                 return await run(workspace, args, ctx)
-            return await asyncio.to_thread(run, workspace, args, ctx)
+            return await in_handler_thread(run, workspace, args, ctx)
         except Refusal as exc:
             return ToolResult(content=f"{name}: {exc}", is_error=True)
         except OSError as exc:
