@@ -132,13 +132,18 @@ class LiveRegistry:
     def resolve(self, team: str, lead_queue: Callable[[str], str] | None = None) -> str | None:
         """The team name a live worker published for the name or reference
         ``team``, or ``None`` when no live worker did. With ``lead_queue``
-        (team name -> its lead queue) only a worker that also consumes that
-        queue counts: one that can start the team's runs."""
+        (team name -> its lead queue) the name counts only while some live
+        worker -- the same or another -- consumes that queue: one that can
+        start the team's runs."""
         for worker in self.workers:
             name = worker.teams.get(team)
-            if name is not None and (lead_queue is None or lead_queue(name) in worker.queues):
+            if name is not None and (lead_queue is None or self.consumes(lead_queue(name))):
                 return name
         return None
+
+    def consumes(self, queue: str) -> bool:
+        """Whether some live worker consumes ``queue``."""
+        return any(queue in worker.queues for worker in self.workers)
 
     def mapping(self) -> dict[str, str]:
         """Every ``{reference or name -> team name}`` a live worker published."""

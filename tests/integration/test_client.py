@@ -255,10 +255,13 @@ def test_a_team_whose_lead_queue_no_live_worker_consumes_is_not_served(client, r
     record = client.get_run(by_ref.run_id)
     assert (record.team, record.team_ref, record.status) == ("half", "pkg.half:team", RunStatus.QUEUED)
     assert len(queue_messages(raw, prefix, f"{prefix}.half.lead")) == 1
-    # a worker that consumes the lead queue serves it
-    publish_fake_worker(prefix, {"half": "half"}, node="lead@test")
+    # a worker that consumes the lead queue serves it, under any reference a live worker
+    # published for it (here the members-only worker's: the lead's was started with another)
+    publish_fake_worker(prefix, {"half": "half", "pkg.new:team": "half"}, node="lead@test")
     client.submit("half", "now")
-    assert len(queue_messages(raw, prefix, f"{prefix}.half.lead")) == 2
+    record = client.get_run(client.submit("pkg.half:team", "by the old reference").run_id)
+    assert (record.team, record.team_ref) == ("half", "pkg.half:team")
+    assert len(queue_messages(raw, prefix, f"{prefix}.half.lead")) == 3
 
 
 def test_a_worker_whose_entry_expired_serves_nothing(client, raw, prefix):
