@@ -173,6 +173,23 @@ def member_with_helper(helper_tool: Any) -> Any:
     return create_agent(name="member", model_client=ScriptedModelClient(play), tools=[helper_tool])
 
 
+def handing_off_team(name: str, helper_tool: Any, runner: Any = None) -> Any:
+    """A lead that hands one task to ``member`` (a :func:`member_with_helper` asking
+    ``helper_tool``) and answers with the report's JSON."""
+    lead_client = ScriptedModelClient(
+        [
+            tool_turn(("member", {"mode": "handoff", "task": "do it"})),
+            lambda r: text_turn(json.dumps(parse_report_message(r.messages[-1]))),
+        ]
+    )
+    return create_team(
+        name=name,
+        lead=create_agent(name="lead", model_client=lead_client),
+        members=[team_member(name="member", agent=member_with_helper(helper_tool))],
+        runner=runner,
+    )
+
+
 @pytest.mark.parametrize(
     ("runner", "expected"),
     [
@@ -189,18 +206,7 @@ async def test_a_team_runner_limits_delegation_depth_inside_member_runs(runner, 
         return text_turn("helped")
 
     helper = define_agent(name="helper", model_client=ScriptedModelClient(helper_play))
-    lead_client = ScriptedModelClient(
-        [
-            tool_turn(("member", {"mode": "handoff", "task": "do it"})),
-            lambda r: text_turn(json.dumps(parse_report_message(r.messages[-1]))),
-        ]
-    )
-    team = create_team(
-        name="depth",
-        lead=create_agent(name="lead", model_client=lead_client),
-        members=[team_member(name="member", agent=member_with_helper(agent_tool("helper", helper)))],
-        runner=runner,
-    )
+    team = handing_off_team("depth", agent_tool("helper", helper), runner)
     result = await team.prompt("go", stream=False)
     [report] = json.loads(result.result)
     assert report["status"] == "done" and expected in report["content"]
@@ -220,19 +226,7 @@ async def test_a_team_runners_max_delegate_depth_overrides_the_teams_inside_memb
     level = chain_level(3, None)
     for n in (2, 1):
         level = chain_level(n, delegate_tool("deeper", f"Ask level {n + 1}.", level))
-    lead_client = ScriptedModelClient(
-        [
-            tool_turn(("member", {"mode": "handoff", "task": "do it"})),
-            lambda r: text_turn(json.dumps(parse_report_message(r.messages[-1]))),
-        ]
-    )
-    team = create_team(
-        name="override",
-        lead=create_agent(name="lead", model_client=lead_client),
-        members=[
-            team_member(name="member", agent=member_with_helper(delegate_tool("helper", "Ask.", level)))
-        ],
-    )
+    team = handing_off_team("override", delegate_tool("helper", "Ask.", level))
     events = [
         e async for e in create_team_runner(team, max_delegate_depth=override).query("go", stream=False)
     ]
