@@ -215,8 +215,9 @@ class AsyncLatticeClient(SubmitMixin, ViewsMixin, DecisionsMixin):
         team name or reference, empty prompt or one that is not valid Unicode
         text, prompt or metadata JSON over ``settings.max_message_bytes``
         bytes, duplicate, malformed or reserved run id, metadata not a JSON
-        object) with nothing written and no task sent. When the task cannot be sent (broker down), the run is finished
-        as ``failed`` with the error and the error is raised.
+        object) with nothing written and no task sent. When the task cannot be
+        sent (broker down), the run is finished as ``failed`` with the error
+        and the error is raised.
         """
         run_id, queue = await self._create_run(
             team, prompt, run_id=run_id, metadata=metadata, require_registered=require_registered

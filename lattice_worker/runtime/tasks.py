@@ -18,9 +18,10 @@ state, and any worker on the step's queue may take it.
 A Redis connection failure is retried by Celery (every body is idempotent up
 to its first state change). A body that raises ``SystemExit`` or another
 ``BaseException`` that is not an ``Exception`` fails its task with
-:class:`StepInterruptedError` (acknowledged; the work is recovered by lease). Each task returns a short word saying what
-happened (``"idle"``, ``"skipped"``, ``"suspended"``, ``"done"``...), visible
-in Flower and the worker log.
+:class:`StepInterruptedError` (acknowledged; the work is recovered by lease).
+Each task returns a short word saying what happened (``"idle"``,
+``"skipped"``, ``"suspended"``, ``"done"``...), visible in Flower and the
+worker log.
 
 :func:`register` adds the tasks to a Celery app (``celery_app`` does, for its ``app``).
 """
