@@ -168,8 +168,9 @@ async def test_a_member_whose_claim_the_reaper_requeued_writes_no_more_events(en
     assert await first == "lost"
     await ctx.writer.flush()
     assert await _types(ctx, run_id) == before  # nothing more from the stalled worker
-    # the next claim takes the item over and finishes the run
-    monkeypatch.undo()
+    # the next claim takes the item over and finishes the run (the real requeue back; not
+    # monkeypatch.undo(), which would also drop LATTICE_KEY_PREFIX, the prefix the work tool records under)
+    monkeypatch.setattr(ctx.mailbox, "requeue_expired", requeue)
     await broker.drain()
     record = await ctx.runs.get(run_id)
     assert record.result.result == "final: done:worked[stalled sleep=1]"
