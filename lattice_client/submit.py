@@ -64,8 +64,8 @@ class SubmitMixin:
         what the running workers published (:mod:`lattice_client.registry`).
         The client never imports a team's module.
 
-        A team is served when a live worker that published it also consumes its
-        lead queue (that worker starts its runs). A live worker's answer is
+        A team is served when a live worker published it and some live worker
+        (the same or another) consumes its lead queue, so its runs can start. A live worker's answer is
         reused for a while (5 s), so most submits make no registry round trip.
         A name or reference no live worker serves is refused: its run would
         wait on a queue nobody consumes. With ``require_registered=False`` a

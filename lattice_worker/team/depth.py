@@ -101,9 +101,9 @@ def delegation_limit(limit: int | None) -> Iterator[None]:
     """Run the block under ``limit`` (or the tighter limit already in effect;
     ``None`` changes nothing)."""
     current = _limit.get()
-    if limit is None:
+    if limit is None or (current is not None and current < limit):
         limit = current
-    token = _limit.set(limit if current is None or limit is None else min(current, limit))
+    token = _limit.set(limit)
     try:
         yield
     finally:
