@@ -9,7 +9,7 @@
     Baseline: a Celery no-op task round trip on the same broker
     (``send_task(...).get()``, Redis result backend), its worker on the same
     pool, task events on for both (the steps the workers send each other carry
-    no task-sent event, as deployed: ``lattice_worker.runtime.celery_app``;
+    no task-sent event, as deployed: ``lattice_worker.runtime.worker.celery_app``;
     the client's ``run_lead`` and the no-op do). Measured sequentially, interleaved run by
     run after a warm-up; medians in milliseconds and the ratio. Also printed:
     the worker-side Redis round trips per handoff (every request a worker

@@ -3,7 +3,7 @@
 Design: docs/architecture.md, "Steps as Celery tasks" (queues, JSON only, late acks, task events).
 The client only *sends* tasks, by name
 (``app.send_task("lattice.run_lead", args=[run_id], queue=queue_name(...))``);
-the worker side (``lattice_worker.runtime.celery_app``) builds its app with the same
+the worker side (``lattice_worker.runtime.worker.celery_app``) builds its app with the same
 function and registers the task bodies on it.
 
 Isolation of deployments sharing one Redis (``key_prefix``):

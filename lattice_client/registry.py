@@ -3,7 +3,7 @@
 Every worker keeps one Redis key, ``<prefix>:worker:<node name>``, holding a
 :class:`WorkerInfo` as JSON, set with an expiry of
 :func:`heartbeat_ttl_seconds` (three heartbeats) and refreshed every
-heartbeat by a thread of the worker (``lattice_worker.runtime.heartbeat``);
+heartbeat by a thread of the worker (``lattice_worker.runtime.worker.heartbeat``);
 the set ``<prefix>:workers`` indexes the node names. A worker that stops
 deletes its key; one that dies stops refreshing it and Redis expires it;
 after a Redis restart that lost the keys, the next heartbeat writes them

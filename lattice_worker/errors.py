@@ -7,6 +7,7 @@ also a Python :class:`TimeoutError`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -84,6 +85,21 @@ class MissingOutputError(LatticeError):
     """A run with ``output_schema`` ended without calling ``submit_output`` (subtype ``error_missing_output``)."""
 
 
+class TeamNotServedError(ConfigError):
+    """A run (or step) names a team this worker was not started with.
+
+    ``team``: the team named; ``worker``: this worker's id; ``served``: the
+    names of the teams it serves."""
+
+    def __init__(self, team: str, worker: str, served: Iterable[str]) -> None:
+        self.team, self.worker, self.served = team, worker, sorted(served)
+        super().__init__(
+            f"team {team!r} is not served by worker {worker} (it serves: {', '.join(self.served) or 'none'}); "
+            "a worker runs only the teams it was started with (and their nested teams), and nothing a run "
+            "names is imported"
+        )
+
+
 __all__ = [
     "LatticeError",
     "ConfigError",
@@ -96,4 +112,5 @@ __all__ = [
     "ToolBatchRejectedError",
     "ConcurrentQueryError",
     "MissingOutputError",
+    "TeamNotServedError",
 ]

@@ -27,7 +27,7 @@ from .app import command, options_of
 from .output import fail, guard
 from .workers import PASS_THROUGH, require_extra
 
-FLOWER_APP = "lattice_worker.runtime.celery_app:app"
+FLOWER_APP = "lattice_worker.runtime.worker.celery_app:app"
 """The Celery app Flower monitors (the worker side's app, same settings)."""
 
 OAUTH_VARIABLES = ("FLOWER_OAUTH2_KEY", "FLOWER_OAUTH2_SECRET", "FLOWER_OAUTH2_REDIRECT_URI")

@@ -117,7 +117,7 @@ def worker(
     with guard():
         options.settings()  # validate before handing over
     options.export_env()
-    run_worker = worker_function("worker", "lattice_worker.runtime.worker_main", "run_worker")
+    run_worker = worker_function("worker", "lattice_worker.runtime.worker.main", "run_worker")
     with guard():
         run_worker(team_ref, list(member or []), concurrency, list(ctx.args))
 
@@ -161,7 +161,7 @@ def drain(
     with guard():
         options.settings()
     options.export_env()
-    run_drain = worker_function("drain", "lattice_worker.runtime.drain", "run_drain")
+    run_drain = worker_function("drain", "lattice_worker.runtime.worker.drain", "run_drain")
     with guard():
         run_drain(team_ref, list(member or []), max_rounds, max_messages, out)
 

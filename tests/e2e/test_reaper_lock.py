@@ -18,7 +18,7 @@ import time
 import pytest
 
 from lattice_mailbox.redis import RedisMailbox
-from lattice_worker.runtime.reaper_lock import lock_key
+from lattice_worker.runtime.reaper.lock import lock_key
 from tests.e2e.conftest import Deployment, Proc, wait_for
 from tests.support.services import REDIS_URL
 

@@ -23,9 +23,13 @@ from lattice_client.runstore import RunStore
 from lattice_client.settings import get_settings
 from lattice_mailbox.redis import RedisMailbox
 from lattice_worker.errors import ConfigError
-from lattice_worker.runtime import lead_dispatch, lead_segment, member_step, reaper, run_end
-from lattice_worker.runtime.context import WorkerContext
-from lattice_worker.runtime.registry import TeamRegistry
+from lattice_worker.runtime.lead import dispatch as lead_dispatch
+from lattice_worker.runtime.lead import end as run_end
+from lattice_worker.runtime.lead import segment as lead_segment
+from lattice_worker.runtime.member import step as member_step
+from lattice_worker.runtime.reaper import sweep as reaper
+from lattice_worker.runtime.run.context import WorkerContext
+from lattice_worker.runtime.worker.registry import TeamRegistry
 from lattice_worker.team.reports import parse_report_message
 from tests.e2e import teams
 from tests.e2e.teams import plan
@@ -434,7 +438,7 @@ async def test_registry_loads_nested_teams_and_lists_queues(env, prefix):
 
 
 async def test_every_follow_up_step_goes_through_the_broker(env, raw, prefix):
-    from lattice_worker.runtime.tasks import run_step
+    from lattice_worker.runtime.worker.tasks import run_step
 
     ctx, broker = env
     run_id = await submit(ctx, broker, "e2e", plan(("worker", "handoff", "a"), ("other", "ask", "b")))
@@ -608,7 +612,7 @@ class Gate:
 def frozen_leases(monkeypatch):
     """While ``state["frozen"]``, new lead leases never renew (their worker is
     stuck or dead); leases made afterwards renew normally."""
-    from lattice_worker.runtime.lead_lease import LeadLease
+    from lattice_worker.runtime.lead.lease import LeadLease
 
     state = {"frozen": True}
     original = LeadLease._run

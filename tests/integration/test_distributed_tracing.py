@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from lattice_client.celery_config import RUN_LEAD_TASK
 from lattice_client.errors import RunLeaseLostError
 from lattice_worker import ScriptedModelClient, define_agent
-from lattice_worker.runtime.run_trace import TRACE_CARRIER_KEY, run_tracer
+from lattice_worker.runtime.run.trace import TRACE_CARRIER_KEY, run_tracer
 from lattice_worker.team import create_team, team_member
 from lattice_worker.tracing import create_jsonl_context_tracer, create_otel_context_tracer
 from tests.e2e.teams import lead_model, member_model, plan, work

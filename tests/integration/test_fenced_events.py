@@ -12,8 +12,9 @@ import asyncio
 import pytest
 
 from lattice_client.errors import RunLeaseLostError
-from lattice_worker.runtime import member_step, reaper
-from lattice_worker.runtime.events import current_fence
+from lattice_worker.runtime.member import step as member_step
+from lattice_worker.runtime.reaper import sweep as reaper
+from lattice_worker.runtime.run.events import current_fence
 from tests.e2e.teams import plan
 from tests.integration import test_distributed_protocol, test_reaper_orphans
 from tests.integration.test_distributed_protocol import submit

@@ -21,8 +21,8 @@ import pytest
 import lattice_client.runstore.scripts as runs_mod
 from lattice_client.errors import RunLeaseLostError
 from lattice_client.models import RunStatus
-from lattice_worker.runtime.lead_dispatch import DistributedLeadRuntime, dispatch_items
-from lattice_worker.runtime.lead_lease import FencedHistoryStore, LeadLease
+from lattice_worker.runtime.lead.dispatch import DistributedLeadRuntime, dispatch_items
+from lattice_worker.runtime.lead.lease import FencedHistoryStore, LeadLease
 from tests.support.workers import worker_context
 
 CALL = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "ask_bob", "input": {}}]}

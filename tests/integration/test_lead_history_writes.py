@@ -16,8 +16,8 @@ import redis
 
 from lattice_client.errors import RunLeaseLostError
 from lattice_client.models import RunStatus
-from lattice_worker.runtime.context import WorkerContext
-from lattice_worker.runtime.lead_lease import FencedHistoryStore, LeadLease
+from lattice_worker.runtime.lead.lease import FencedHistoryStore, LeadLease
+from lattice_worker.runtime.run.context import WorkerContext
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 

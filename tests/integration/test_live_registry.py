@@ -8,7 +8,7 @@ import time
 import pytest
 
 from lattice_client.registry import LiveRegistry, read_workers_blocking, worker_key, workers_key
-from lattice_worker.runtime.heartbeat import Heartbeat, pool_name, worker_info
+from lattice_worker.runtime.worker.heartbeat import Heartbeat, pool_name, worker_info
 from tests.e2e.conftest import free_port
 from tests.integration.conftest import REDIS_URL
 from tests.support.registry import publish_fake_worker
@@ -63,7 +63,7 @@ def test_pool_names():
     from celery.concurrency.prefork import TaskPool as Prefork
     from celery.concurrency.thread import TaskPool as Threads
 
-    from lattice_worker.runtime.aio_pool import AsyncioPool
+    from lattice_worker.runtime.worker.aio_pool import AsyncioPool
 
     assert (pool_name(Threads), pool_name(Prefork)) == ("threads", "prefork")
     assert pool_name(AsyncioPool) == pool_name(AsyncioPool(limit=1)) == "asyncio"

@@ -140,7 +140,7 @@ def test_bad_prefix_arguments_are_refused():
 
 def test_the_client_and_the_workers_open_the_same_sql_tables(tmp_path):
     from lattice_client import LatticeClient, get_settings
-    from lattice_worker.runtime.process import make_mailbox
+    from lattice_worker.runtime.worker.process import make_mailbox
 
     settings = get_settings(
         broker_url=REDIS_URL,

@@ -1,4 +1,4 @@
-"""The reaper lock (``runtime/reaper_lock.py``): held by one sweep for half a lease,
+"""The reaper lock (``runtime/reaper/lock.py``): held by one sweep for half a lease,
 renewed and released by its holder only, renewed while the sweep runs; a sweep
 that lost it stops writing. Real Redis, one key prefix per test (deleted afterwards)."""
 
@@ -10,8 +10,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from lattice_client.celery_config import DELIVER_TASK
-from lattice_worker.runtime import reaper
-from lattice_worker.runtime.reaper_lock import ReaperLock, ReaperLockLostError, lock_hold_seconds, lock_key
+from lattice_worker.runtime.reaper import sweep as reaper
+from lattice_worker.runtime.reaper.lock import ReaperLock, ReaperLockLostError, lock_hold_seconds, lock_key
 from tests.integration import test_reaper_orphans
 from tests.support.services import REDIS_URL
 

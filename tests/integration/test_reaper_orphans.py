@@ -22,9 +22,11 @@ from lattice_client.celery_config import DELIVER_TASK, RESUME_LEAD_TASK
 from lattice_client.runstore import RunStore
 from lattice_client.settings import get_settings
 from lattice_mailbox.redis import RedisMailbox
-from lattice_worker.runtime import member_step, reaper, reaper_orphans
-from lattice_worker.runtime.context import WorkerContext
-from lattice_worker.runtime.registry import TeamRegistry
+from lattice_worker.runtime.member import step as member_step
+from lattice_worker.runtime.reaper import orphans as reaper_orphans
+from lattice_worker.runtime.reaper import sweep as reaper
+from lattice_worker.runtime.run.context import WorkerContext
+from lattice_worker.runtime.worker.registry import TeamRegistry
 from lattice_worker.team.member_tools import MailboxToolState
 from lattice_worker.team.reports import parse_report_message
 from tests.e2e.teams import plan

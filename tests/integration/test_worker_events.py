@@ -15,7 +15,7 @@ import uuid
 import pytest
 import redis
 
-from lattice_worker.runtime.context import WorkerContext
+from lattice_worker.runtime.run.context import WorkerContext
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
@@ -247,7 +247,7 @@ async def test_a_caller_cancelled_mid_write_fails_none_of_the_other_writes_of_it
 async def test_a_member_items_queued_history_appends_go_as_one_write_in_order(ctx, raw):
     from types import SimpleNamespace
 
-    from lattice_worker.runtime.tool_journal import ItemHistoryStore, ItemJournal
+    from lattice_worker.runtime.run.journal import ItemHistoryStore, ItemJournal
 
     await ctx.runs.create("r1", "team", "prompt")
     message = SimpleNamespace(id="m1", to="team::echo", work_item_id="w1", attempts=1, claim_token="tok")

@@ -1,4 +1,4 @@
-"""The steps a worker sends (``lattice_worker.runtime.celery_app``) against the
+"""The steps a worker sends (``lattice_worker.runtime.worker.celery_app``) against the
 real Redis: the task message lands on its queue without a task-sent event,
 while the client's run_lead keeps its own. No worker runs; the worker's app is
 built in a fresh interpreter (it reads its settings at import)."""
@@ -33,7 +33,7 @@ def test_a_worker_sent_step_has_no_task_sent_event_and_a_client_submit_has_one(p
         env = {k: v for k, v in os.environ.items() if not k.startswith("LATTICE_")}
         env.update({"LATTICE_BROKER_URL": REDIS_URL, "LATTICE_KEY_PREFIX": prefix})
         code = (
-            "import lattice_worker.runtime.celery_app as m\n"
+            "import lattice_worker.runtime.worker.celery_app as m\n"
             f"m._send_task('lattice.deliver', ['example::echo'], '{prefix}.example.echo')\n"
         )
         subprocess.run([sys.executable, "-c", code], env=env, timeout=60, check=True)

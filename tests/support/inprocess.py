@@ -13,9 +13,10 @@ from lattice_client.celery_config import DELIVER_TASK, RESUME_LEAD_TASK, RUN_LEA
 from lattice_client.runstore import RunStore
 from lattice_client.settings import get_settings
 from lattice_mailbox.redis import RedisMailbox
-from lattice_worker.runtime import lead_segment, member_step
-from lattice_worker.runtime.context import WorkerContext
-from lattice_worker.runtime.registry import TeamRegistry
+from lattice_worker.runtime.lead import segment as lead_segment
+from lattice_worker.runtime.member import step as member_step
+from lattice_worker.runtime.run.context import WorkerContext
+from lattice_worker.runtime.worker.registry import TeamRegistry
 from tests.support.services import REDIS_URL
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from lattice_client.runstore import RunStore
 from lattice_client.settings import get_settings
-from lattice_worker.runtime.context import WorkerContext
+from lattice_worker.runtime.run.context import WorkerContext
 from tests.support.services import REDIS_URL
 
 

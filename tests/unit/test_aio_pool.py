@@ -17,8 +17,13 @@ from typing import Any
 
 import pytest
 
-from lattice_worker.runtime import aio_pool, loops, tasks
-from lattice_worker.runtime.aio_pool import AsyncioPool, await_coroutine, in_task_greenlet, run_in_greenlet
+from lattice_worker.runtime.worker import aio_pool, loops, tasks
+from lattice_worker.runtime.worker.aio_pool import (
+    AsyncioPool,
+    await_coroutine,
+    in_task_greenlet,
+    run_in_greenlet,
+)
 from lattice_worker.tools.tool import tool
 from lattice_worker.tools.tool_definition import in_handler_thread, sync_handlers_in_threads
 

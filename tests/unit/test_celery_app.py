@@ -1,4 +1,4 @@
-"""The worker's Celery app module: what ``celery -A lattice_worker.runtime.celery_app worker`` loads."""
+"""The worker's Celery app module: what ``celery -A lattice_worker.runtime.worker.celery_app worker`` loads."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from lattice_client.celery_config import DELIVER_TASK, RESUME_LEAD_TASK, RUN_LEA
 def test_the_celery_app_module_registers_the_three_tasks_on_its_app():
     # in a fresh interpreter: the module builds its app from the environment at import
     code = (
-        "import celery, lattice_worker.runtime.celery_app as m\n"
-        "from lattice_worker.runtime import tasks\n"
+        "import celery, lattice_worker.runtime.worker.celery_app as m\n"
+        "from lattice_worker.runtime.worker import tasks\n"
         "assert isinstance(m.app, celery.Celery)\n"
         "names = sorted(n for n in m.app.tasks if n.startswith('lattice.'))\n"
         "print(','.join(names))\n"

@@ -122,7 +122,7 @@ def fake_worker_module(monkeypatch, name: str, function: str, calls: list) -> No
 
 def test_worker_passes_team_members_concurrency_and_celery_args_through(monkeypatch):
     calls: list = []
-    fake_worker_module(monkeypatch, "lattice_worker.runtime.worker_main", "run_worker", calls)
+    fake_worker_module(monkeypatch, "lattice_worker.runtime.worker.main", "run_worker", calls)
     monkeypatch.setenv("LATTICE_KEY_PREFIX", "before")  # restored after the test
     result = run(
         "--key-prefix",
@@ -153,7 +153,7 @@ def test_exported_settings_do_not_leak_between_tests():
 
 def test_worker_defaults_to_every_queue(monkeypatch):
     calls: list = []
-    fake_worker_module(monkeypatch, "lattice_worker.runtime.worker_main", "run_worker", calls)
+    fake_worker_module(monkeypatch, "lattice_worker.runtime.worker.main", "run_worker", calls)
     assert run("worker", "lattice_worker.examples.team:team").exit_code == 0
     assert calls == [("lattice_worker.examples.team:team", [], None, [])]
 
@@ -161,7 +161,7 @@ def test_worker_defaults_to_every_queue(monkeypatch):
 def test_drain_and_demo_hand_over_their_arguments(monkeypatch, tmp_path):
     drains: list = []
     demos: list = []
-    fake_worker_module(monkeypatch, "lattice_worker.runtime.drain", "run_drain", drains)
+    fake_worker_module(monkeypatch, "lattice_worker.runtime.worker.drain", "run_drain", drains)
     fake_worker_module(monkeypatch, "lattice_worker.demo", "run_demo", demos)
     assert (
         run(
@@ -183,7 +183,7 @@ def test_drain_and_demo_hand_over_their_arguments(monkeypatch, tmp_path):
 
 
 def test_missing_worker_side_is_a_clear_error(monkeypatch):
-    monkeypatch.setitem(sys.modules, "lattice_worker.runtime.worker_main", None)  # import fails
+    monkeypatch.setitem(sys.modules, "lattice_worker.runtime.worker.main", None)  # import fails
     result = run("worker", "lattice_worker.examples.team:team")
     assert result.exit_code == EXIT_ERROR
     assert "the worker side is not available" in error_lines(result)[0]
@@ -193,13 +193,13 @@ def test_missing_worker_side_is_a_clear_error(monkeypatch):
 
 
 def test_worker_side_errors_become_one_line(monkeypatch):
-    module = types.ModuleType("lattice_worker.runtime.worker_main")
+    module = types.ModuleType("lattice_worker.runtime.worker.main")
 
     def run_worker(*args):
         raise ValueError("team reference 'x:y' cannot be loaded:\nNo module named 'x'")
 
     module.run_worker = run_worker
-    monkeypatch.setitem(sys.modules, "lattice_worker.runtime.worker_main", module)
+    monkeypatch.setitem(sys.modules, "lattice_worker.runtime.worker.main", module)
     result = run("worker", "x:y")
     assert result.exit_code == EXIT_ERROR
     assert error_lines(result) == ["error: team reference 'x:y' cannot be loaded: No module named 'x'"]
@@ -212,7 +212,7 @@ def test_flower_argv_passes_flower_options_through():
         "-m",
         "celery",
         "-A",
-        "lattice_worker.runtime.celery_app:app",
+        "lattice_worker.runtime.worker.celery_app:app",
         "flower",
         "--address=0.0.0.0",
         "--port=5555",

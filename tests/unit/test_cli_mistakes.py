@@ -101,9 +101,9 @@ def test_the_hint_masks_a_password():
 
 def test_an_option_value_that_looks_like_a_global_option_after_double_dash_is_left_alone(monkeypatch):
     calls: list = []
-    module = type(sys)("lattice_worker.runtime.worker_main")
+    module = type(sys)("lattice_worker.runtime.worker.main")
     module.run_worker = lambda *args: calls.append(args)
-    monkeypatch.setitem(sys.modules, "lattice_worker.runtime.worker_main", module)
+    monkeypatch.setitem(sys.modules, "lattice_worker.runtime.worker.main", module)
     assert run("worker", "x:y", "--", "--key-prefix").exit_code == 0
     assert calls and calls[0][3] == ["--key-prefix"]  # after "--": for Celery, as the user wrote
 

@@ -73,6 +73,6 @@ _PATH = re.compile(r"`((?:lattice_\w+|tests|bench|compose|docs|scripts)/[\w./-]*
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_repository_paths_named_in_the_text_exist(page: Path) -> None:
-    """A path written as code (`` `lattice_worker/runtime/keys.py` ``) names a file or directory that exists."""
+    """A path written as code (`` `lattice_worker/runtime/run/keys.py` ``) names a file or directory that exists."""
     missing = sorted({p for p in _PATH.findall(page.read_text()) if not (REPO / p.rstrip(".")).exists()})
     assert not missing, f"{page.name} names paths the repository does not have: {missing}"

@@ -126,8 +126,12 @@ def test_the_graph_sees_type_checking_and_function_local_imports():
     assert ("lattice_worker.tools.tool", False) in _imports(mods, "lattice_worker.agent.query_run")
     assert "lattice_worker.tools.tool" in _graph()["lattice_worker.agent.query_run"]
     # a function-local import: `lattice worker` loads the process state when it runs
-    assert ("lattice_worker.runtime.process", False) in _imports(mods, "lattice_worker.runtime.worker_main")
-    assert ("lattice_worker.runtime.registry", True) in _imports(mods, "lattice_worker.runtime.worker_main")
+    assert ("lattice_worker.runtime.worker.process", False) in _imports(
+        mods, "lattice_worker.runtime.worker.main"
+    )
+    assert ("lattice_worker.runtime.worker.registry", True) in _imports(
+        mods, "lattice_worker.runtime.worker.main"
+    )
 
 
 def test_lattice_mailbox_imports_neither_the_client_nor_the_worker():
@@ -158,4 +162,43 @@ def test_the_runtime_lives_in_one_package():
         "team",
         "tools",
         "tracing",
+    ]
+
+
+# the runtime's sub-packages, lowest first: each imports only from those before it
+RUNTIME_LAYERS = ("run", "member", "lead", "reaper", "worker")
+
+
+def test_the_runtime_is_one_folder_per_role_with_no_flat_modules():
+    runtime = ROOT / "lattice_worker" / "runtime"
+    flat = sorted(p.name for p in runtime.glob("*.py") if p.name != "__init__.py")
+    assert flat == []
+    packages = sorted(p.name for p in runtime.iterdir() if (p / "__init__.py").exists())
+    assert packages == sorted(RUNTIME_LAYERS)
+
+
+def _layer_violations(edges: dict[str, set[str]]) -> list[tuple[str, str]]:
+    rank = {name: i for i, name in enumerate(RUNTIME_LAYERS)}
+    wrong = []
+    for module, targets in edges.items():
+        parts = module.split(".")
+        if parts[:2] != ["lattice_worker", "runtime"] or len(parts) < 4:
+            continue
+        for target in targets:
+            tparts = target.split(".")
+            if tparts[:2] == ["lattice_worker", "runtime"] and len(tparts) >= 3 and tparts[2] in rank:
+                if rank[tparts[2]] > rank[parts[2]]:
+                    wrong.append((module, target))
+    return sorted(wrong)
+
+
+def test_the_runtime_packages_import_only_lower_layers():
+    # run <- member <- lead <- reaper <- worker: no package-level cycle either
+    assert _layer_violations(_graph()) == []
+
+
+def test_the_layer_check_finds_an_upward_import():
+    edges = {"lattice_worker.runtime.run.context": {"lattice_worker.runtime.worker.process"}}
+    assert _layer_violations(edges) == [
+        ("lattice_worker.runtime.run.context", "lattice_worker.runtime.worker.process")
     ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from lattice_worker.runtime.leases import RenewalLoop
+from lattice_worker.runtime.run.renewal import RenewalLoop
 
 
 class Counting(RenewalLoop):

@@ -1,5 +1,5 @@
 """Which tracer traces a distributed run, and the flush a worker does at shutdown
-(``lattice_worker.runtime.run_trace``)."""
+(``lattice_worker.runtime.run.trace``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from lattice_worker import ScriptedModelClient, define_agent, text_turn
-from lattice_worker.runtime.run_trace import flush_tracers, registry_tracers, run_tracer
+from lattice_worker.runtime.run.trace import flush_tracers, registry_tracers, run_tracer
 from lattice_worker.team import create_team, team_member
 from lattice_worker.tracing import define_context_tracer
 

@@ -9,16 +9,16 @@ import threading
 import pytest
 
 from lattice_mailbox.memory import MemoryMailbox
-from lattice_worker.runtime import loops
-from lattice_worker.runtime.aio_pool import POOL_PATH, AsyncioPool
-from lattice_worker.runtime.registry import TeamNotServedError, TeamRegistry
-from lattice_worker.runtime.worker_main import (
+from lattice_worker.runtime.worker import loops
+from lattice_worker.runtime.worker.aio_pool import POOL_PATH, AsyncioPool
+from lattice_worker.runtime.worker.main import (
     DEFAULT_ASYNCIO_CONCURRENCY,
     DEFAULT_THREADS,
     given_pool,
     pool_setting,
     worker_argv,
 )
+from lattice_worker.runtime.worker.registry import TeamNotServedError, TeamRegistry
 
 
 def test_the_default_pool_is_the_asyncio_pool_with_many_steps_in_flight():
