@@ -42,6 +42,7 @@ OTHER_VARIABLES: dict[str, str] = {
     "LATTICE_MODEL": "the model the example team uses with an API key",
     "LATTICE_REAPER": "0: a worker runs without its reaper thread",
     "LATTICE_WORKER_TEAMS": "set by lattice worker: the team references its pool processes load",
+    "LATTICE_UI_BASIC_AUTH": "lattice ui: USER:PASSWORD[,USER2:PASSWORD2] of the operations page (as --basic-auth)",
     "LATTICE_FLOWER_PORT": "compose: the host port Flower is published on (default 5555)",
     "LATTICE_TEST_REDIS_URL": "the tests' Redis (default redis://127.0.0.1:6379/0)",
     "LATTICE_TEST_PG_URL": "the tests' PostgreSQL (default postgresql://postgres@127.0.0.1:5432/test)",

@@ -12,6 +12,7 @@ One module per role:
 * :mod:`.decisions` - ``parked``, ``resolve``, ``approvals``, ``approve``, ``deny``
   (tool calls that wait for a person);
 * :mod:`.flower` - ``flower``, behind credentials;
+* :mod:`.ui` - ``ui``, the operations page (:mod:`lattice_client.ui`), behind credentials;
 * :mod:`.help` - help texts that show options and arguments as typed;
 * :mod:`.output` - consoles, the one-line ``error:`` exit, result printing.
 
@@ -22,7 +23,7 @@ exits with a non-zero code (1 = error, 3 = timeout); never a traceback.
 
 from __future__ import annotations
 
-from . import decisions, flower, mailboxes, runs, workers  # noqa: F401  (they register their commands on app)
+from . import decisions, flower, mailboxes, runs, ui, workers  # noqa: F401  (they register their commands on app)
 from .app import app
 from .flower import FLOWER_APP, flower_argv
 from .output import EXIT_ERROR, EXIT_TIMEOUT

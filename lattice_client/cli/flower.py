@@ -72,8 +72,8 @@ def check_basic_auth(value: str) -> None:
             )
 
 
-def check_port_free(address: str, port: int) -> None:
-    """Fail with one line when Flower could not listen on ``address:port``."""
+def check_port_free(address: str, port: int, what: str = "Flower") -> None:
+    """Fail with one line when ``what`` (a server: Flower, the operations page) could not listen on ``address:port``."""
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     try:
         with socket.socket(family, socket.SOCK_STREAM) as probe:
@@ -82,7 +82,7 @@ def check_port_free(address: str, port: int) -> None:
     except OSError as exc:
         reason = exc.strerror or str(exc)
         fail(
-            f"Flower cannot listen on {address}:{port}: {reason} (another Flower? choose --port or --address)"
+            f"{what} cannot listen on {address}:{port}: {reason} (another {what}? choose --port or --address)"
         )
 
 
