@@ -45,6 +45,7 @@ OTHER_VARIABLES: dict[str, str] = {
     "LATTICE_UI_BASIC_AUTH": "lattice ui: USER:PASSWORD[,USER2:PASSWORD2] of the operations page (as --basic-auth)",
     "LATTICE_FLOWER_PORT": "compose: the host port Flower is published on (default 5555)",
     "LATTICE_TEST_REDIS_URL": "the tests' Redis (default redis://127.0.0.1:6379/0)",
+    "LATTICE_TEST_SCREENSHOTS": "the browser tests: where they save the operations page's screenshots",
     "LATTICE_TEST_PG_URL": "the tests' PostgreSQL (default postgresql://postgres@127.0.0.1:5432/test)",
 }
 """``LATTICE_*`` variables that are not settings fields, with what they do."""

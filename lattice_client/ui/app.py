@@ -55,7 +55,7 @@ SECURITY_HEADERS = {
     b"connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
     b"x-content-type-options": b"nosniff",
     b"x-frame-options": b"DENY",
-    b"referrer-policy": b"no-referrer",
+    b"referrer-policy": b"same-origin",  # not no-referrer: Chromium then sends Origin: null
     b"cache-control": b"no-store",
 }
 

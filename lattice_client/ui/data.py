@@ -58,7 +58,7 @@ class RunPage:
             ("status", record.status.value),
             ("created", fmt_time(record.created_at)),
             ("updated", fmt_time(record.updated_at)),
-            ("lead segments started", str(self.lead_attempts) if self.lead_attempts else "-"),
+            ("lead starts since it last suspended", str(self.lead_attempts) if self.lead_attempts else "-"),
         ]
         if self.lease_until_ms:
             rows.append(("lead lease until", fmt_time(self.lease_until_ms)))
@@ -122,7 +122,6 @@ async def run_page(client: Any, run_id: str) -> RunPage | None:
     if lease_until and record.status == RunStatus.RUNNING:
         page.lease_until_ms = int(as_text(lease_until))
     page.items = await runs.items(run_id)
-    page.waits = [json.loads(as_text(v)) for v in (await redis.hgetall(runs.waits_key(run_id))).values()]
     entries: list[tuple[str, dict[str, Any]]] = []
     last = "0-0"
     while len(entries) < MAX_EVENTS_SHOWN:
@@ -134,11 +133,37 @@ async def run_page(client: Any, run_id: str) -> RunPage | None:
     page.truncated = len(entries) >= MAX_EVENTS_SHOWN
     workers = await client.live_workers()
     page.timeline = build_timeline(entries, workers)
+    stored = [json.loads(as_text(v)) for v in (await redis.hgetall(runs.waits_key(run_id))).values()]
+    page.waits = run_waits(entries, stored)
     for step in page.timeline.steps:
         message = await client.mailbox.get(step.message_id)
         if message is not None:
             page.messages[step.message_id] = message
     return page
+
+
+def run_waits(
+    entries: list[tuple[str, dict[str, Any]]], stored: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The calls of a run that waited for a person, oldest first: each
+    ``tool_parked`` / ``approval_pending`` event of its stream, with the wait
+    the run store still keeps (``resolution`` once decided; a member's decided
+    wait is dropped at its next claim, a lead's when decided). ``state``:
+    ``waiting``, ``decided`` (with ``resolution``) or ``gone`` (decided, and
+    the work went on)."""
+    kinds = {"tool_parked": "parked", "approval_pending": "approval"}
+    seen: dict[str, dict[str, Any]] = {}
+    for _, event in entries:
+        if event.get("type") in kinds and event.get("id"):
+            seen[str(event["id"])] = {**event, "kind": kinds[str(event["type"])], "resolution": None}
+    for wait in stored:
+        seen[str(wait.get("id"))] = {**seen.get(str(wait.get("id")), {}), **wait}
+    out = []
+    for wait in sorted(seen.values(), key=lambda w: int(w.get("created_at") or 0)):
+        stored_now = any(str(w.get("id")) == str(wait.get("id")) for w in stored)
+        state = "decided" if wait.get("resolution") else ("waiting" if stored_now else "gone")
+        out.append({**wait, "state": state})
+    return out
 
 
 @dataclass
@@ -186,7 +211,8 @@ class WaitingCall:
 
     @property
     def call_id(self) -> str:
-        return str(getattr(self.call, "message_id", None) or getattr(self.call, "call_id", ""))
+        """The id to decide it with: a parked call's ``message_id``, an approval's ``call_id``."""
+        return str(self.call.message_id if self.kind == "parked" else self.call.call_id)
 
 
 async def waiting_calls(client: Any, team: str | None) -> tuple[list[WaitingCall], list[WaitingCall]]:
@@ -245,6 +271,7 @@ __all__ = [
     "list_runs",
     "mailboxes",
     "run_page",
+    "run_waits",
     "waiting_calls",
     "workers_and_queues",
 ]

@@ -11,7 +11,6 @@ import uuid
 
 import pytest
 import redis
-from lattice_worker.runtime.worker.drain import run_drain
 from rich.console import Console
 
 from lattice_client.runstore import RunStore
@@ -20,6 +19,7 @@ from lattice_mailbox.redis import RedisMailbox
 from lattice_worker.errors import ConfigError
 from lattice_worker.runtime.lead import segment as lead_segment
 from lattice_worker.runtime.run.context import WorkerContext
+from lattice_worker.runtime.worker.drain import run_drain
 from lattice_worker.runtime.worker.registry import TeamRegistry
 from tests.e2e.teams import plan
 from tests.support.registry import publish_fake_worker
@@ -143,9 +143,8 @@ async def test_drain_by_a_name_only_a_running_worker_registered(prefix):
 
 
 def test_a_published_nested_team_name_drains_that_team_only(prefix):
-    from lattice_worker.runtime.worker.drain import _targets, load_root
-
     from lattice_mailbox.memory import MemoryMailbox
+    from lattice_worker.runtime.worker.drain import _targets, load_root
 
     publish(
         prefix,

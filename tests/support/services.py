@@ -7,7 +7,10 @@
 * ``LATTICE_TEST_PG_URL`` -- the PostgreSQL of the tests marked ``postgres``
   (default ``postgresql://postgres@127.0.0.1:5432/test``).
 
-These two are the only ``LATTICE_*`` variables the suite reads from the caller;
+* ``LATTICE_TEST_SCREENSHOTS`` -- where the browser tests save the operations
+  page's screenshots (default: the test's temporary directory).
+
+These three are the only ``LATTICE_*`` variables the suite reads from the caller;
 ``tests/conftest.py`` removes every other one (and ``FLOWER_*``, ``ANTHROPIC_*``,
 ``DEEPSEEK_*``) from the test process, and tests that start subprocesses set
 what those need explicitly.
@@ -24,7 +27,10 @@ TEST_REDIS_ENV = "LATTICE_TEST_REDIS_URL"
 TEST_PG_ENV = "LATTICE_TEST_PG_URL"
 """The variable naming the tests' PostgreSQL."""
 
-TEST_VARIABLES = (TEST_REDIS_ENV, TEST_PG_ENV)
+TEST_SCREENSHOTS_ENV = "LATTICE_TEST_SCREENSHOTS"
+"""Where the browser tests save their screenshots (tests/e2e/browser.py; default: a temporary directory)."""
+
+TEST_VARIABLES = (TEST_REDIS_ENV, TEST_PG_ENV, TEST_SCREENSHOTS_ENV)
 """The documented test variables, kept in the test process's environment."""
 
 REDIS_URL = os.environ.get(TEST_REDIS_ENV) or "redis://127.0.0.1:6379/0"
@@ -48,5 +54,6 @@ __all__ = [
     "REDIS_URL",
     "TEST_PG_ENV",
     "TEST_REDIS_ENV",
+    "TEST_SCREENSHOTS_ENV",
     "TEST_VARIABLES",
 ]
