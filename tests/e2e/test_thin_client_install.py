@@ -104,6 +104,20 @@ def test_the_thin_client_has_no_worker_packages_and_serves_runs_of_a_full_worker
         extra
     )
 
+    page = run([lattice, "ui", "--unauthenticated"], cwd=tmp_path, env=env)
+    assert page.returncode == 1 and "needs the ui extra: pip install 'agent-lattice[ui]'" in page.stderr, page
+    shipped = run(  # the page's templates and static files are in the wheel
+        [
+            python,
+            "-c",
+            "import pathlib, lattice_client; ui = pathlib.Path(lattice_client.__file__).parent / 'ui'; "
+            "print((ui / 'templates' / 'run.html').is_file() and (ui / 'static' / 'ui.js').is_file())",
+        ],
+        cwd=tmp_path,
+        env=env,
+    )
+    assert shipped.stdout.strip() == "True", shipped
+
     for url, extra_name in (("postgresql://app@127.0.0.1:1/db", "postgres"), ("sqlite:///x.db", "sql")):
         sql = run([lattice, "--mailbox-url", url, "inbox", "demo::searcher"], cwd=tmp_path, env=env)
         assert sql.returncode == 1

@@ -49,7 +49,10 @@ def test_thin_runtime_dependencies_a_worker_extra_and_separate_test_and_bench_ex
     for needed in ("anthropic", "mcp", "flower", "sqlalchemy"):
         assert needed in worker
     assert any(d.startswith("psycopg") for d in extras["postgres"])
-    assert "agent-lattice[worker,postgres]" in extras["test"]  # the README's set-up installs .[test]
+    assert "agent-lattice[worker,postgres,ui]" in extras["test"]  # the README's set-up installs .[test]
+    for needed in ("starlette", "jinja2", "uvicorn", "python-multipart"):  # the operations page
+        assert any(d.startswith(needed) for d in extras["ui"]), needed
+    assert "starlette" not in runtime and "jinja2" not in runtime
     assert any(d.startswith("pytest") for d in extras["test"])
     assert any(d.startswith("openai-agents") for d in extras["bench"])
     assert "openai-agents" not in runtime and "pytest" not in runtime
