@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.e2e.conftest import Proc
 from tests.support.services import REDIS_URL
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(90)]
@@ -47,38 +48,23 @@ def run_ui(prefix: str, *args: str, env: dict[str, str] | None = None) -> subpro
 
 @contextlib.contextmanager
 def serving(prefix: str, *args: str, env: dict[str, str] | None = None):
-    """``lattice ui ARGS`` running; yields its base URL once it answers."""
+    """``lattice ui ARGS`` running (its own process group, stopped by its id); yields its base URL once it answers."""
     port = free_port()
-    proc = subprocess.Popen(
-        [LATTICE, "ui", "--port", str(port), *args],
-        cwd=REPO,
-        env=_env(prefix, env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-            with contextlib.suppress(httpx.HTTPError):
-                httpx.get(base + "/", timeout=2)
-                break
-            assert time.monotonic() < deadline, "lattice ui did not answer"
-            time.sleep(0.2)
-        yield base
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
+    with tempfile.TemporaryDirectory() as logs:
+        proc = Proc([LATTICE, "ui", "--port", str(port), *args], _env(prefix, env), Path(logs) / "ui.log")
+        base = f"http://127.0.0.1:{port}"
         try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-        if proc.stdout:
-            proc.stdout.close()
+            deadline = time.monotonic() + 30
+            while True:
+                assert proc.alive(), proc.log()
+                with contextlib.suppress(httpx.HTTPError):
+                    httpx.get(base + "/", timeout=2)
+                    break
+                assert time.monotonic() < deadline, "lattice ui did not answer"
+                time.sleep(0.2)
+            yield base
+        finally:
+            proc.stop(timeout=10)
 
 
 def test_without_credentials_it_refuses_to_start(prefix):
