@@ -131,10 +131,20 @@ def serve(address: str, port: int, settings: object, users: dict[str, str], targ
     log = logging.getLogger("lattice_client.ui")
     log.addHandler(handler)
     log.setLevel(logging.INFO)
+    log.propagate = False
     app = create_app(lambda: AsyncLatticeClient(settings=settings), Auth(users), targets)  # type: ignore[arg-type]
     who = f"user(s) {', '.join(sorted(users))}" if users else "no credentials (loopback only)"
     err.print(f"lattice ui on http://{address}:{port}/ ({who}); Ctrl-C stops it", markup=False)
-    uvicorn.run(app, host=address, port=port, log_level="warning", access_log=False, lifespan="on")
+    # open event streams (a run's page) do not hold a stop up for long
+    uvicorn.run(
+        app,
+        host=address,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=3,
+    )
 
 
 __all__ = ["DEFAULT_PORT", "UI_EXTRA", "serve"]

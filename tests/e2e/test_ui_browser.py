@@ -142,6 +142,8 @@ def test_a_parked_call_is_resolved_from_the_page_and_the_run_completes(deploymen
         expect(card).to_contain_text("no result was recorded")
         shots.save(page, "parked")
         card.locator("textarea").fill("sent by hand")
+        page.wait_for_timeout(6_500)  # past the list's refresh: a form being filled in is left alone
+        expect(card.locator("textarea")).to_have_value("sent by hand")
         card.locator("button.resolve").click()
         expect(page.locator("h1")).to_have_text(f"Confirm: resolve {call.message_id}?")
         expect(page.locator("main")).to_contain_text("use this text as the call's result: sent by hand")

@@ -138,8 +138,16 @@ def test_decisions_on_calls_that_do_not_wait_are_refused_with_the_reason(page: T
     assert refused.status_code == 409 and "does not wait for an approval now" in refused.text
     no_reason = page.post("/calls/deny", data={"csrf_token": token, "id": "run-evil/toolu_x"}, auth=auth)
     assert no_reason.status_code == 400 and "needs a reason" in no_reason.text
+    for form, why in (
+        ({"id": "m1", "decision": "fail", "text": " "}, "an error needs a reason"),
+        ({"id": "m1", "decision": "guess"}, "choose a decision: result, fail or retry"),
+    ):
+        bad = page.post("/calls/resolve", data={"csrf_token": token, **form}, auth=auth)
+        assert bad.status_code == 400 and why in bad.text
+    gone = page.post("/calls/resolve", data={"csrf_token": token, "id": "m1", "decision": "retry"}, auth=auth)
+    assert gone.status_code == 409 and "is not a parked call now" in gone.text
     log = page.get("/actions", auth=auth).text
-    assert "refused" in log and "approve" in log
+    assert "refused" in log and "approve" in log and "resolve" in log
 
 
 def test_mailboxes_show_counts_and_the_oldest_pending_message(page: TestClient):

@@ -5,9 +5,16 @@
 
 (function () {
   const fmt = (ms) => (ms ? new Date(ms).toISOString().replace("T", " ").slice(0, 19) : "-");
-  let editing = false;
-  document.addEventListener("input", () => { editing = true; });
-  document.addEventListener("focusin", (e) => { if (e.target.matches("input, textarea, select")) editing = true; });
+  // someone is filling in a form of the page: never redraw it under them
+  const editing = (root) => {
+    const active = document.activeElement;
+    if (active && root.contains(active) && active.matches("input, textarea, select")) return true;
+    const chosen = (s) => Math.max(0, Array.from(s.options).findIndex((o) => o.defaultSelected));
+    return Array.from(root.querySelectorAll("input, textarea, select")).some((e) =>
+      e.tagName === "SELECT" ? e.selectedIndex !== chosen(e)
+        : e.type === "radio" || e.type === "checkbox" ? e.checked !== e.defaultChecked
+        : e.type !== "hidden" && e.value !== e.defaultValue);
+  };
 
   async function fetchPage() {
     const response = await fetch(window.location.href, { credentials: "same-origin", cache: "no-store" });
@@ -28,10 +35,10 @@
   if (main) {
     const seconds = Math.max(2, parseInt(main.dataset.refresh, 10) || 5);
     setInterval(async () => {
-      if (editing || document.hidden) return;
+      if (editing(main) || document.hidden) return;
       const fresh = await fetchPage();
       const next = fresh && fresh.querySelector("main");
-      if (next && !editing) main.replaceChildren(...Array.from(next.childNodes, (n) => document.importNode(n, true)));
+      if (next && !editing(main)) main.replaceChildren(...Array.from(next.childNodes, (n) => document.importNode(n, true)));
     }, seconds * 1000);
   }
 
