@@ -68,7 +68,7 @@ app = typer.Typer(
     help=(
         "agent-lattice: run teams of LLM agents on Celery workers over Redis.\n\n"
         "Start workers with 'lattice worker', submit work with 'lattice submit', "
-        "watch with 'lattice status' / 'lattice flower'. "
+        "watch with 'lattice status', 'lattice ui' (the operations page) or 'lattice flower'. "
         "Settings come from the options below or LATTICE_* environment variables "
         "(LATTICE_BROKER_URL, LATTICE_MAILBOX_URL, LATTICE_KEY_PREFIX, LATTICE_LEASE_SECONDS, LATTICE_MAX_ATTEMPTS, "
         "LATTICE_MAX_MESSAGE_BYTES, ...); the options go before the command, "
