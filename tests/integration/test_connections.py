@@ -45,18 +45,6 @@ def _count(server: RedisServer) -> int:
         return int(admin.get("n") or 0)
 
 
-async def test_a_plain_asyncio_client_sends_on_a_killed_connection(server):
-    # why the policy exists: redis-py 8's asyncio pool skips its end-of-file check while
-    # maintenance notifications are "auto" (the default), so the next command fails
-    client = aioredis.Redis.from_url(server.url)
-    await client.incr("n")
-    assert server.kill_clients() == 1
-    await asyncio.sleep(0.05)
-    with pytest.raises(RedisConnectionError):
-        await client.incr("n")
-    await client.aclose()
-
-
 async def test_asyncio_clients_replace_killed_and_idle_closed_connections(server):
     client = async_redis(server.url)
     await client.incr("n")
