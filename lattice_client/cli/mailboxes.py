@@ -165,8 +165,8 @@ def inbox(
 
     Example (the example team, lattice_worker.examples.team:team, is named demo): lattice inbox demo::searcher --status all
 
-    In a narrow terminal the from, created (and, for one status, status) columns
-    are hidden first; --json shows everything. A mailbox that never received a
+    In a narrow terminal the created and from columns (and, for one status
+    other than all, the status column) are hidden first; --json shows everything. A mailbox that never received a
     message is refused with the known ones listed (exit code 1).
     """
     from lattice_mailbox import MessageStatus
@@ -192,4 +192,4 @@ def inbox(
             markup=False,
         )
         return
-    out.print(inbox_table(f"{mailbox} ({status_})", messages, out.width))
+    out.print(inbox_table(f"{mailbox} ({status_})", messages, out.width, status_in_title=status_ != "all"))
