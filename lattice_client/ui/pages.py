@@ -145,7 +145,11 @@ async def mailbox_page(request: Request) -> Response:
     if status not in _MESSAGE_STATUSES:
         status = "all"
     if mailbox_id not in await ui.client.known_mailboxes():
-        return await not_found(request, f"no mailbox {mailbox_id!r}: no message was ever sent to it")
+        return await not_found(
+            request,
+            f"no mailbox {mailbox_id!r}: no message was ever sent to it and no live worker "
+            "serves a team with that member",
+        )
     messages = await ui.client.inbox(mailbox_id, status)
     counts = await ui.client.mailbox.counts(mailbox_id)
     return await render(
