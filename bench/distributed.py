@@ -103,7 +103,8 @@ def figure_a(bench: Bench, args: argparse.Namespace) -> None:
     cpu_ratios: dict[str, list[float]] = {label: [] for label in labels}
     for rep in range(args.repeats):
         print(f"    {load()}")
-        figure = round_trips(bench, args.round_trips, args.warmup, labels)
+        chain_variants = [v.strip() for v in args.chain_variants.split(",") if v.strip()]
+        figure = round_trips(bench, args.round_trips, args.warmup, labels, chain_variants)
         m_base = _median(figure["base"])
         m_chain = _median(figure["chain"])
         print(
@@ -112,6 +113,13 @@ def figure_a(bench: Bench, args: argparse.Namespace) -> None:
             f"{figure['chain_cpu'] * 1000:5.2f} ms per chain",
             flush=True,
         )
+        for label, (times, cpu) in figure["chain_variants"].items():
+            m = _median(times)
+            print(
+                f"    rep {rep + 1} stock chain, {label:10s}: median {m * 1000:6.2f} ms = {m / m_chain:4.2f}x "
+                f"the stock chain; CPU {cpu * 1000:5.2f} ms per chain = {cpu / figure['chain_cpu']:4.2f}x",
+                flush=True,
+            )
         for label in labels:
             m = _median(figure["times"][label])
             ratio = m / m_chain
@@ -307,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="(a) repetitions (3)")
     parser.add_argument(
         "--held-compare", action="store_true", help="(a) also with plain evalsha, interleaved"
+    )
+    parser.add_argument(
+        "--chain-variants", default="", help="(a) stock chains beside the stock one: no-events,acks-late,prefetch-1,results"
     )
     parser.add_argument("--trace", action="store_true", help="(a) print the Redis requests of one handoff")
     parser.add_argument(

@@ -222,11 +222,25 @@ bench_tool_team = create_team(
 # --------------------------------------------------------------------------- the baseline (a Celery no-op)
 
 
+STOCK_CONF_ENV = "BENCH_STOCK_CONF"
+"""JSON object of Celery settings a stock worker of a chain variant of (a) adds
+(``--chain-variants``); ``{"chain_results": true}`` stores every hop's result."""
+
+
+def _stock_conf() -> dict[str, Any]:
+    return dict(json.loads(os.environ.get(STOCK_CONF_ENV) or "{}"))
+
+
 def make_noop_app() -> Celery:
     """A **stock** Celery app: ``Celery(name, broker, backend)`` on the bench's Redis,
-    none of the project's configuration (its workers run with Celery's defaults and ``-E``)."""
+    none of the project's configuration (its workers run with Celery's defaults and
+    ``-E``), plus a chain variant's settings (:data:`STOCK_CONF_ENV`)."""
     url = os.environ.get("LATTICE_BROKER_URL") or get_settings().broker_url
-    return Celery("bench-noop", broker=url, backend=url)
+    app = Celery("bench-noop", broker=url, backend=url)
+    conf = _stock_conf()
+    conf.pop("chain_results", None)
+    app.conf.update(conf)
+    return app
 
 
 noop_app = make_noop_app()
@@ -237,7 +251,7 @@ def noop() -> str:
     return "ok"
 
 
-@noop_app.task(name="bench.chain", ignore_result=True, shared=False)
+@noop_app.task(name="bench.chain", ignore_result=not _stock_conf().get("chain_results"), shared=False)
 def chain(hops: list[str], final_id: str) -> str:
     """One hop of the Celery chain floor: send the next hop to the next queue of
     ``hops`` (the last hop stores ``"ok"`` under ``final_id``)."""
