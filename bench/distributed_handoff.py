@@ -22,6 +22,7 @@ from distributed_teams import (
     NOOP_QUEUE_SUFFIX,
     STOCK_CONF_ENV,
     TEAM_REF,
+    WORKSPACE_ENV,
     make_noop_app,
 )
 
@@ -119,8 +120,10 @@ class Deployment:
             self.client.close()
 
 
-VARIANTS: dict[str, dict[str, str]] = {"handoff": {}}
-"""Deployments (label -> extra worker environment) measured side by side in (a), paired run by run."""
+VARIANTS: dict[str, dict[str, str]] = {"handoff": {}, "workspace": {WORKSPACE_ENV: "1"}}
+"""Deployments (label -> extra worker environment) measured side by side in (a), paired run
+by run: the bench team's agents without a workspace, and with one (the built-in tools of
+``define_agent``'s default)."""
 
 
 CHAIN_VARIANTS: dict[str, tuple[dict[str, Any], bool]] = {

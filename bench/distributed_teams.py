@@ -180,15 +180,27 @@ async def echo_model(request: Any) -> AssistantModelMessage:
     return _tool_use("team_reply", {"content": "echoed"}, "toolu_reply")
 
 
+WORKSPACE_ENV = "BENCH_WORKSPACE"
+"""Set in a bench worker: the bench team's agents get a workspace (the built-in
+file, search and shell tools, as ``define_agent``'s default gives them) under the
+worker's count folder, instead of ``workspace=False``."""
+
+
+def _workspace() -> Any:
+    if not os.environ.get(WORKSPACE_ENV):
+        return False
+    return str(Path(os.environ.get(COUNT_DIR_ENV) or ".") / "workspace")
+
+
 bench_team = create_team(
     name="bench",
     lead=define_agent(
-        name="lead", model_client=ScriptedModelClient(lead_model), max_turns=4, workspace=False
+        name="lead", model_client=ScriptedModelClient(lead_model), max_turns=4, workspace=_workspace()
     ),
     members=[
         team_member(
             name="echo",
-            agent=define_agent(name="echo", model_client=ScriptedModelClient(echo_model), workspace=False),
+            agent=define_agent(name="echo", model_client=ScriptedModelClient(echo_model), workspace=_workspace()),
         )
     ],
 )
