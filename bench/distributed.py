@@ -22,7 +22,12 @@
     in the workers by the bench's instrumentation, split into the runtime's
     own asyncio clients and Celery/kombu's blocking ones) and the commands
     per handoff (``INFO commandstats`` deltas of the bench's own Redis,
-    client included).
+    client included). Two deployments, paired run by run: ``handoff`` (the
+    bench team's agents with ``workspace=False``) and ``workspace`` (the same
+    agents with a workspace: the built-in file, search and shell tools of
+    ``define_agent``'s default). ``--chain-variants``: stock chains beside the
+    stock one (no events, late acks, prefetch 1, every hop's result stored),
+    what each of Celery's knobs costs per three steps.
     ``--trace``: first the Redis requests of one handoff, both workers' in time
     order (ms since the submit; a script call shows its first key's tag),
     ``--trace-latency`` seconds per model call.
