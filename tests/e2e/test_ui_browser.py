@@ -106,6 +106,8 @@ def test_a_run_is_listed_and_completes_with_each_member_step_on_its_worker(deplo
             "lattice drain on"
         )
         expect(live.locator("#segments tbody tr")).to_have_count(2)
+        for segment in live.locator("#segments tbody tr").all():  # both lead segments ran on the one worker
+            expect(segment.locator("td.worker")).to_have_text(node)
         live.reload()
         expect(live.locator(".step", has_text="e2e::worker").locator("td.worker")).to_have_text(node)
         shots.save(live, "run")
@@ -197,11 +199,12 @@ def test_approvals_are_denied_from_the_page_and_the_model_gets_the_reasons(deplo
     assert log.count("ui action by ops: deny ") == 2
 
 
-def test_a_wrong_password_gets_401_and_the_right_one_the_page(deployment):
+def test_a_wrong_password_gets_401_and_a_run_is_cancelled_from_its_page(deployment):
     expect = _expect()
     d = deployment
-    d.worker(TEAM, "--member", "lead")
+    d.worker(TEAM, "--member", "lead")  # nobody serves member "worker": the run waits for it
     ui = start_ui(d)
+    handle = d.client.submit("e2e", json.dumps({"calls": [{"member": "worker", "mode": "ask", "task": "gamma"}]}))
     with chromium() as browser:
         wrong = new_page(browser, password=PASSWORD + "x")
         response = wrong.goto(ui.url("/"))
@@ -215,3 +218,18 @@ def test_a_wrong_password_gets_401_and_the_right_one_the_page(deployment):
         expect(right.locator("header")).to_contain_text("signed in as ops")
         right.goto(ui.url("/workers"))
         expect(right.locator("#queues tr", has_text=f"{d.prefix}.e2e.lead")).to_have_class("served")
+        right.goto(ui.url(f"/runs/{handle.run_id}"))
+        expect(right.locator("#run-status")).to_have_text("suspended", timeout=60_000)
+        right.locator("#cancel").click()
+        expect(right.locator("h1")).to_have_text(f"Confirm: cancel run {handle.run_id}?")
+        expect(right.locator("main")).to_contain_text("gamma")  # the prompt
+        assert d.client.get_run(handle.run_id).status.value == "suspended"  # asking changed nothing
+        right.locator("#confirm").click()
+        expect(right).to_have_url(ui.url(f"/runs/{handle.run_id}"))
+        expect(right.locator("#run-status")).to_have_text("cancelled")
+        expect(right.locator("#cancel")).to_have_count(0)  # a finished run offers no cancel
+        right.goto(ui.url("/actions"))
+        expect(right.locator("#actions tbody tr").first).to_contain_text("cancel")
+        expect(right.locator("#actions tbody tr").first).to_contain_text(handle.run_id)
+    assert d.client.get_run(handle.run_id).status.value == "cancelled"
+    assert f"ui action by ops: cancel {handle.run_id} -> ok" in ui.proc.log()

@@ -136,6 +136,16 @@ async def _guarded(
     try:
         async with lease:
             team = team_for_run(ctx, record)
+            await ctx.events.emit(
+                record.run_id,
+                {
+                    "type": "lead_segment",
+                    "run_id": record.run_id,
+                    "worker": ctx.worker_id,
+                    "attempt": lease.attempts,
+                    "resume": resume,
+                },
+            )
             if lease.recover:
                 agent, prompt = await recover_segment(ctx, team, record, lease)
                 if agent is None:
