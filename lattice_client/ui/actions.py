@@ -24,7 +24,7 @@ from ..errors import RunNotFoundError
 from ..runstore import check_run_id
 from .auth import CSRF_COOKIE, CSRF_FIELD, same_origin
 from .drain import DEFAULT_MAX_MESSAGES
-from .state import UiState, render, user_of
+from .state import UiState, pretty_json, render, user_of
 
 RESOLVE_ACTIONS = {
     "result": "use this text as the call's result",
@@ -136,15 +136,13 @@ async def _find_call(ui: UiState, kind: str, call_id: str) -> Any:
 
 
 def _call_details(call: Any) -> list[tuple[str, Any]]:
-    import json
-
     return [
         ("run", call.run_id),
         ("team", call.team),
         ("member", call.member),
         ("tool", call.tool_name),
         ("effect", call.effect),
-        ("input", json.dumps(call.input, indent=2, ensure_ascii=False, default=str)),
+        ("input", pretty_json(call.input)),
         ("why it waits", call.reason),
     ]
 

@@ -9,6 +9,7 @@ actions of this process, shown at ``/actions``).
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import deque
 from dataclasses import dataclass, field
@@ -45,6 +46,12 @@ class Action:
     detail: str = ""
 
 
+def pretty_json(value: Any) -> str:
+    """``value`` as indented JSON with its characters as they are (``<`` stays
+    ``<``: the templates escape it, so a tool input reads as it was given)."""
+    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
 def _environment() -> Environment:
     env = Environment(
         loader=FileSystemLoader(TEMPLATES),
@@ -54,6 +61,7 @@ def _environment() -> Environment:
     )
     env.filters["time"] = fmt_time
     env.filters["age"] = fmt_age
+    env.filters["pretty"] = pretty_json
     return env
 
 
@@ -115,4 +123,14 @@ async def render(
     return HTMLResponse(html, status_code=status_code)
 
 
-__all__ = ["ACTION_LOG", "Action", "STATIC", "TEMPLATES", "UiState", "csrf_token", "render", "user_of"]
+__all__ = [
+    "ACTION_LOG",
+    "Action",
+    "STATIC",
+    "TEMPLATES",
+    "UiState",
+    "csrf_token",
+    "pretty_json",
+    "render",
+    "user_of",
+]

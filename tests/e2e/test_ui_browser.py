@@ -129,9 +129,10 @@ def test_a_parked_call_is_resolved_from_the_page_and_the_run_completes(deploymen
     shots = Screenshots(tmp_path)
     doomed = d.worker(FX, "--concurrency", "3")
     ui = start_ui(d)
-    labels = ("e-hang", "f-hang", "g-hang")  # resolved with a result, as an error, by a re-run
+    evil = "e-hang-<script>alert(1)</script>"  # a tool input with markup: shown as text
+    labels = (evil, "f-hang", "g-hang")  # resolved with a result, as an error, by a re-run
     handles = {label: d.client.submit(FX, member_plan(f"send_email {label}")) for label in labels}
-    handle = handles["e-hang"]
+    handle = handles[evil]
     wait_for(
         lambda: all(f"start:send_email:{label}" in d.work_log() for label in labels),
         60,
@@ -143,7 +144,7 @@ def test_a_parked_call_is_resolved_from_the_page_and_the_run_completes(deploymen
         lambda: len(d.client.parked("fx")) == 3 and d.client.parked("fx"), 60, "the calls to park"
     )
     by_label = {c.input["label"]: c for c in parked}
-    call = by_label["e-hang"]
+    call = by_label[evil]
     with chromium() as browser:
         page = new_page(browser)
         page.goto(ui.url("/calls"))
@@ -167,7 +168,8 @@ def test_a_parked_call_is_resolved_from_the_page_and_the_run_completes(deploymen
         card = page.locator(".call", has_text=call.message_id)
         expect(card).to_contain_text("send_email")
         expect(card).to_contain_text("unguarded")
-        expect(card).to_contain_text('"label": "e-hang"')
+        expect(card).to_contain_text('"label": "e-hang-<script>alert(1)</script>"')
+        expect(card.locator("script")).to_have_count(0)
         expect(card).to_contain_text("no result was recorded")
         shots.save(page, "parked")
         card.locator("textarea").fill("sent by hand")
@@ -176,7 +178,8 @@ def test_a_parked_call_is_resolved_from_the_page_and_the_run_completes(deploymen
         card.locator("button.resolve").click()
         expect(page.locator("h1")).to_have_text(f"Confirm: resolve {call.message_id}?")
         expect(page.locator("main")).to_contain_text("use this text as the call's result: sent by hand")
-        expect(page.locator("main")).to_contain_text("e-hang")
+        expect(page.locator("main")).to_contain_text(evil)
+        expect(page.locator("main script")).to_have_count(0)
         shots.save(page, "confirm")
         assert d.client.get_run(handle.run_id).status.value == "suspended"  # asking changed nothing
         page.locator("#confirm").click()
@@ -189,13 +192,13 @@ def test_a_parked_call_is_resolved_from_the_page_and_the_run_completes(deploymen
         expect(page.locator("#waits")).to_contain_text(call.message_id)
         expect(page.locator("#waits")).to_contain_text("decided; its work went on")
     assert handle.wait(timeout=10).result == "final: sent by hand"
-    assert count(d, "send_email", "e-hang") == 1  # never run again
+    assert count(d, "send_email", evil) == 1  # never run again
     failed = handles["f-hang"].wait(timeout=60)
     assert "the mail server said no" in failed.result and count(d, "send_email", "f-hang") == 1
     assert handles["g-hang"].wait(timeout=60).result == "final: sent[g-hang]"
     assert count(d, "send_email", "g-hang") == 2  # run again once
     log = ui.proc.log()
-    for label, decision in (("e-hang", "result"), ("f-hang", "fail"), ("g-hang", "retry")):
+    for label, decision in ((evil, "result"), ("f-hang", "fail"), ("g-hang", "retry")):
         assert f"ui action by ops: resolve {by_label[label].message_id} -> ok (send_email: {decision})" in log
 
 
