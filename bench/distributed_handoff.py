@@ -15,7 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from distributed_procs import Bench
-from distributed_teams import CHAIN_QUEUE_SUFFIX, COUNT_DIR_ENV, NOOP_QUEUE_SUFFIX, TEAM_REF, make_noop_app
+from distributed_teams import (
+    CHAIN2_QUEUE_SUFFIX,
+    CHAIN_QUEUE_SUFFIX,
+    COUNT_DIR_ENV,
+    NOOP_QUEUE_SUFFIX,
+    STOCK_CONF_ENV,
+    TEAM_REF,
+    WORKSPACE_ENV,
+    make_noop_app,
+)
 
 
 def _counts(directory: Path, pids: list[int]) -> dict[str, int]:
@@ -111,8 +120,38 @@ class Deployment:
             self.client.close()
 
 
-VARIANTS: dict[str, dict[str, str]] = {"handoff": {}}
-"""Deployments (label -> extra worker environment) measured side by side in (a), paired run by run."""
+VARIANTS: dict[str, dict[str, str]] = {"handoff": {}, "workspace": {WORKSPACE_ENV: "1"}}
+"""Deployments (label -> extra worker environment) measured side by side in (a), paired run
+by run: the bench team's agents without a workspace, and with one (the built-in tools of
+``define_agent``'s default)."""
+
+
+CHAIN_VARIANTS: dict[str, tuple[dict[str, Any], bool]] = {
+    "no-events": ({}, False),
+    "acks-late": ({"task_acks_late": True}, True),
+    "prefetch-1": ({"worker_prefetch_multiplier": 1}, True),
+    "results": ({"chain_results": True}, True),
+}
+"""Stock chain variants of (a) (``--chain-variants``): label -> (Celery settings its two
+workers add, whether they send task events), each measured beside the stock chain
+(``-E``, Celery's defaults): what events, late acks, prefetch 1 and stored results
+cost Celery per three steps."""
+
+
+class _Chain:
+    """Two stock workers and the client app of one chain variant."""
+
+    def __init__(self, bench: Bench, label: str, conf: dict[str, Any], events: bool) -> None:
+        env = {STOCK_CONF_ENV: json.dumps(conf)} if conf else {}
+        self.label = label
+        suffixes = [f"{CHAIN_QUEUE_SUFFIX}.{label}", f"{CHAIN2_QUEUE_SUFFIX}.{label}"]
+        self.procs = [bench.noop_worker(queue_suffix=s, events=events, env=env) for s in suffixes]
+        self.queues = [f"{bench.prefix}.{s}" for s in suffixes]
+        self.times: list[float] = []
+        self.cpu0 = 0.0
+
+    def run(self, sender: Any) -> float:
+        return _chain(sender, self.queues[0], self.queues[1])
 
 
 def _chain(sender: Any, first: str, second: str) -> float:
@@ -128,20 +167,31 @@ def _chain(sender: Any, first: str, second: str) -> float:
     return time.perf_counter() - t0
 
 
-def round_trips(bench: Bench, count: int, warmup: int, labels: list[str]) -> dict[str, Any]:
-    """One repetition of (a): every variant's deployment and the no-op workers run side by
-    side; each round is one handoff per variant (in rotating order), one no-op and one
-    three-hop Celery chain across the two no-op workers (the floor Celery alone sets
-    for the handoff's three steps)."""
+def _cpu(procs: list[Any]) -> float:
+    return sum(p.cpu_seconds() for p in procs)
+
+
+def round_trips(
+    bench: Bench, count: int, warmup: int, labels: list[str], chain_variants: list[str] | None = None
+) -> dict[str, Any]:
+    """One repetition of (a): every variant's deployment and three **stock** Celery
+    workers (Celery's defaults and ``-E``: one for the no-op, two for the chain) run
+    side by side; each round is one handoff per variant (in rotating order), one
+    no-op and one three-hop chain across the two chain workers (the floor Celery
+    alone sets for the handoff's three steps). Worker CPU is the whole round
+    loop's, per handoff (the lead's and the member's worker) and per chain (the
+    two chain workers, which run nothing else), idle work included for both.
+    ``chain_variants``: labels of :data:`CHAIN_VARIANTS`, each chain run beside the stock one."""
     deployments = [Deployment(bench, label, VARIANTS[label]) for label in labels]
-    noop_proc = bench.noop_worker("--pool", "threads")
-    second_proc = bench.noop_worker("--pool", "threads", queue_suffix=CHAIN_QUEUE_SUFFIX)
+    noop_proc = bench.noop_worker()
+    chain_procs = [bench.noop_worker(queue_suffix=s) for s in (CHAIN_QUEUE_SUFFIX, CHAIN2_QUEUE_SUFFIX)]
+    variants = [_Chain(bench, v, *CHAIN_VARIANTS[v]) for v in chain_variants or []]
     for d in deployments:
         d.ready()
-    noop_proc.wait_ready()
-    second_proc.wait_ready()
+    for proc in (noop_proc, *chain_procs, *(p for v in variants for p in v.procs)):
+        proc.wait_ready()
     queue = f"{bench.prefix}.{NOOP_QUEUE_SUFFIX}"
-    second = f"{bench.prefix}.{CHAIN_QUEUE_SUFFIX}"
+    first, second = (f"{bench.prefix}.{s}" for s in (CHAIN_QUEUE_SUFFIX, CHAIN2_QUEUE_SUFFIX))
     sender = make_noop_app()  # built now: the module-level app predates the bench's key prefix
     raw = bench.redis()
     base: list[float] = []
@@ -151,9 +201,15 @@ def round_trips(bench: Bench, count: int, warmup: int, labels: list[str]) -> dic
             for d in deployments:
                 d.handoff(f"warm {i}")
             sender.send_task("bench.noop", queue=queue).get(timeout=60)
-            _chain(sender, queue, second)
+            _chain(sender, first, second)
+            for v in variants:
+                v.run(sender)
         time.sleep(0.3)
         c0 = {d.label: d.counts() for d in deployments}
+        cpu0 = {d.label: _cpu([d.lead, d.member]) for d in deployments}
+        chain_cpu0 = _cpu(chain_procs)
+        for v in variants:
+            v.cpu0 = _cpu(v.procs)
         for i in range(count):
             order = deployments[i % len(deployments) :] + deployments[: i % len(deployments)]
             for d in order:
@@ -161,8 +217,13 @@ def round_trips(bench: Bench, count: int, warmup: int, labels: list[str]) -> dic
             t0 = time.perf_counter()
             assert sender.send_task("bench.noop", queue=queue).get(timeout=60) == "ok"
             base.append(time.perf_counter() - t0)
-            chain.append(_chain(sender, queue, second))
+            chain.append(_chain(sender, first, second))
+            for v in variants:
+                v.times.append(v.run(sender))
         time.sleep(0.3)
+        cpu = {d.label: (_cpu([d.lead, d.member]) - cpu0[d.label]) / count for d in deployments}
+        chain_cpu = (_cpu(chain_procs) - chain_cpu0) / count
+        chain_variant = {v.label: (v.times, (_cpu(v.procs) - v.cpu0) / count) for v in variants}
         per = {d.label: {k: (v - c0[d.label][k]) / count for k, v in d.counts().items()} for d in deployments}
         # the commands of handoffs alone (client and workers, Lua-internal ones included)
         alone = 20
@@ -180,6 +241,9 @@ def round_trips(bench: Bench, count: int, warmup: int, labels: list[str]) -> dic
         "times": {d.label: d.times for d in deployments},
         "base": base,
         "chain": chain,
+        "cpu": cpu,
+        "chain_cpu": chain_cpu,
+        "chain_variants": chain_variant,
         "round_trips": per,
         "commands": commands,
     }

@@ -157,13 +157,17 @@ class Bench:
         argv = [lattice, "worker", team_ref, *args, "--without-mingle", "--without-gossip", "-l", "INFO"]
         return self.start(argv, {"BENCH_MODEL_LATENCY": str(latency), **(env or {})})
 
-    def noop_worker(self, *pool_args: str, queue_suffix: str = NOOP_QUEUE_SUFFIX) -> Proc:
-        """A Celery worker of the no-op app consuming ``<prefix>.<queue_suffix>``."""
+    def noop_worker(
+        self, *pool_args: str, queue_suffix: str = NOOP_QUEUE_SUFFIX, events: bool = True,
+        env: dict[str, str] | None = None,
+    ) -> Proc:  # fmt: skip
+        """A stock Celery worker of the no-op app consuming ``<prefix>.<queue_suffix>``
+        (``-E`` unless ``events`` is false)."""
         queue = f"{self.prefix}.{queue_suffix}"
         return self.start(
-            [sys.executable, "-m", "celery", "-A", NOOP_APP_REF, "worker", "-Q", queue, "-E",
+            [sys.executable, "-m", "celery", "-A", NOOP_APP_REF, "worker", "-Q", queue, *(["-E"] if events else []),
              *pool_args, "--without-mingle", "--without-gossip", "-l", "INFO", "-n", f"{queue_suffix}.{self.prefix}@%h"],
-            {},
+            env or {},
         )  # fmt: skip
 
     def stop_all(self) -> None:

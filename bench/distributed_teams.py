@@ -24,7 +24,6 @@ from typing import Any
 
 from celery import Celery
 
-from lattice_client.celery_config import make_celery_app
 from lattice_client.settings import get_settings
 from lattice_worker import AssistantModelMessage, ScriptedModelClient, define_agent, tool
 from lattice_worker.team import create_team, team_member
@@ -36,7 +35,9 @@ TOOL_TEAM_REF = "distributed_teams:bench_tool_team"
 NOOP_APP_REF = "distributed_teams:noop_app"
 NOOP_QUEUE_SUFFIX = "bench.noop"
 CHAIN_QUEUE_SUFFIX = "bench.chain"
-"""The second no-op worker's queue (the middle hop of the Celery-only chain of (a))."""
+"""The first stock worker's queue of the Celery-only chain of (a) (its first and last hop)."""
+CHAIN2_QUEUE_SUFFIX = "bench.chain2"
+"""The second stock worker's queue (the chain's middle hop)."""
 COUNT_DIR_ENV = "BENCH_COUNT_DIR"
 
 # --------------------------------------------------------------------------- worker-side round-trip counting
@@ -179,15 +180,27 @@ async def echo_model(request: Any) -> AssistantModelMessage:
     return _tool_use("team_reply", {"content": "echoed"}, "toolu_reply")
 
 
+WORKSPACE_ENV = "BENCH_WORKSPACE"
+"""Set in a bench worker: the bench team's agents get a workspace (the built-in
+file, search and shell tools, as ``define_agent``'s default gives them) under the
+worker's count folder, instead of ``workspace=False``."""
+
+
+def _workspace() -> Any:
+    if not os.environ.get(WORKSPACE_ENV):
+        return False
+    return str(Path(os.environ.get(COUNT_DIR_ENV) or ".") / "workspace")
+
+
 bench_team = create_team(
     name="bench",
     lead=define_agent(
-        name="lead", model_client=ScriptedModelClient(lead_model), max_turns=4, workspace=False
+        name="lead", model_client=ScriptedModelClient(lead_model), max_turns=4, workspace=_workspace()
     ),
     members=[
         team_member(
             name="echo",
-            agent=define_agent(name="echo", model_client=ScriptedModelClient(echo_model), workspace=False),
+            agent=define_agent(name="echo", model_client=ScriptedModelClient(echo_model), workspace=_workspace()),
         )
     ],
 )
@@ -221,23 +234,36 @@ bench_tool_team = create_team(
 # --------------------------------------------------------------------------- the baseline (a Celery no-op)
 
 
+STOCK_CONF_ENV = "BENCH_STOCK_CONF"
+"""JSON object of Celery settings a stock worker of a chain variant of (a) adds
+(``--chain-variants``); ``{"chain_results": true}`` stores every hop's result."""
+
+
+def _stock_conf() -> dict[str, Any]:
+    return dict(json.loads(os.environ.get(STOCK_CONF_ENV) or "{}"))
+
+
 def make_noop_app() -> Celery:
-    settings = get_settings()
-    app = make_celery_app(settings, name="bench-noop")
-    app.conf.result_backend = settings.broker_url
-    app.conf.task_ignore_result = False
+    """A **stock** Celery app: ``Celery(name, broker, backend)`` on the bench's Redis,
+    none of the project's configuration (its workers run with Celery's defaults and
+    ``-E``), plus a chain variant's settings (:data:`STOCK_CONF_ENV`)."""
+    url = os.environ.get("LATTICE_BROKER_URL") or get_settings().broker_url
+    app = Celery("bench-noop", broker=url, backend=url)
+    conf = _stock_conf()
+    conf.pop("chain_results", None)
+    app.conf.update(conf)
     return app
 
 
 noop_app = make_noop_app()
 
 
-@noop_app.task(name="bench.noop", ignore_result=False, shared=False)
+@noop_app.task(name="bench.noop", shared=False)
 def noop() -> str:
     return "ok"
 
 
-@noop_app.task(name="bench.chain", ignore_result=True, shared=False)
+@noop_app.task(name="bench.chain", ignore_result=not _stock_conf().get("chain_results"), shared=False)
 def chain(hops: list[str], final_id: str) -> str:
     """One hop of the Celery chain floor: send the next hop to the next queue of
     ``hops`` (the last hop stores ``"ok"`` under ``final_id``)."""

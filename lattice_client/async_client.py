@@ -22,6 +22,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from lattice_mailbox import MessageStatus, mailbox_from_url, mask_url
 from lattice_mailbox.connections import read_again
 
+from .caller_trace import with_caller_trace
 from .celery_config import make_celery_app
 from .decisions import DecisionsMixin
 from .errors import RunNotFoundError
@@ -197,6 +198,7 @@ class AsyncLatticeClient(SubmitMixin, ViewsMixin, DecisionsMixin):
         run_id: str | None = None,
         metadata: dict[str, Any] | None = None,
         require_registered: bool = True,
+        trace_parent: dict[str, str] | str | None = None,
     ) -> AsyncRunHandle:
         """Create a run of ``team`` on ``prompt`` and send ``lattice.run_lead``
         to the queue ``<prefix>.<team>.lead``.
@@ -210,15 +212,21 @@ class AsyncLatticeClient(SubmitMixin, ViewsMixin, DecisionsMixin):
         ``run_id``: your own id (1-128 characters of ``[A-Za-z0-9_.:-]``, not
         starting with ``child.``, the runtime's own namespace; default a fresh
         ``run_<hex>``). ``metadata``: a JSON-serialisable dict kept on the run record.
+        ``trace_parent``: the caller's trace context -- a W3C ``traceparent``
+        string or a dict of propagation headers; default the active
+        OpenTelemetry span, if any -- so the run's trace root is a child of the
+        caller's span (kept as ``metadata["lattice_caller"]``, see
+        :mod:`lattice_client.caller_trace`).
 
         Raises ``ValueError`` for bad input (unknown or unserved team, malformed
         team name or reference, empty prompt or one that is not valid Unicode
         text, prompt or metadata JSON over ``settings.max_message_bytes``
         bytes, duplicate, malformed or reserved run id, metadata not a JSON
-        object) with nothing written and no task sent. When the task cannot be
+        object, malformed ``trace_parent``) with nothing written and no task sent. When the task cannot be
         sent (broker down), the run is finished as ``failed`` with the error
         and the error is raised.
         """
+        metadata = with_caller_trace(metadata, trace_parent)
         run_id, queue = await self._create_run(
             team, prompt, run_id=run_id, metadata=metadata, require_registered=require_registered
         )

@@ -39,6 +39,7 @@ from lattice_mailbox import MessageStatus, TeamMessage, mask_url
 from lattice_mailbox.connections import read_again_blocking, sync_redis
 
 from .async_client import AsyncLatticeClient, AsyncRunHandle, CancelReport, _block_ms, wait_timeout
+from .caller_trace import with_caller_trace
 from .celery_config import queue_name
 from .decisions import SyncDecisionsMixin
 from .errors import RunNotFoundError
@@ -181,10 +182,13 @@ class LatticeClient(SyncDecisionsMixin):
         run_id: str | None = None,
         metadata: dict[str, Any] | None = None,
         require_registered: bool = True,
+        trace_parent: dict[str, str] | str | None = None,
     ) -> RunHandle:
         """Create a run and enqueue its lead task; see :meth:`AsyncLatticeClient.submit`
-        (``require_registered=False`` accepts a team name no worker has registered yet)."""
+        (``require_registered=False`` accepts a team name no worker has registered yet;
+        ``trace_parent``: the caller's trace context, default the active OpenTelemetry span)."""
         aio = self.aio
+        metadata = with_caller_trace(metadata, trace_parent)
         problem = self._loop.problem()
         if problem is not None:
             raise RuntimeError(problem)

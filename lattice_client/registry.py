@@ -100,7 +100,9 @@ class WorkerInfo(BaseModel):
     ``node``: the Celery node name (``lattice.<team>.<random>@<host>``).
     ``teams``: ``{reference or name it was started with -> team name}``, plus
     ``{name -> name}`` for every team it serves (nested teams included).
-    ``queues``: the Celery queues it consumes. ``pool`` / ``concurrency``:
+    ``mailboxes``: the member mailbox ids (``team::member``) of the teams it
+    serves, nested ones included (whether or not this worker consumes their
+    queues). ``queues``: the Celery queues it consumes. ``pool`` / ``concurrency``:
     its Celery pool (``threads``, ``prefork``...) and pool size.
     ``heartbeat_seconds``: its heartbeat interval. ``started_at_ms`` /
     ``seen_at_ms``: Unix times in milliseconds of its start and last heartbeat
@@ -111,6 +113,7 @@ class WorkerInfo(BaseModel):
     hostname: str = ""
     pid: int = 0
     teams: dict[str, str] = Field(default_factory=dict)
+    mailboxes: list[str] = Field(default_factory=list)
     queues: list[str] = Field(default_factory=list)
     pool: str = ""
     concurrency: int = 0
@@ -140,6 +143,10 @@ class LiveRegistry:
             if name is not None and (lead_queue is None or self.consumes(lead_queue(name))):
                 return name
         return None
+
+    def mailbox_ids(self) -> list[str]:
+        """The member mailbox ids some live worker's teams have, sorted."""
+        return sorted({box for worker in self.workers for box in worker.mailboxes})
 
     def consumes(self, queue: str) -> bool:
         """Whether some live worker consumes ``queue``."""

@@ -185,16 +185,19 @@ def runs_table(title: str, runs: Sequence[Any], width: int) -> RenderableType:
     return build_table(title, columns, width)
 
 
-def inbox_table(title: str, messages: Sequence[Any], width: int) -> RenderableType:
+def inbox_table(
+    title: str, messages: Sequence[Any], width: int, *, status_in_title: bool = False
+) -> RenderableType:
     """Messages (:class:`~lattice_mailbox.TeamMessage`): id, from, status,
-    attempts, created, content preview. Too narrow: ``status`` goes first when
-    every message has the same one (the title names it), then ``created``,
-    then ``from``; the id, attempts and content stay."""
+    attempts, created, content preview. Too narrow: ``created`` goes first,
+    then ``from``; the id, status, attempts and content stay. Only when
+    ``status_in_title`` (the title names the one status listed, e.g.
+    ``--status pending``) may ``status`` go, and then first."""
     statuses = [m.status.value for m in messages]
     columns = [
         Column("id", [m.id for m in messages], fold=True),
         Column("from", [m.from_ for m in messages], drop=1),
-        Column("status", statuses, drop=3 if len(set(statuses)) <= 1 else 0),
+        Column("status", statuses, drop=3 if status_in_title else 0),
         Column("attempts", [str(m.attempts) for m in messages], justify="right"),
         Column("created", [short_time(m.created_at) for m in messages], drop=2),
         Column("content", [preview(m.content) for m in messages], flexible=True),

@@ -84,9 +84,13 @@ class ViewsMixin:
         )
 
     async def known_mailboxes(self, team: str | None = None) -> list[str]:
-        """Ids of the mailboxes that ever received a message (of ``team``'s
-        mailboxes only, when given), sorted."""
-        return list(await self.mailbox.mailbox_ids(f"{team}::" if team else None))
+        """Ids of the mailboxes that ever received a message, and of the members
+        of the teams live workers serve (see :class:`~lattice_client.registry.WorkerInfo`),
+        sorted; of ``team``'s mailboxes only, when given."""
+        prefix = f"{team}::" if team else None
+        stored = set(await self.mailbox.mailbox_ids(prefix))
+        served = LiveRegistry(await self.live_workers()).mailbox_ids()
+        return sorted(stored | {box for box in served if prefix is None or box.startswith(prefix)})
 
     async def known_teams(self) -> list[str]:
         """Team names this deployment knows, sorted: those a worker registered

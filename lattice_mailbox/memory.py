@@ -71,6 +71,9 @@ class MemoryMailbox(CheckedSend):
     async def _append(self, out: Outgoing) -> TeamMessage:
         message = out.new_message()
         with self._lock:
+            earlier = self._records.get(message.id) if out.dedup_key is not None else None
+            if earlier is not None:  # sent before under this key
+                return earlier.message.model_copy(deep=True)
             self._seq += 1
             seq = self._seq
             self._records[message.id] = _Record(message, seq)

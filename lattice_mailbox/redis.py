@@ -271,6 +271,10 @@ class RedisMailbox(CheckedSend):
             raise MailboxError(
                 f"mailbox id {out.to!r} shares its hash tag with mailbox {_text(result[1])!r}; use another id"
             )
+        if code == "DUPLICATE" and out.dedup_key is not None:
+            stored = await self.get(message.id)  # sent before under this key: that message
+            if stored is not None:
+                return stored
         if code == "DUPLICATE" and calls > 1:
             return message  # the call whose reply was lost had written it
         if code != "OK":  # pragma: no cover - DUPLICATE needs a repeated random id

@@ -336,6 +336,10 @@ class SQLMailbox(CheckedSend):
 
     def _send(self, out: Outgoing) -> TeamMessage:
         message = out.new_message()
+        if out.dedup_key is not None:
+            earlier = self._get(message.id)
+            if earlier is not None:  # sent before under this key
+                return earlier
         with self._write() as conn:
             self._register(conn, out.to)
             conn.execute(

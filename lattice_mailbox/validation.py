@@ -58,6 +58,14 @@ def new_message_id(mailbox_id: str) -> str:
     return f"{mailbox_tag(mailbox_id)}-{secrets.token_hex(16)}"
 
 
+def dedup_message_id(mailbox_id: str, dedup_key: str) -> str:
+    """The message id a send with ``dedup_key`` gets: ``"<tag>-<32 hex>"`` like
+    :func:`new_message_id`, the hex part a SHA-256 of the key (the same key to
+    the same mailbox always names the same message)."""
+    digest = hashlib.sha256(f"{mailbox_id}\x00{dedup_key}".encode()).hexdigest()[:32]
+    return f"{mailbox_tag(mailbox_id)}-{digest}"
+
+
 def message_id_tag(message_id: str) -> str | None:
     """The mailbox tag inside a well-formed message id, else ``None``.
     Raises ``TypeError`` when ``message_id`` is not a string."""
@@ -232,12 +240,16 @@ class Outgoing:
     reply_to: str | None
     metadata: dict[str, Any]
     metadata_json: str
+    dedup_key: str | None = None
 
     def new_message(self) -> TeamMessage:
         """The ``pending`` message this request creates: a fresh id
-        (:func:`new_message_id`), ``created_at`` now (ms), ``thread_id``
-        defaulting to the message's own id."""
-        message_id = new_message_id(self.to)
+        (:func:`new_message_id`; :func:`dedup_message_id` with a ``dedup_key``),
+        ``created_at`` now (ms), ``thread_id`` defaulting to the message's own id."""
+        if self.dedup_key is not None:
+            message_id = dedup_message_id(self.to, self.dedup_key)
+        else:
+            message_id = new_message_id(self.to)
         return TeamMessage(
             id=message_id,
             from_=self.from_,
@@ -261,6 +273,7 @@ def check_send(
     reply_to: Any,
     metadata: Any,
     max_message_bytes: int,
+    dedup_key: Any = None,
 ) -> Outgoing:
     """Validate every ``send`` argument and the size bound.
 
@@ -278,6 +291,10 @@ def check_send(
     thread_id = check_optional_name(thread_id, "thread_id")
     work_item_id = check_optional_name(work_item_id, "work_item_id")
     reply_to = check_optional_name(reply_to, "reply_to")
+    if dedup_key is not None and (not isinstance(dedup_key, str) or not dedup_key or len(dedup_key) > 1024):
+        raise ValueError(
+            f"dedup_key must be a non-empty str of at most 1024 characters, got {dedup_key!r:.80}"
+        )
     if metadata is None:
         metadata = {}
     if not isinstance(metadata, dict):
@@ -298,7 +315,7 @@ def check_send(
         stored = dict(metadata)
     else:
         stored = json.loads(metadata_json)
-    return Outgoing(from_, to, content, thread_id, work_item_id, reply_to, stored, metadata_json)
+    return Outgoing(from_, to, content, thread_id, work_item_id, reply_to, stored, metadata_json, dedup_key)
 
 
 _FLAT_JSON = frozenset({str, int, bool, type(None)})
@@ -321,9 +338,15 @@ class CheckedSend:
         work_item_id: str | None = None,
         reply_to: str | None = None,
         metadata: dict[str, Any] | None = None,
+        dedup_key: str | None = None,
     ) -> TeamMessage:
         """Append a ``pending`` message to mailbox ``to``; returns it
         (``created_at`` in ms, ``thread_id`` defaulting to its id).
+
+        ``dedup_key``: sending again with the same key to the same mailbox
+        sends nothing and returns the message the first send stored (as it
+        is now: its status may have moved on); e.g. a tool call's
+        ``effect_key``, so a call run again after a crash sends once.
 
         Raises ``TypeError``/``ValueError``/:class:`MessageTooLargeError` before
         writing anything; a store's own failure (network, database) leaves the
@@ -337,6 +360,7 @@ class CheckedSend:
             reply_to=reply_to,
             metadata=metadata,
             max_message_bytes=self.max_message_bytes,
+            dedup_key=dedup_key,
         )
         return await self._append(out)
 

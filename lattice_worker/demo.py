@@ -84,7 +84,9 @@ def run_demo(directory: str, word: str | None, console: Console | None = None) -
         console: where to print (a rich ``Console``; default stdout).
 
     Raises :class:`ConfigError` when ``directory`` is not a directory, and
-    ``RuntimeError`` when the lead's run ends with an error (after printing it).
+    ``RuntimeError`` (``"the demo run failed: <subtype>: <error>"``, not printed:
+    ``lattice demo`` prints it once as its ``error:`` line) when the lead's run
+    ends with an error.
     """
     from lattice_worker.examples.team import uses_real_model
 
@@ -101,7 +103,6 @@ def run_demo(directory: str, word: str | None, console: Console | None = None) -
     console.print()
     if result is None or result.is_error:
         error = "no result" if result is None else f"{result.subtype}: {result.error}"
-        console.print(f"[red]the run failed[/red] ({escape(error)})")
         raise RuntimeError(f"the demo run failed: {error}")
     console.print("[bold]Answer[/bold]")
     console.print(escape(result.result))

@@ -1,8 +1,8 @@
 """Mailbox commands of ``lattice``: ``status`` and ``inbox``.
 
 They use :class:`~lattice_client.client.LatticeClient` only. A team name or
-mailbox id this deployment does not know (no worker registered the team, no
-message ever went to the mailbox) is refused with the known ones listed and
+mailbox id this deployment does not know (no worker registered the team or a
+team with that member, no message ever went to the mailbox) is refused with the known ones listed and
 the closest suggested, so a typo never reads as "nothing here".
 """
 
@@ -61,7 +61,8 @@ def check_team(client: Any, team: str, prefix: str) -> None:
 
 
 def check_mailbox(client: Any, mailbox: str, prefix: str) -> None:
-    """Refuse a malformed mailbox id, or one that never received a message."""
+    """Refuse a malformed mailbox id, or one that never received a message and
+    is no member of a team a live worker serves."""
     team, sep, member = mailbox.partition("::")
     if not sep or not team or not member:
         fail(f"invalid mailbox id {mailbox!r}: expected '<team>::<member>', e.g. demo::searcher")
@@ -69,7 +70,8 @@ def check_mailbox(client: Any, mailbox: str, prefix: str) -> None:
     if mailbox in known:
         return
     fail(
-        f"unknown mailbox {mailbox!r}: no message was ever sent to it under key prefix {prefix!r}; "
+        f"unknown mailbox {mailbox!r}: no message was ever sent to it under key prefix {prefix!r} "
+        "and no live worker serves a team with that member; "
         f"{known_list(mailbox, known, 'known mailboxes')}"
     )
 
@@ -165,8 +167,8 @@ def inbox(
 
     Example (the example team, lattice_worker.examples.team:team, is named demo): lattice inbox demo::searcher --status all
 
-    In a narrow terminal the from, created (and, for one status, status) columns
-    are hidden first; --json shows everything. A mailbox that never received a
+    In a narrow terminal the created and from columns (and, for one status
+    other than all, the status column) are hidden first; --json shows everything. A mailbox that never received a
     message is refused with the known ones listed (exit code 1).
     """
     from lattice_mailbox import MessageStatus
@@ -192,4 +194,4 @@ def inbox(
             markup=False,
         )
         return
-    out.print(inbox_table(f"{mailbox} ({status_})", messages, out.width))
+    out.print(inbox_table(f"{mailbox} ({status_})", messages, out.width, status_in_title=status_ != "all"))

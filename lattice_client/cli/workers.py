@@ -189,7 +189,10 @@ def demo(
     options_of(ctx).export_env()
     run_demo = worker_function("demo", "lattice_worker.demo", "run_demo")
     with guard():
-        run_demo(directory, word, out)
+        try:
+            run_demo(directory, word, out)
+        except RuntimeError as exc:  # the run's own error, said once
+            fail(str(exc), exc=exc)
 
 
 __all__ = ["WORKER_EXTRA", "missing_worker_packages", "worker_function"]

@@ -143,6 +143,17 @@ class RunSegments(RunRecords):
             usage=usage,
         )
 
+    @staticmethod
+    def begin_segment_refusal(replies: list[Any]) -> str | None:
+        """The status a refused :meth:`begin_segment_call` found the run in
+        (``"running"``, ``"suspended"``, ...), read from the same replies at
+        the moment of the refusal; ``None`` when the run is missing (or the
+        start was not refused)."""
+        out = replies[-1]
+        if int(out[0]) or len(out) < 2:
+            return None
+        return as_text(out[1]) or None
+
     async def set_trace_carrier(self, run_id: str, token: str, carrier: dict[str, str]) -> bool:
         """Keep ``carrier`` (the propagation headers of the run's trace root, a
         ``dict[str, str]``; ``{}`` when the tracers propagate none) in the run

@@ -41,16 +41,18 @@ def _limit(request: Request, default: int = 50) -> int:
         return default
 
 
-async def not_found(request: Request, what: str) -> Response:
-    return await render(request, "error.html", {"title": "not found", "message": what}, status_code=404)
+async def not_found(request: Request, what: str, code: int = 404) -> Response:
+    title = "not found" if code == 404 else "bad request"
+    return await render(request, "error.html", {"title": title, "message": what}, status_code=code)
 
 
 async def runs_page(request: Request) -> Response:
     """``/`` and ``/runs?team=&status=&limit=``: the most recent runs."""
     ui: UiState = request.app.state.ui
     team, status = _query(request, "team"), _query(request, "status")
-    if status and status not in [s.value for s in RunStatus]:
-        status = ""
+    statuses = [s.value for s in RunStatus]
+    if status and status not in statuses:
+        return await not_found(request, f"no run status {status!r}; one of: {', '.join(statuses)}", 400)
     runs = await list_runs(ui.client, team or None, status or None, _limit(request))
     return await render(
         request,
@@ -61,7 +63,7 @@ async def runs_page(request: Request) -> Response:
             "team": team,
             "status": status,
             "teams": await ui.client.known_teams(),
-            "statuses": [s.value for s in RunStatus],
+            "statuses": statuses,
             "refresh": 5,
         },
     )
@@ -87,13 +89,15 @@ async def run_events(request: Request) -> Response:
     """``/runs/{run_id}/events?after=ID``: the run's events after stream id
     ``ID`` (or ``Last-Event-ID``) as server-sent events, one JSON
     :class:`~lattice_client.ui.timeline.EventRow` each; ends after the
-    ``run_result`` event (an ``end`` event follows)."""
+    ``run_result`` event (an ``end`` event follows). ``404`` for an unknown run."""
     ui: UiState = request.app.state.ui
     run_id = request.path_params["run_id"]
     try:
         check_run_id(run_id)
     except ValueError as exc:
         return Response(str(exc), status_code=404)
+    if await ui.client.get_run(run_id) is None:  # an unknown run's stream would never end
+        return Response(f"no run {run_id!r}\n", status_code=404, media_type="text/plain")
     after = request.headers.get("last-event-id") or _query(request, "after") or "0-0"
     if not all(part.isdigit() for part in after.split("-", 1)):
         after = "0-0"
@@ -143,9 +147,15 @@ async def mailbox_page(request: Request) -> Response:
     mailbox_id = _query(request, "id")
     status = _query(request, "status") or "all"
     if status not in _MESSAGE_STATUSES:
-        status = "all"
+        return await not_found(
+            request, f"no message status {status!r}; one of: {', '.join(_MESSAGE_STATUSES)}", 400
+        )
     if mailbox_id not in await ui.client.known_mailboxes():
-        return await not_found(request, f"no mailbox {mailbox_id!r}: no message was ever sent to it")
+        return await not_found(
+            request,
+            f"no mailbox {mailbox_id!r}: no message was ever sent to it and no live worker "
+            "serves a team with that member",
+        )
     messages = await ui.client.inbox(mailbox_id, status)
     counts = await ui.client.mailbox.counts(mailbox_id)
     return await render(

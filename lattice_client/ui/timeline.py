@@ -114,6 +114,8 @@ def summarize(event: dict[str, Any]) -> tuple[str, str, str]:
             text += f" (attempt {event.get('attempt')})"
         if event.get("wait_id"):
             text += f" on {event.get('wait_id')}"
+    elif kind == "lead_segment":
+        text = f"the lead's segment starts on {event.get('worker')} (attempt {event.get('attempt')})"
     elif kind in ("tool_parked", "approval_pending"):
         text = f"{event.get('tool_name')} ({event.get('effect')}) waits as {event.get('id')}: {event.get('reason')}"
     elif kind == "run_result":
@@ -157,7 +159,10 @@ class Segment:
     """One lead segment: ``number`` (1-based), when it started and ended (ms),
     how it ended (``end``: a ``run_status`` value, ``completed`` / ``failed`` /
     ``cancelled``, or ``running`` while it goes on), the tools it called and
-    the recovery attempt that started it (``None``: not a recovery)."""
+    the recovery attempt that started it (``None``: not a recovery);
+    ``claimed_by`` the process that ran it (its ``lead_segment`` event; ``""``
+    for a run of a worker older than that event) and ``worker``
+    (:func:`worker_label` of it)."""
 
     number: int
     started_ms: int
@@ -166,6 +171,8 @@ class Segment:
     turns: int = 0
     tool_calls: list[str] = field(default_factory=list)
     recovery_attempt: int | None = None
+    claimed_by: str = ""
+    worker: str = "-"
 
 
 @dataclass
@@ -235,11 +242,18 @@ class Timeline:
 
 
 def _lead_segment_event(
-    segments: list[Segment], event: dict[str, Any], at: int, recovery: int | None
+    segments: list[Segment],
+    event: dict[str, Any],
+    at: int,
+    recovery: int | None,
+    on: tuple[str, str] = ("", "-"),
 ) -> None:
+    # on: (claimed_by, worker label) of the last lead_segment event
     kind = event.get("type")
     if kind == "system" and event.get("subtype") == "init":
-        segments.append(Segment(len(segments) + 1, at, recovery_attempt=recovery))
+        segments.append(
+            Segment(len(segments) + 1, at, recovery_attempt=recovery, claimed_by=on[0], worker=on[1])
+        )
         return
     if not segments:
         return
@@ -313,13 +327,19 @@ def build_timeline(
     """The :class:`Timeline` of a run's events (oldest first). A member's
     events reach its run's stream unwrapped (its ``team_message`` and
     ``team_agent`` events) and wrapped (``agent_message``: its own turns);
-    lead segments are the lead's own ``system init`` events onward."""
+    lead segments are the lead's own ``system init`` events onward, each on
+    the worker its ``lead_segment`` event (emitted just before) names."""
     timeline = Timeline()
     steps: dict[str, MemberStep] = {}
     recovery: int | None = None
+    on: tuple[str, str] = ("", "-")  # the worker of the segment that starts next
     for entry_id, event in entries:
         row = event_row(entry_id, event)
         timeline.rows.append(row)
+        if event.get("type") == "lead_segment":
+            claimed_by = str(event.get("worker") or "")
+            on = (claimed_by, worker_label(claimed_by, workers))
+            continue
         if event.get("type") == "run_status" and event.get("status") == "recovering":
             recovery = event.get("attempt")
             if timeline.segments and timeline.segments[-1].end == "running":
@@ -327,9 +347,9 @@ def build_timeline(
             continue
         if event.get("type") == "agent_message":
             continue
-        _lead_segment_event(timeline.segments, event, row.at_ms, recovery)
+        _lead_segment_event(timeline.segments, event, row.at_ms, recovery, on)
         if event.get("type") == "system":
-            recovery = None
+            recovery, on = None, ("", "-")
         _step_event(steps, event, row.at_ms, workers)
     timeline.steps = list(steps.values())
     return timeline

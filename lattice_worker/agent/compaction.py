@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import APIError, LatticeError
+from ..tools.tool_search import loaded_in_history, loaded_note
 from .model import AssistantModelMessage, TokenUsage
 
 DEFAULT_COMPACTION_PROMPT = (
@@ -232,8 +233,14 @@ def summary_message(summary: str) -> dict[str, Any]:
 
 
 def compacted_history(history: list[dict[str, Any]], cut: int, summary: str) -> list[dict[str, Any]]:
-    """``[summary message] + history[cut:]`` (the kept messages are the same objects)."""
-    return [summary_message(summary), *history[cut:]]
+    """``[summary message] + history[cut:]`` (the kept messages are the same objects).
+    The tools ``tool_search`` loaded in the summarised part stay loaded: the
+    summary message ends with a note naming them (:func:`~lattice_worker.tools.tool_search.loaded_note`)."""
+    message = summary_message(summary)
+    note = loaded_note(loaded_in_history(history[:cut]))
+    if note is not None:
+        message["content"].append(note)
+    return [message, *history[cut:]]
 
 
 __all__ = [

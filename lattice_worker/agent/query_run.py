@@ -349,6 +349,17 @@ class QueryRun:
             logger.warning("auto_compact (%s): the summary request failed; not compacted: %s", trigger, exc)
             return None
         await agent._rewrite_history(compacted_history(history, cut, summary))
+        await self.trace(
+            "compaction",
+            {
+                "trigger": trigger,
+                "model": request.model,
+                "compacted_messages": cut,
+                "retained_messages": len(history) - cut,
+                "summary": summary,
+                "usage": usage.to_dict(),
+            },
+        )
         return SystemMessage(
             subtype="compaction",
             session_id=self.session_id,

@@ -52,6 +52,7 @@ from lattice_worker import (
     text_turn,
     tool_turn,
 )
+from lattice_worker.tools.builtin.search import GREP_SKIPPED_DIRS
 
 TEAM_NAME = "demo"
 
@@ -64,13 +65,20 @@ def grep_input(directory: str, word: str) -> dict[str, str]:
 def count_command(directory: str) -> str:
     """The ``Bash`` command of the counter: the five largest text files under
     ``directory`` (``largest: PATH:LINES``) and a ``total: T lines in N text files``
-    line. Text files are those with at least one line; hidden files and
-    directories and binary files are left out."""
+    line. The files are those the searcher's ``Grep`` searches: every text file
+    (empty ones too), without hidden files and directories, binary files (a
+    NUL byte) and the directories ``Grep`` skips (:data:`GREP_SKIPPED_DIRS`:
+    ``__pycache__``, ``node_modules``, ``*.egg-info``)."""
     d = shlex.quote(directory)
+    skipped = " ".join(f"--exclude-dir={shlex.quote(p)}" for p in (".*", *GREP_SKIPPED_DIRS))
+    pruned = " -o ".join(f"-name {shlex.quote(p)}" for p in GREP_SKIPPED_DIRS)
+    # grep -c gives binary files 0 lines as it does empty ones: the empty files come from find
     return (
         f"test -d {d} || {{ echo not a directory: {d} >&2; exit 2; }}; "
-        f"grep -rIc --exclude-dir='.*' --exclude='.*' -e '' -- {d} | LC_ALL=C sort -t: -k2,2nr -k1,1 | "
-        'awk -F: \'$NF > 0 {n++; t+=$NF; if (n <= 5) print "largest: " $0} '
+        f"{{ LC_ALL=C grep -rIc {skipped} --exclude='.*' -e '' -- {d} | LC_ALL=C sort -t: -k2,2nr -k1,1; "
+        f"find {d} -mindepth 1 \\( -name '.*' -o -type d \\( {pruned} \\) \\) -prune "
+        "-o -type f -empty -printf 'empty:0\\n'; } | "
+        'awk -F: \'$NF > 0 || $1 == "empty" {n++; t+=$NF; if (n <= 5 && $NF > 0) print "largest: " $0} '
         'END {print "total: " t+0 " lines in " n+0 " text files"}\''
     )
 

@@ -15,6 +15,7 @@ nothing.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import logging
@@ -237,15 +238,20 @@ class MailboxToolState:
                 str(exc),
             ) from None
 
-    async def send(self, to: str, content: str) -> TeamMessage:
-        """``team_send``: a new message from the caller to ``to`` (same thread as ``current``)."""
+    async def send(self, to: str, content: str, *, dedup_key: str | None = None) -> TeamMessage:
+        """``team_send``: a new message from the caller to ``to`` (same thread as ``current``).
+        ``dedup_key`` (the tool call's ``effect_key``): a call run again -- after a
+        crash, on another worker -- gets the message its first run sent, not a
+        second one (for stores whose ``send`` takes ``dedup_key``: the built-in ones)."""
         target = self.resolve_recipient(to)
+        extra = {"dedup_key": dedup_key} if dedup_key and _takes_dedup_key(self.mailbox) else {}
         message = await self.mailbox.send(
             self.mailbox_id,
             target,
             content,
             thread_id=self.current.thread_id if self.current is not None else None,
             metadata={"kind": "message", "from_member": self.self_name, "team": self.team_name},
+            **extra,
         )
         await emit_event(
             self.emit, TeamMessageEvent(subtype="sent", team=self.team_name, message=message.to_json_dict())
@@ -414,8 +420,29 @@ def _brief(message: TeamMessage, *, with_content: bool = True, limit: int = 2000
     return out
 
 
+def _takes_dedup_key(mailbox: Any) -> bool:
+    """Whether ``mailbox.send`` accepts ``dedup_key`` (cached per class)."""
+    cls = type(mailbox)
+    known = _DEDUP_SENDS.get(cls)
+    if known is None:
+        try:
+            known = "dedup_key" in inspect.signature(mailbox.send).parameters
+        except (TypeError, ValueError):
+            known = False
+        _DEDUP_SENDS[cls] = known
+    return known
+
+
+_DEDUP_SENDS: dict[type, bool] = {}
+
+
 async def _send(data: TeamSendInput, ctx: ToolContext) -> str:
-    message = await _state(ctx).send(data.to, data.content)
+    # the call's effect key and its text: the same call run again (same recorded turn) sends once,
+    # while a model that reuses a tool_use id for another message still sends that one
+    key = None
+    if ctx.effect_key:
+        key = f"{ctx.effect_key}:{hashlib.sha256(data.content.encode('utf-8', 'replace')).hexdigest()[:16]}"
+    message = await _state(ctx).send(data.to, data.content, dedup_key=key)
     return json.dumps({"status": "sent", "message_id": message.id, "to": message.to})
 
 

@@ -245,7 +245,9 @@ BUILTIN_TOOL_EFFECTS: dict[str, tuple[Effect, float | None]] = {
     "Glob": ("read_only", None),
     "Grep": ("read_only", None),
     "Write": ("idempotent", IDEMPOTENT_FOREVER),  # writing the same content again changes nothing
-    "Edit": ("idempotent", IDEMPOTENT_FOREVER),
+    # not idempotent: a re-run edits the edited text again ("a" -> "ab" makes "abb");
+    # an Edit interrupted mid-call parks for a person to decide
+    "Edit": ("unguarded", None),
     "Bash": ("unguarded", None),
 }
 

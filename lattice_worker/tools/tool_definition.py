@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import json
 import functools
 import inspect
 import re
+import types
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from contextvars import ContextVar
@@ -86,6 +88,8 @@ def format_validation_error(exc: ValidationError) -> str:
 
 def _positional_arity(fn: Callable[..., Any]) -> int | None:
     """How many positional arguments ``fn`` accepts (``None`` = any number)."""
+    if isinstance(fn, types.FunctionType) and not hasattr(fn, "__wrapped__") and not hasattr(fn, "__signature__"):
+        return _code_arity(fn.__code__)  # (the built-in tools' handlers: made per agent, one code object)
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
@@ -97,6 +101,14 @@ def _positional_arity(fn: Callable[..., Any]) -> int | None:
         if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
             count += 1
     return count
+
+
+@functools.lru_cache(maxsize=1024)
+def _code_arity(code: types.CodeType) -> int | None:
+    """:func:`_positional_arity` of a plain function with this code object."""
+    if code.co_flags & inspect.CO_VARARGS:
+        return None
+    return code.co_argcount
 
 
 class ToolDefinition:
@@ -207,7 +219,7 @@ class ToolDefinition:
             and input_model is not BaseModel
         ):
             self.input_model: type[BaseModel] | None = input_model
-            schema = input_model.model_json_schema()
+            schema = json.loads(_model_schema(input_model))
         elif isinstance(input_model, Mapping):
             self.input_model = None
             schema = dict(input_model)
@@ -325,6 +337,15 @@ class ToolDefinition:
         if inspect.isawaitable(value):
             value = await value
         return normalize_tool_output(self.name, value)
+
+
+@functools.lru_cache(maxsize=512)
+def _model_schema(input_model: type[BaseModel]) -> str:
+    # A model's JSON schema (as JSON text), generated once per process: the
+    # built-in tools are made again for every agent over a workspace (every
+    # step), with the same models, and pydantic's generation took most of a
+    # step's CPU. Each tool gets its own copy (json.loads).
+    return json.dumps(input_model.model_json_schema())
 
 
 def _build_jsonschema_validator(schema: dict[str, Any], where: str) -> Any:

@@ -179,8 +179,22 @@ def build_tool_search(names: list[str]) -> ToolDefinition:
     )
 
 
+LOADED_NOTE_PREFIX = "[Tools loaded earlier in this conversation with tool_search: "
+"""How a compacted history keeps the loads of the part it summarised: a text
+block of its summary message, ``"<prefix>a, b]"`` (see :func:`loaded_note`)."""
+
+
+def loaded_note(names: Iterable[str]) -> dict[str, Any] | None:
+    """The text block recording ``names`` as loaded (``None`` for none): a compacted
+    history keeps it in its summary message, so the loads survive the summary --
+    in this process and in an agent rebuilt from the stored history elsewhere."""
+    listed = sorted(set(names))
+    return {"type": "text", "text": LOADED_NOTE_PREFIX + ", ".join(listed) + "]"} if listed else None
+
+
 def loaded_in_history(history: list[dict[str, Any]]) -> set[str]:
-    """Every tool name a successful ``tool_search`` result in ``history`` loaded."""
+    """Every tool name a successful ``tool_search`` result in ``history`` loaded,
+    and those a compaction's note (:func:`loaded_note`) in a user message names."""
     search_ids: set[str] = set()
     loaded: set[str] = set()
     for message in history:
@@ -191,7 +205,12 @@ def loaded_in_history(history: list[dict[str, Any]]) -> set[str]:
             if not isinstance(block, dict):
                 continue
             kind = block.get("type")
-            if kind == "tool_use" and block.get("name") == TOOL_SEARCH_NAME:
+            text = block.get("text")
+            if kind == "text" and message.get("role") == "user" and isinstance(text, str):
+                if text.startswith(LOADED_NOTE_PREFIX) and text.endswith("]"):
+                    names = text[len(LOADED_NOTE_PREFIX) : -1].split(", ")
+                    loaded.update(n for n in names if n)
+            elif kind == "tool_use" and block.get("name") == TOOL_SEARCH_NAME:
                 search_ids.add(str(block.get("id")))
             elif (
                 kind == "tool_result" and block.get("tool_use_id") in search_ids and not block.get("is_error")
@@ -213,6 +232,8 @@ __all__ = [
     "DeferredTools",
     "ToolSearchInput",
     "build_tool_search",
+    "LOADED_NOTE_PREFIX",
     "loaded_in_history",
+    "loaded_note",
     "search_deferred",
 ]

@@ -40,6 +40,7 @@ EVENT_TYPES = (
     "tool_use",
     "tool_result",
     "result",
+    "compaction",
     "team_message",
     "team_agent",
 )

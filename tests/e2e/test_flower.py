@@ -69,6 +69,11 @@ def test_g_flower_lists_the_workers_and_deliver_tasks(deployment: Deployment):
     assert {ast.literal_eval(t["args"])[0] for t in tasks} == {"e2e::worker", "e2e::other"}
     assert all(len(ast.literal_eval(t["args"])) == 2 for t in tasks)
     assert {t["worker"] for t in tasks} == {node}
+    # each names the member queue it came by (the routing key of its task-started event)
+    assert {(ast.literal_eval(t["args"])[0], t.get("routing_key")) for t in tasks} == {
+        ("e2e::worker", f"{d.prefix}.e2e.worker"),
+        ("e2e::other", f"{d.prefix}.e2e.other"),
+    }
     # the step that sent each doorbell is its parent, on the default (asyncio) pool too
     leads = {
         t["uuid"] for t in _get(f"{base}/api/tasks").json().values() if t.get("name") == "lattice.run_lead"
@@ -125,6 +130,7 @@ def test_h_beside_an_all_queues_worker_two_member_workers_share_its_work_and_flo
     assert {ast.literal_eval(t["args"])[0] for t in found["deliver"]} == {"e2e::worker"}
     assert {t["worker"] for t in found["deliver"]} == set(nodes)
     assert [t["args"] for t in found["resume_lead"]] == [f"['{handle.run_id}']"]
+    assert [t.get("routing_key") for t in found["resume_lead"]] == [f"{d.prefix}.e2e.lead"]
     assert [t["worker"] for t in found["resume_lead"]] == [
         nodes[0]
     ]  # only that worker consumes the lead queue

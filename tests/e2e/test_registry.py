@@ -113,7 +113,10 @@ def test_the_registry_follows_live_workers_and_comes_back_after_a_redis_restart(
         (lead_node,) = nodes[q["lead"]]
         (member_node,) = nodes[q["worker"]]
         assert nodes[q["other"]] == [member_node] and lead_node != member_node
+        # before any message: each worker publishes every member mailbox of its team
+        assert client.known_mailboxes("e2e") == ["e2e::other", "e2e::worker"]
         report = client.status("e2e")
+        assert {tuple(w.mailboxes) for w in report.workers} == {("e2e::other", "e2e::worker")}
         assert {(w.node, w.pool, w.concurrency) for w in report.workers} == {
             (lead_node, "asyncio", 200),
             (member_node, "asyncio", 200),

@@ -106,6 +106,8 @@ def test_a_run_is_listed_and_completes_with_each_member_step_on_its_worker(deplo
             "lattice drain on"
         )
         expect(live.locator("#segments tbody tr")).to_have_count(2)
+        for segment in live.locator("#segments tbody tr").all():  # both lead segments ran on the one worker
+            expect(segment.locator("td.worker")).to_have_text(node)
         live.reload()
         expect(live.locator(".step", has_text="e2e::worker").locator("td.worker")).to_have_text(node)
         shots.save(live, "run")
@@ -125,16 +127,43 @@ def test_a_parked_call_is_resolved_from_the_page_and_the_run_completes(deploymen
     expect = _expect()
     d = deployment_factory(lease_seconds=2, max_attempts=5)
     shots = Screenshots(tmp_path)
-    doomed = d.worker(FX, "--concurrency", "2")
+    doomed = d.worker(FX, "--concurrency", "3")
     ui = start_ui(d)
-    handle = d.client.submit(FX, member_plan("send_email e-hang"))
-    wait_for(lambda: "start:send_email:e-hang" in d.work_log(), 60, "the unguarded call to start")
-    doomed.kill9()  # during the call: its effect is unknown, so it parks
+    labels = ("e-hang", "f-hang", "g-hang")  # resolved with a result, as an error, by a re-run
+    handles = {label: d.client.submit(FX, member_plan(f"send_email {label}")) for label in labels}
+    handle = handles["e-hang"]
+    wait_for(
+        lambda: all(f"start:send_email:{label}" in d.work_log() for label in labels),
+        60,
+        "the unguarded calls to start",
+    )
+    doomed.kill9()  # during the calls: their effect is unknown, so they park
     d.worker(FX, "--concurrency", "2")
-    [call] = wait_for(lambda: d.client.parked("fx"), 60, "the call to park")
+    parked = wait_for(
+        lambda: len(d.client.parked("fx")) == 3 and d.client.parked("fx"), 60, "the calls to park"
+    )
+    by_label = {c.input["label"]: c for c in parked}
+    call = by_label["e-hang"]
     with chromium() as browser:
         page = new_page(browser)
         page.goto(ui.url("/calls"))
+        for label, decision, text, confirm_text in (
+            ("f-hang", "fail", "the mail server said no", "the call failed: the mail server said no"),
+            ("g-hang", "retry", "", "run it again"),
+        ):
+            other = page.locator(".call", has_text=by_label[label].message_id)
+            other.locator(f"input[name=decision][value={decision}]").check()
+            if text:
+                other.locator("textarea").fill(text)
+            other.locator("button.resolve").click()
+            expect(page.locator("h1")).to_have_text(f"Confirm: resolve {by_label[label].message_id}?")
+            expect(page.locator("main")).to_contain_text(confirm_text)
+            assert (
+                d.client.get_run(handles[label].run_id).status.value == "suspended"
+            )  # asking changed nothing
+            page.locator("#confirm").click()
+            expect(page).to_have_url(ui.url("/calls"))
+            expect(page.locator(".call", has_text=by_label[label].message_id)).to_have_count(0)
         card = page.locator(".call", has_text=call.message_id)
         expect(card).to_contain_text("send_email")
         expect(card).to_contain_text("unguarded")
@@ -161,7 +190,13 @@ def test_a_parked_call_is_resolved_from_the_page_and_the_run_completes(deploymen
         expect(page.locator("#waits")).to_contain_text("decided; its work went on")
     assert handle.wait(timeout=10).result == "final: sent by hand"
     assert count(d, "send_email", "e-hang") == 1  # never run again
-    assert f"ui action by ops: resolve {call.message_id} -> ok" in ui.proc.log()
+    failed = handles["f-hang"].wait(timeout=60)
+    assert "the mail server said no" in failed.result and count(d, "send_email", "f-hang") == 1
+    assert handles["g-hang"].wait(timeout=60).result == "final: sent[g-hang]"
+    assert count(d, "send_email", "g-hang") == 2  # run again once
+    log = ui.proc.log()
+    for label, decision in (("e-hang", "result"), ("f-hang", "fail"), ("g-hang", "retry")):
+        assert f"ui action by ops: resolve {by_label[label].message_id} -> ok (send_email: {decision})" in log
 
 
 def test_approvals_are_denied_from_the_page_and_the_model_gets_the_reasons(deployment, tmp_path):
@@ -197,11 +232,14 @@ def test_approvals_are_denied_from_the_page_and_the_model_gets_the_reasons(deplo
     assert log.count("ui action by ops: deny ") == 2
 
 
-def test_a_wrong_password_gets_401_and_the_right_one_the_page(deployment):
+def test_a_wrong_password_gets_401_and_a_run_is_cancelled_from_its_page(deployment):
     expect = _expect()
     d = deployment
-    d.worker(TEAM, "--member", "lead")
+    d.worker(TEAM, "--member", "lead")  # nobody serves member "worker": the run waits for it
     ui = start_ui(d)
+    handle = d.client.submit(
+        "e2e", json.dumps({"calls": [{"member": "worker", "mode": "ask", "task": "gamma"}]})
+    )
     with chromium() as browser:
         wrong = new_page(browser, password=PASSWORD + "x")
         response = wrong.goto(ui.url("/"))
@@ -215,3 +253,18 @@ def test_a_wrong_password_gets_401_and_the_right_one_the_page(deployment):
         expect(right.locator("header")).to_contain_text("signed in as ops")
         right.goto(ui.url("/workers"))
         expect(right.locator("#queues tr", has_text=f"{d.prefix}.e2e.lead")).to_have_class("served")
+        right.goto(ui.url(f"/runs/{handle.run_id}"))
+        expect(right.locator("#run-status")).to_have_text("suspended", timeout=60_000)
+        right.locator("#cancel").click()
+        expect(right.locator("h1")).to_have_text(f"Confirm: cancel run {handle.run_id}?")
+        expect(right.locator("main")).to_contain_text("gamma")  # the prompt
+        assert d.client.get_run(handle.run_id).status.value == "suspended"  # asking changed nothing
+        right.locator("#confirm").click()
+        expect(right).to_have_url(ui.url(f"/runs/{handle.run_id}"))
+        expect(right.locator("#run-status")).to_have_text("cancelled")
+        expect(right.locator("#cancel")).to_have_count(0)  # a finished run offers no cancel
+        right.goto(ui.url("/actions"))
+        expect(right.locator("#actions tbody tr").first).to_contain_text("cancel")
+        expect(right.locator("#actions tbody tr").first).to_contain_text(handle.run_id)
+    assert d.client.get_run(handle.run_id).status.value == "cancelled"
+    assert f"ui action by ops: cancel {handle.run_id} -> ok" in ui.proc.log()

@@ -109,6 +109,17 @@ def test_an_unknown_mailbox_is_refused_with_the_known_ones(prefix):
     assert ok.exit_code == 0 and "find claim" in ok.stdout
 
 
+def test_a_member_of_a_served_team_is_known_before_its_first_message(prefix):
+    """Right after the workers start no message went anywhere yet: the live
+    registry's member mailboxes are the known ones (a typo gets a suggestion)."""
+    publish_fake_worker(prefix, {"acc": "acc"}, mailboxes=["acc::researcher", "acc::writer"])
+    line = error_line(lattice(prefix, "inbox", "acc::reseacher"))
+    assert "unknown mailbox 'acc::reseacher'" in line
+    assert line.endswith("known mailboxes: acc::researcher, acc::writer (did you mean acc::researcher?)")
+    ok = lattice(prefix, "inbox", "acc::researcher")
+    assert ok.exit_code == 0 and ok.stdout.strip() == "no pending messages in acc::researcher"
+
+
 def test_broker_url_alone_also_moves_the_mailboxes(prefix):
     send(prefix, "demo::searcher", "in the broker's Redis")
     env = {"LATTICE_MAILBOX_URL": DOWN, "COLUMNS": "200"}  # exported elsewhere: --broker-url alone must win

@@ -291,6 +291,17 @@ def _header_cells(lines: list[str], title: str) -> list[str]:
     return [c for c in re.split(r"\s{2,}", lines[start + 1].strip()) if c]
 
 
+def _inbox_at_80(prefix: str, status: str, ids: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """``lattice inbox example::searcher --status STATUS`` at 80 columns: its lines
+    (none wider than 80) and ``{message id -> the words of its row}`` for ``ids``."""
+    inbox = lattice(prefix, "inbox", "example::searcher", "--status", status, columns=80)
+    assert inbox.exit_code == 0, inbox.output
+    lines = [line.rstrip() for line in inbox.stdout.splitlines()]
+    assert max(len(line) for line in lines) <= 80, inbox.stdout
+    rows = {line.split()[0]: line.split() for line in lines if line.split() and line.split()[0] in ids}
+    return lines, rows
+
+
 def test_status_and_inbox_tables_are_readable_at_80_columns(prefix):
     """80 columns is also what rich assumes when output is not a terminal (pipes, CI)."""
     lattice(prefix, "submit", "example", "q", "--run-id", "narrow-queued")
@@ -326,13 +337,31 @@ def test_status_and_inbox_tables_are_readable_at_80_columns(prefix):
     assert rows["narrow-queued"][1:3] == ["example", "queued"]
     assert rows["narrow-done"][1:3] == ["example", "completed"]
     assert "The word" in " ".join(rows["narrow-done"][3:])
-    inbox = lattice(prefix, "inbox", "example::searcher", "--status", "all", columns=80)
-    assert inbox.exit_code == 0, inbox.output
-    lines = [line.rstrip() for line in inbox.stdout.splitlines()]
-    assert max(len(line) for line in lines) <= 80, inbox.stdout
+    lines, rows = _inbox_at_80(prefix, "all", ids)
     assert _header_cells(lines, "example::searcher (all)") == ["id", "status", "attempts", "content"]
-    rows = {line.split()[0]: line.split() for line in lines if line.split() and line.split()[0] in ids}
     assert rows[ids[0]][1:3] == ["processing", "1"]
     assert rows[ids[1]][1:3] == ["pending", "0"]
     [note] = [line for line in lines if line.startswith("(hidden at this width:")]
     assert sorted(note.split(": ", 1)[1].split(";")[0].split(", ")) == ["created", "from"]
+
+
+def test_inbox_status_all_shows_the_status_column_at_80_columns_when_every_message_has_one(prefix):
+    """``--status all`` does not name a status in the title: the column stays even when every
+    message listed is pending (it used to be dropped first at 80 columns)."""
+    ids: list[str] = []
+
+    async def play(store: RunStore) -> None:
+        mailbox = RedisMailbox(REDIS_URL, prefix=prefix)
+        try:
+            for n in range(2):
+                ids.append((await mailbox.send("example::lead", "example::searcher", f"part {n}")).id)
+        finally:
+            await mailbox.aclose()
+
+    in_store(prefix, play)
+    lines, rows = _inbox_at_80(prefix, "all", ids)
+    assert _header_cells(lines, "example::searcher (all)") == ["id", "status", "attempts", "content"]
+    assert [rows[i][1] for i in ids] == ["pending", "pending"]
+    # one status asked for: the title names it, so the column is the first to go
+    lines, _ = _inbox_at_80(prefix, "pending", ids)
+    assert _header_cells(lines, "example::searcher (pending)")[:2] == ["id", "attempts"]

@@ -302,6 +302,8 @@ async def test_async_client_refuses_unregistered_names_too(prefix, raw):
         ("example", "hi", {"metadata": [1]}, "metadata must be a dict"),
         ("example", "half a pair \ud800", {}, "prompt is not valid Unicode text"),
         ("example", "hi", {"metadata": {"note": "\udfff"}}, "metadata is not valid Unicode text"),
+        ("example", "hi", {"trace_parent": "00-not-a-traceparent"}, "is not a W3C traceparent"),
+        ("example", "hi", {"trace_parent": {"traceparent": 7}}, "trace_parent must map header names"),
     ],
 )
 def test_bad_submit_input_writes_nothing(client, raw, prefix, team, prompt, kwargs, match):
@@ -319,6 +321,15 @@ def test_prompt_over_the_size_bound_is_refused(prefix, raw):
             c.submit("example", "hi", metadata={"notes": "x" * 60})
         c.submit("example", "hi", metadata={"notes": "x" * 50})  # 62 bytes: taken
     assert [k for k in written(raw, prefix) if ":run:" in k]  # only that one run was written
+
+
+def test_submit_keeps_the_callers_trace_context_on_the_run(client):
+    traceparent = f"00-{'ab' * 16}-{'cd' * 8}-01"
+    handle = client.submit("example", "hi", metadata={"ticket": 1}, trace_parent=traceparent)
+    assert client.get_run(handle.run_id).metadata == {
+        "ticket": 1,
+        "lattice_caller": {"trace_carrier": {"traceparent": traceparent}},
+    }
 
 
 def test_duplicate_run_id_is_refused_without_a_second_task(client, raw, prefix):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from typing import Any
@@ -275,7 +276,7 @@ async def test_a_doorbell_without_a_message_never_claims_an_item_its_run_still_q
     assert [it["state"] for it in await ctx.runs.items(run_id)] == ["dispatched", "queued"]
 
 
-async def test_duplicate_doorbells_and_tasks_never_execute_twice(env, raw, prefix):
+async def test_duplicate_doorbells_and_tasks_never_execute_twice(env, raw, prefix, caplog):
     ctx, broker = env
     run_id = await submit(ctx, broker, "e2e", plan(("worker", "handoff", "once")))
     # duplicate run_lead
@@ -285,8 +286,14 @@ async def test_duplicate_doorbells_and_tasks_never_execute_twice(env, raw, prefi
     assert record.status.value == "completed"
     # more doorbells and a duplicated resume afterwards: all no-ops
     assert await member_step.deliver(ctx, "e2e::worker") == "idle"
-    assert await lead_segment.resume_lead(ctx, run_id) == "skipped"
-    assert await lead_segment.run_lead(ctx, run_id) == "skipped"
+    with caplog.at_level(logging.INFO, logger="lattice_worker.runtime"):
+        assert await lead_segment.resume_lead(ctx, run_id) == "skipped"
+        assert await lead_segment.run_lead(ctx, run_id) == "skipped"
+    said = [r.getMessage() for r in caplog.records if "nothing to do" in r.getMessage()]
+    assert said[-2:] == [
+        f"resume_lead: run {run_id} is completed, not resuming; nothing to do",
+        f"run_lead: run {run_id} is completed, not queued; nothing to do",
+    ]
     assert executions(raw, prefix, "once") == 1
     outcomes = [out for n, _, out in broker.log if n == RUN_LEAD_TASK]
     assert sorted(outcomes) == ["skipped", "suspended"]

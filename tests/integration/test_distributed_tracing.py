@@ -19,6 +19,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from lattice_client.caller_trace import CALLER_KEY, with_caller_trace
 from lattice_client.celery_config import RUN_LEAD_TASK
 from lattice_client.errors import RunLeaseLostError
 from lattice_worker import ScriptedModelClient, define_agent
@@ -231,3 +232,38 @@ async def test_set_trace_carrier_is_fenced_and_keeps_the_first_carrier(ctx):
         runs.set_trace_carrier_call("r1", start.token, {"traceparent": 1})
     with pytest.raises(RunLeaseLostError):  # an unknown run is not held by any token
         await runs.set_trace_carrier("nope", start.token, {})
+
+
+async def test_a_submitted_run_continues_its_callers_trace(cluster):
+    """``submit(trace_parent=...)`` (default: the active OpenTelemetry span): the run's
+    root is a child of the caller's span, in the caller's trace."""
+    tracer_a, exp_a = otel()
+    a = cluster.worker(traced_team(tracer_a), exporter=exp_a)
+    caller = TracerProvider().get_tracer("caller")  # the calling service's own tracing
+    with caller.start_as_current_span("POST /ask") as span:
+        active = with_caller_trace({"k": "v"})  # what submit stores: the active span's carrier
+    assert active["k"] == "v" and set(active[CALLER_KEY]["trace_carrier"]) == {"traceparent"}
+    given = f"00-{'ab' * 16}-{'cd' * 8}-01"
+    explicit = with_caller_trace(None, given)
+    assert explicit == {CALLER_KEY: {"trace_carrier": {"traceparent": given}}}
+    assert with_caller_trace(None) is None  # no active span, nothing given: a trace of its own
+    for bad in ("not-a-traceparent", {"traceparent": "00-xyz"}, {"traceparent": 1}, 42):
+        with pytest.raises(ValueError, match="trace_parent"):
+            with_caller_trace(None, bad)
+
+    runs = {}
+    for name, metadata in (("active", active), ("explicit", explicit)):
+        runs[name] = f"run_{name}"
+        await a.ctx.runs.create(runs[name], "tr", PLAN, metadata=metadata)
+        cluster.sent.append((RUN_LEAD_TASK, runs[name]))
+    await cluster.run(a)
+    roots = {s.attributes["lattice.run_id"]: s for s in a.spans() if s.name == "invoke_workflow tr"}
+    caller_ctx = span.get_span_context()
+    active_root = roots[runs["active"]]
+    assert active_root.parent.is_remote and active_root.parent.span_id == caller_ctx.span_id
+    assert active_root.context.trace_id == caller_ctx.trace_id
+    explicit_root = roots[runs["explicit"]]
+    assert (explicit_root.context.trace_id, explicit_root.parent.span_id) == (
+        int("ab" * 16, 16),
+        int("cd" * 8, 16),
+    )

@@ -160,6 +160,22 @@ async def test_send_returns_a_pending_message_and_get_reads_it_back(store):
     assert await store.get("not-an-id") is None
 
 
+async def test_a_send_with_a_dedup_key_is_stored_once(store):
+    """A tool call run again after a crash sends with the same key: the first message comes back."""
+    first = await store.send("team::lead", "team::coder", "do it", dedup_key="session:toolu_1")
+    await store.claim_next("team::coder")  # it moved on before the re-run
+    again = await store.send("team::lead", "team::coder", "do it", dedup_key="session:toolu_1")
+    assert again.id == first.id and again.status == MessageStatus.PROCESSING
+    assert [m.id for m in await store.inbox("team::coder", "all")] == [first.id]
+    other_key = await store.send("team::lead", "team::coder", "do it", dedup_key="session:toolu_2")
+    other_box = await store.send("team::lead", "team::other", "do it", dedup_key="session:toolu_1")
+    plain = await store.send("team::lead", "team::coder", "do it")
+    assert len({first.id, other_key.id, other_box.id, plain.id}) == 4
+    with pytest.raises(ValueError, match="dedup_key"):
+        await store.send("team::lead", "team::coder", "x", dedup_key="")
+    assert len(await store.inbox("team::coder", "all")) == 3
+
+
 async def test_inbox_is_per_mailbox_oldest_first_with_status_filter_and_limit(store):
     sent = []
     for i in range(5):

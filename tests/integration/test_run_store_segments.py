@@ -13,6 +13,7 @@ import json
 import uuid
 
 import pytest
+from redis.asyncio import Redis
 
 from lattice_client.errors import RunLeaseLostError
 from lattice_client.models import RunStatus
@@ -71,6 +72,30 @@ async def test_begin_segment_refusals_and_bad_history_keys(store):
     start = await store.begin_segment("r1", expect=RunStatus.QUEUED, lease_s=30, read_record=True)
     assert start is not None and start.record is not None
     assert await store.begin_segment("r1", expect=RunStatus.QUEUED, lease_s=30) is None  # exactly once
+
+
+async def test_a_refused_start_says_the_status_it_found(store, raw):
+    """The refusal carries the status seen in the same atomic step (a later read may see
+    another: a log line built from one said "run ... is queued, not queued")."""
+
+    async def refusal(run_id: str, expect: RunStatus) -> tuple[bool, str | None]:
+        commands, source = store.begin_segment_call(run_id, expect=expect, lease_s=30)
+        client = Redis.from_url(REDIS_URL)
+        try:
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.zadd(*commands[0][1:3], gt=True)
+                pipe.eval(source, *commands[1][2:])
+                replies = await pipe.execute()
+        finally:
+            await client.aclose()
+        started = store.begin_segment_reply(commands, replies) is not None
+        return started, store.begin_segment_refusal(replies)
+
+    assert await refusal("nope", RunStatus.QUEUED) == (False, None)  # missing
+    await store.create("r1", "team", "p")
+    assert await refusal("r1", RunStatus.RESUMING) == (False, "queued")
+    assert await refusal("r1", RunStatus.QUEUED) == (True, None)
+    assert await refusal("r1", RunStatus.QUEUED) == (False, "running")
 
 
 async def test_begin_segment_loads_an_unknown_script_and_starts_once(store, raw):

@@ -32,6 +32,10 @@ def tree(tmp_path: Path) -> Path:
     (tmp_path / "blob.bin").write_bytes(b"\0\1import\0")  # binary: skipped
     (tmp_path / ".git").mkdir()
     (tmp_path / ".git" / "config").write_text("import import import\n")  # hidden: skipped
+    (tmp_path / "src" / "__init__.py").write_text("")  # empty: a text file of 0 lines, counted by both
+    for skipped in ("demo.egg-info", "src/__pycache__", "node_modules/x"):  # packaging/cache: skipped
+        (tmp_path / skipped).mkdir(parents=True)
+        (tmp_path / skipped / "SOURCES.txt").write_text("import\nimport\n")
     return tmp_path
 
 
@@ -43,12 +47,12 @@ async def test_the_members_tool_calls_read_the_real_files(tree: Path, tmp_path: 
     (tmp_path / "member-workspace").mkdir()
     grep = await call(tools, "Grep", example.grep_input(str(tree), "import"))
     assert example.summarise_grep(text(grep), str(tree), "import") == (
-        '"import" is on 4 lines in 2 of 3 text files; top files: notes.md (2), src/a.py (2)'
+        '"import" is on 4 lines in 2 of 4 text files; top files: notes.md (2), src/a.py (2)'
     )
     count = await call(tools, "Bash", {"command": example.count_command(str(tree))})
     assert not count.is_error
     assert example.summarise_counts(text(count), str(tree)) == (
-        "8 lines in 3 text files; largest: notes.md (4), src/a.py (3), src/b.py (1)"
+        "8 lines in 4 text files; largest: notes.md (4), src/a.py (3), src/b.py (1)"
     )
     missing = await call(tools, "Bash", {"command": example.count_command(str(tree / "nope"))})
     assert missing.is_error and f"not a directory: {tree / 'nope'}" in text(missing)
@@ -63,8 +67,8 @@ async def test_demo_team_hands_off_to_both_members_and_reports_real_numbers(mail
     result = await example.run(str(tree), "import", team=demo, on_event=events.append)
 
     assert result.subtype == "success"
-    assert '"import" is on 4 lines in 2 of 3 text files' in result.result
-    assert "8 lines in 3 text files" in result.result
+    assert '"import" is on 4 lines in 2 of 4 text files' in result.result
+    assert "8 lines in 4 text files" in result.result
     assert result.result.index("searcher") < result.result.index("counter")  # handoff order
 
     tools_called = [
@@ -112,7 +116,7 @@ def test_free_form_requests_are_understood_by_the_scripted_lead(text: str, expec
 async def test_free_form_prompt_runs_the_whole_flow(mailbox: Any, tree: Path) -> None:
     demo = example.build_team(mailbox=mailbox, model_client=ScriptedModelClient(example.scripted_demo_model))
     result = await demo.prompt(f"Look through {tree} for the word import", stream=False)
-    assert '"import" is on 4 lines' in result.result and "8 lines in 3 text files" in result.result
+    assert '"import" is on 4 lines' in result.result and "8 lines in 4 text files" in result.result
 
 
 def test_module_level_team_and_cli(
@@ -123,7 +127,7 @@ def test_module_level_team_and_cli(
     assert example.team.name == "demo" and isinstance(example.team.mailbox, MemoryMailbox)
     assert example.main([str(tree), "--word", "import"]) == 0
     out = capsys.readouterr().out
-    assert "scripted (offline)" in out and "8 lines in 3 text files" in out
+    assert "scripted (offline)" in out and "8 lines in 4 text files" in out
     assert example.main([str(tree / "nope")]) == 2
 
 
@@ -135,8 +139,8 @@ async def test_the_same_team_answers_each_new_prompt_afresh(mailbox: Any, tree: 
     first = await demo.prompt(example.demo_prompt(str(tree), "import"), stream=False)
     second = await demo.prompt(example.demo_prompt(str(tree / "src"), "print"), stream=False)
     assert '"import" is on 4 lines' in first.result
-    assert '"print" is on 1 lines in 1 of 2 text files' in second.result
-    assert "4 lines in 2 text files" in second.result
+    assert '"print" is on 1 lines in 1 of 3 text files' in second.result
+    assert "4 lines in 3 text files" in second.result
     assert len(await mailbox.inbox("demo::searcher", "all")) == 2
     unclear = await demo.prompt("hello", stream=False)
     assert unclear.result.startswith("Please name a directory and a word")
@@ -150,4 +154,20 @@ def test_lattice_demo_runs_offline_on_the_built_in_tools(tree: Path, monkeypatch
     printed = out.getvalue()
     assert "the scripted offline model" in printed
     assert "searcher: Grep(" in printed and "counter: Bash(" in printed
-    assert '"import" is on 4 lines in 2 of 3 text files' in printed and "8 lines in 3 text files" in printed
+    assert '"import" is on 4 lines in 2 of 4 text files' in printed and "8 lines in 4 text files" in printed
+
+
+def test_lattice_demo_says_an_unreachable_provider_once(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run's error is the one ``error:`` line, not also a "the run failed" line above it."""
+    from typer.testing import CliRunner
+
+    from lattice_client.cli import EXIT_ERROR, app
+    from tests.e2e.conftest import free_port
+
+    monkeypatch.delenv("DEEPSEEK_API_KEY", raising=False)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", f"http://127.0.0.1:{free_port()}")
+    result = CliRunner().invoke(app, ["demo", str(tree)], env={"COLUMNS": "300"})
+    assert result.exit_code == EXIT_ERROR, result.output
+    said = [line for line in result.output.splitlines() if "could not reach the model provider" in line]
+    assert len(said) == 1 and said[0].startswith("error: the demo run failed: "), result.output

@@ -501,3 +501,27 @@ async def test_a_member_runs_stream_events_can_be_left_out_of_its_events(mailbox
     assert "stream_event" in seen[True] and "stream_event" not in seen[False]
     assert [t for t in seen[True] if t != "stream_event"] == seen[False]
     assert seen[False].count("team_message") == 2 and seen[False].count("team_agent") == 2
+
+
+async def test_team_send_run_again_for_the_same_call_sends_once(mailbox: Any) -> None:
+    """A ``team_send`` re-run after a crash (same call: same effect key, same text) returns the
+    message its first run sent; another call (another key) or another text sends anew."""
+    from types import SimpleNamespace
+
+    from lattice_worker.team.member_tools import MailboxToolState, make_mailbox_tools
+    from lattice_worker.tools.tool_result import ToolContext
+
+    [send] = [t for t in make_mailbox_tools() if t.name == "team_send"]
+    state = MailboxToolState(team_name="ms", self_name="a", member_names=["a", "b"], mailbox=mailbox)
+    runtime = SimpleNamespace(team_mailbox_state=state)
+
+    async def run(key: str, content: str = "hello b") -> str:
+        ctx = ToolContext(tool_use_id="toolu_1", tool_name="team_send", runtime=runtime, effect_key=key)
+        result = await send.invoke(send.parse_input({"to": "b", "content": content}), ctx)
+        assert not result.is_error, result
+        return json.loads(result.content)["message_id"]
+
+    first = await run("item-1:toolu_1")
+    assert await run("item-1:toolu_1") == first  # the re-run: nothing new sent
+    assert len({first, await run("item-2:toolu_1"), await run("item-1:toolu_1", "other text")}) == 3
+    assert len(await mailbox.inbox("ms::b", "all")) == 3

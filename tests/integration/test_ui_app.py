@@ -168,3 +168,53 @@ def test_a_runs_events_stream_ends_after_its_result(page: TestClient, seeded: La
         body = "".join(response.iter_text())
     assert response.headers["content-type"].startswith("text/event-stream")
     assert '"kind": "run_result"' in body and body.rstrip().endswith("event: end\ndata: {}")
+
+
+POSTS = ("/runs/run-evil/cancel", "/calls/resolve", "/calls/approve", "/calls/deny", "/mailbox/drain")
+
+
+def test_every_form_checks_its_csrf_token(page: TestClient, seeded: LatticeClient):
+    auth = ("ops", "s3cret")
+    page.get("/", auth=auth)  # sets the CSRF cookie
+    for path in POSTS:
+        for token in ({}, {"csrf_token": "f" * 64}):
+            data = {"confirmed": "yes", "id": "t::m", "decision": "retry", "reason": "r", **token}
+            refused = page.post(path, data=data, auth=auth)
+            assert refused.status_code == 403 and "CSRF" in refused.text, path
+    assert seeded.get_run("run-evil").status.value == "queued"
+    assert seeded._call(seeded.aio.mailbox.counts, "t::m").get("pending") == 1
+
+
+def test_bad_input_gets_a_clear_4xx_page_and_changes_nothing(page: TestClient, seeded: LatticeClient):
+    auth = ("ops", "s3cret")
+    for path in (
+        "/runs/run-nope",
+        "/runs/bad%20id%3Cx%3E",
+        "/runs/run-nope/events",
+        "/mailbox",
+        "/mailbox?id=nocolons",
+        "/runs?status=bogus",
+        "/mailbox?id=t::m&status=bogus",
+    ):
+        response = page.get(path, auth=auth)
+        assert 400 <= response.status_code < 500, (path, response.status_code, response.text[:300])
+        assert "<x>" not in response.text, path
+    token = _token(page.get("/runs/run-evil", auth=auth).text)
+    for path, data in (
+        ("/runs/run-nope/cancel", {"confirmed": "yes"}),
+        ("/runs/bad%20id/cancel", {"confirmed": "yes"}),
+        ("/calls/resolve", {"id": "", "decision": "retry", "confirmed": "yes"}),
+        ("/calls/approve", {"id": "nope", "confirmed": "yes"}),
+        ("/mailbox/drain", {"id": "t::m", "confirmed": "yes"}),
+        ("/mailbox/drain", {"id": "", "confirmed": "yes"}),
+    ):
+        response = page.post(path, data={"csrf_token": token, **data}, auth=auth)
+        assert 400 <= response.status_code < 500, (path, response.status_code, response.text[:300])
+    garbage = page.post(
+        "/runs/run-evil/cancel",
+        content=b"\xff\xfe not a form",
+        headers={"content-type": "multipart/form-data; boundary=x"},
+        auth=auth,
+    )
+    assert 400 <= garbage.status_code < 500, garbage.text[:300]
+    assert seeded.get_run("run-evil").status.value == "queued"

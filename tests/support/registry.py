@@ -16,14 +16,16 @@ def publish_fake_worker(
     *,
     node: str = "fake-worker@test",
     queues: list[str] | None = None,
+    mailboxes: tuple[str, ...] | list[str] = (),
     ttl_seconds: float = 120.0,
     client: Any = None,
 ) -> WorkerInfo:
     """Write the registry entry of a worker ``node`` serving ``teams``
-    (``{ref or name -> team name}``) under ``prefix``, expiring after ``ttl_seconds``."""
+    (``{ref or name -> team name}``, member ``mailboxes``) under ``prefix``, expiring after ``ttl_seconds``."""
     info = WorkerInfo(
         node=node,
         teams=teams,
+        mailboxes=list(mailboxes),
         queues=queues if queues is not None else sorted({f"{prefix}.{n}.lead" for n in teams.values()}),
         pool="threads",
         concurrency=1,

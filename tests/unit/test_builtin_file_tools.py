@@ -199,6 +199,20 @@ async def test_edit_replaces_exactly_once_or_all(ws: Path, tools) -> None:
     assert "replaced 2 occurrences" in text(every) and target.read_text() == "a == 2\nb == 1\n"
 
 
+async def test_edit_run_again_edits_again_so_it_is_not_declared_idempotent(ws: Path, tools) -> None:
+    """What a re-run after a crash would do: the same input changes the file a second time."""
+    target = ws / "name.txt"
+    target.write_text("a\n")
+    edit = {"file_path": "name.txt", "old_string": "a", "new_string": "ab"}
+    assert not (await call(tools, "Edit", edit)).is_error and target.read_text() == "ab\n"
+    assert not (await call(tools, "Edit", edit)).is_error and target.read_text() == "abb\n"
+    assert by_name(tools)["Edit"].effect == "unguarded"  # interrupted: parks, never re-run blindly
+    write = {"file_path": "name.txt", "content": "x\n"}
+    for _ in range(2):  # Write is: the same content again changes nothing
+        assert not (await call(tools, "Write", write)).is_error and target.read_text() == "x\n"
+    assert by_name(tools)["Write"].effect == "idempotent"
+
+
 async def test_edit_of_a_crlf_file_with_the_lines_read_shows(ws: Path, tools) -> None:
     """Read shows a CRLF file's lines without the CR, so the model copies LF text:
     Edit matches it against the CRLF lines and keeps the file's line endings."""

@@ -14,6 +14,7 @@ from lattice_worker import (
     AutoCompactOptions,
     ScriptedModelClient,
     create_bare_agent,
+    define_context_tracer,
     define_history_store,
     error_turn,
     text_turn,
@@ -264,6 +265,42 @@ async def test_compaction_past_the_threshold_rewrites_history_and_the_run_comple
     assert result.usage["input_tokens"] == 100 + 150_000 + 900 + 100 + 100
     assert result.usage["output_tokens"] == 10 * 4 + 40
     assert result.num_turns == 4  # the summary request is not a turn
+
+
+async def test_a_compaction_is_a_tracer_event_between_the_turns():
+    traced: list[dict[str, Any]] = []
+    client = ScriptedModelClient(
+        [
+            tool_turn(("step", {"n": 1}, "t1"), usage=SMALL),
+            tool_turn(("step", {"n": 2}, "t2"), usage=BIG),
+            summary_turn("SUMMARY: two steps done."),
+            text_turn("all done", usage=SMALL),
+        ]
+    )
+    agent = create_bare_agent(
+        model="main-model",
+        model_client=client,
+        tools=[step_tool()],
+        tracer=define_context_tracer(on_event=traced.append),
+        auto_compact=AutoCompactOptions(threshold_tokens=100_000, keep_recent_messages=2),
+    )
+    events = await events_of(agent)
+    assert events[-1].result == "all done"
+    types = [e["type"] for e in traced]
+    assert types.count("compaction") == 1
+    at = types.index("compaction")
+    assert types[at - 2 : at] == ["tool_result", "user_message"]  # after turn 2's tool results
+    assert types[at + 1] == "model_request"  # before turn 3
+    data = traced[at]["data"]
+    assert (data["trigger"], data["model"], data["compacted_messages"], data["retained_messages"]) == (
+        "threshold",
+        "main-model",
+        3,
+        2,
+    )
+    assert data["summary"] == "SUMMARY: two steps done."
+    assert data["usage"]["input_tokens"] == SUMMARY_USAGE["input_tokens"]
+    assert traced[at]["session_id"] == traced[0]["session_id"]
 
 
 async def test_prompt_model_and_max_tokens_of_the_options_are_used():

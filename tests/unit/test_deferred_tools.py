@@ -11,6 +11,7 @@ import pytest
 from pydantic import BaseModel
 
 from lattice_worker import (
+    AutoCompactOptions,
     ConfigError,
     ScriptedModelClient,
     create_bare_agent,
@@ -156,6 +157,45 @@ async def test_loads_survive_a_history_store_round_trip_into_a_new_agent():
     fresh = ScriptedModelClient([text_turn("hi")])
     await create_bare_agent(model_client=fresh, tools=catalog()).prompt("x", stream=False)
     assert "weather" not in tool_names(fresh.requests[0])
+
+
+async def test_loads_survive_a_compaction_into_a_new_agent_elsewhere():
+    """The tool_search call is summarised away; the summary message keeps a note of what it loaded."""
+    stored: list[dict] = []
+
+    def replace(messages):
+        stored[:] = messages
+
+    store = define_history_store(load=lambda: list(stored), append=stored.append, replace=replace)
+    big = {"input_tokens": 150_000, "output_tokens": 10}
+    first_client = ScriptedModelClient(
+        [
+            tool_turn((TOOL_SEARCH_NAME, {"query": "weather"}, "s1")),
+            tool_turn(("weather", {"q": "Rome"}, "w0"), usage=big),  # past the threshold: compacts next
+            text_turn("SUMMARY: the weather tool was loaded and used for Rome."),
+            tool_turn(("lookup_order", {"q": "1"}, "l1")),
+            text_turn("ok"),
+        ]
+    )
+    first = create_bare_agent(
+        model_client=first_client,
+        tools=catalog(),
+        history_store=store,
+        auto_compact=AutoCompactOptions(threshold_tokens=100_000, keep_recent_messages=2),
+    )
+    await first.prompt("load the weather tool and use it", stream=False)
+    assert not any(TOOL_SEARCH_NAME in json.dumps(m) for m in stored[1:])  # the search was summarised
+    assert loaded_in_history(stored) == {"weather"}
+    assert "weather" in tool_names(first_client.requests[-1])  # still loaded here
+
+    # another worker: a new Agent rebuilt from the compacted history
+    second_client = ScriptedModelClient([tool_turn(("weather", {"q": "Paris"}, "w1")), text_turn("sunny")])
+    second = create_bare_agent(model_client=second_client, tools=catalog(), history_store=store)
+    assert (await second.prompt("and Paris?", stream=False)).subtype == "success"
+    assert "weather" in tool_names(second_client.requests[0]) and "refund" not in tool_names(
+        second_client.requests[0]
+    )
+    assert results(await second.get_history())[-1]["content"] == "weather ran"
 
 
 async def test_replace_history_replaces_what_is_loaded():

@@ -166,7 +166,7 @@ def test_builtin_tools_have_the_documented_effects():
     for name in ("Read", "LS", "Glob", "Grep"):
         assert builtin_tool_effect(name) == ("read_only", None)
     assert builtin_tool_effect("Write") == ("idempotent", math.inf)
-    assert builtin_tool_effect("Edit") == ("idempotent", math.inf)
+    assert builtin_tool_effect("Edit") == ("unguarded", None)  # see the test below
     assert builtin_tool_effect("Bash") == ("unguarded", None)
     assert builtin_tool_effect("Other") == ("unguarded", None)
     assert set(BUILTIN_TOOL_EFFECTS) == {"Read", "LS", "Glob", "Grep", "Write", "Edit", "Bash"}

@@ -141,3 +141,21 @@ def test_worker_labels():
     assert worker_label(None, [WORKER]) == "-"
     other_host = WorkerInfo(node="n@other", hostname="other", pid=4242)
     assert worker_label("vm:4242:x", [other_host]) == "vm pid 4242 (not a live worker now)"
+
+
+def test_each_lead_segment_names_the_worker_its_lead_segment_event_names():
+    events = [
+        ("1-0", {"type": "lead_segment", "run_id": "r", "worker": "vm:999:abcdef", "attempt": 1}),
+        ("2-0", {"type": "system", "subtype": "init", "name": "lead"}),
+        ("3-0", {"type": "run_status", "status": "suspended", "run_id": "r"}),
+        ("8-0", {"type": "lead_segment", "run_id": "r", "worker": "vm:4242:123456", "attempt": 1}),
+        ("9-0", {"type": "system", "subtype": "init", "name": "lead"}),
+        ("10-0", {"type": "system", "subtype": "init", "name": "lead"}),  # an older worker's: no event
+    ]
+    timeline = build_timeline(events, [WORKER])
+    assert [(s.number, s.claimed_by, s.worker) for s in timeline.segments] == [
+        (1, "vm:999:abcdef", "vm pid 999 (not a live worker now)"),
+        (2, "vm:4242:123456", "lattice.e2e.1a2b3c4d@vm"),
+        (3, "", "-"),
+    ]
+    assert timeline.rows[0].summary == "the lead's segment starts on vm:999:abcdef (attempt 1)"

@@ -27,11 +27,12 @@
 --          the persisted history, else "0"); record / items / state / outcomes /
 --          usage: HGETALL replies (flat field, value lists), history / order:
 --          LRANGE replies, each empty when not asked for;
---          {0}: refused, the run is missing or not in the expected status
+--          {0, status}: refused, the run is not in the expected status (status:
+--          the one it is in, "" when the run is missing)
 -- errors   none
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= ARGV[1] then
-  return {0}
+  return {0, status or ''}
 end
 redis.call('HSET', KEYS[1], 'status', 'running', 'lease_token', ARGV[2], 'lease_until', ARGV[3],
   'updated_at', ARGV[4])

@@ -85,6 +85,7 @@ class RunLinkingMailbox:
         work_item_id: str | None = None,
         reply_to: str | None = None,
         metadata: dict[str, Any] | None = None,
+        dedup_key: str | None = None,
     ) -> TeamMessage:
         run_id = current_run.get()
         if run_id and work_item_id:
@@ -133,6 +134,7 @@ class RunLinkingMailbox:
             work_item_id=work_item_id,
             reply_to=reply_to,
             metadata=metadata,
+            **({"dedup_key": dedup_key} if dedup_key is not None else {}),
         )
 
 

@@ -68,13 +68,13 @@ async def run_lead(ctx: WorkerContext, run_id: str) -> str:
     worker owns the run now), ``"refused"`` (the run names a team this worker
     does not serve: it fails with an error naming the team and the worker;
     nothing is imported)."""
-    start = await _begin_segment(ctx, run_id, RunStatus.QUEUED)
+    start, seen = await _begin_segment(ctx, run_id, RunStatus.QUEUED)
     if start is None:
-        record = await ctx.runs.get(run_id)
-        if record is None:
+        if seen is None:
             logger.warning("run_lead: no run %s (prefix %s)", run_id, ctx.prefix)
             return "missing"
-        logger.info("run_lead: run %s is %s, not queued; nothing to do", run_id, record.status.value)
+        # (the status the refused start saw, not one read later: that may be "queued" again)
+        logger.info("run_lead: run %s is %s, not queued; nothing to do", run_id, seen)
         return "skipped"
     if start.record is None:  # deleted meanwhile
         return "missing"
@@ -85,7 +85,10 @@ async def run_lead(ctx: WorkerContext, run_id: str) -> str:
         await ctx.writer.flush()
 
 
-async def _begin_segment(ctx: WorkerContext, run_id: str, expect: RunStatus) -> SegmentStart | None:
+async def _begin_segment(
+    ctx: WorkerContext, run_id: str, expect: RunStatus
+) -> tuple[SegmentStart | None, str | None]:
+    # (the started segment or None, and when refused the status the run was in; None: missing)
     # one round trip: the start, the run record, the lead's persisted history,
     # the run's token usage so far and (to resume) its work items -- through the
     # context's writer, with what an earlier step of this task left queued
@@ -99,7 +102,7 @@ async def _begin_segment(ctx: WorkerContext, run_id: str, expect: RunStatus) -> 
         usage_key=ctx.keys.usage(run_id),
     )
     replies = await ctx.writer.write(commands, scripts=(source,))
-    return ctx.runs.begin_segment_reply(commands, replies)
+    return ctx.runs.begin_segment_reply(commands, replies), ctx.runs.begin_segment_refusal(replies)
 
 
 async def resume_lead(ctx: WorkerContext, run_id: str) -> str:
@@ -109,9 +112,9 @@ async def resume_lead(ctx: WorkerContext, run_id: str) -> str:
     suspension; a cancelled run is never resumed); else like :func:`run_lead`.
     A run the reaper re-enqueued after its worker died (recover flag) is
     rebuilt from its persisted state first (:func:`recover_segment`)."""
-    start = await _begin_segment(ctx, run_id, RunStatus.RESUMING)
+    start, seen = await _begin_segment(ctx, run_id, RunStatus.RESUMING)
     if start is None:
-        logger.info("resume_lead: run %s is not resuming; nothing to do", run_id)
+        logger.info("resume_lead: run %s is %s, not resuming; nothing to do", run_id, seen or "missing")
         return "skipped"
     if start.record is None:  # deleted meanwhile
         return "missing"
@@ -133,6 +136,16 @@ async def _guarded(
     try:
         async with lease:
             team = team_for_run(ctx, record)
+            await ctx.events.emit(
+                record.run_id,
+                {
+                    "type": "lead_segment",
+                    "run_id": record.run_id,
+                    "worker": ctx.worker_id,
+                    "attempt": lease.attempts,
+                    "resume": resume,
+                },
+            )
             if lease.recover:
                 agent, prompt = await recover_segment(ctx, team, record, lease)
                 if agent is None:

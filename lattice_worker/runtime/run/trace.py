@@ -19,7 +19,9 @@ for tracers that propagate nothing):
   = the run id, source ``{"kind": "team", "name": <team>}``. A child run (a
   nested team's) continues its parent run's trace: its root is a child of
   the parent's (the carrier its task message brought, kept in
-  ``metadata["lattice_parent"]["trace_carrier"]``). The root's carrier is
+  ``metadata["lattice_parent"]["trace_carrier"]``); a submitted run continues
+  its caller's trace when ``submit`` had one (``trace_parent``, kept in
+  ``metadata["lattice_caller"]["trace_carrier"]``). The root's carrier is
   queued with the segment's other writes (``RunStore.set_trace_carrier_call``:
   no round trip of its own; only the lease holder writes it, and the first
   one stays).
@@ -46,6 +48,7 @@ import asyncio
 import logging
 from typing import Any
 
+from lattice_client.caller_trace import CALLER_KEY
 from lattice_client.models import RunRecord
 from lattice_mailbox.message import TeamMessage
 
@@ -122,8 +125,13 @@ class RunTrace:
         if carrier is not None:
             return cls(tracer, run_id, carrier, None)
         parent = record.parent.run_id if record.parent is not None and record.parent.run_id else None
-        upstream = record.metadata.get("lattice_parent")
-        remote = _carrier(upstream.get(TRACE_CARRIER_KEY)) if isinstance(upstream, dict) else None
+        remote = None
+        # a child run continues its parent run's trace; a submitted run its caller's (submit's trace_parent)
+        for key in ("lattice_parent", CALLER_KEY):
+            upstream = record.metadata.get(key)
+            remote = remote or (
+                _carrier(upstream.get(TRACE_CARRIER_KEY)) if isinstance(upstream, dict) else None
+            )
         root = TraceEmitter(
             tracer,
             TraceContext(

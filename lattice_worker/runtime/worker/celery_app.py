@@ -128,6 +128,7 @@ def _start_heartbeat(sender: Any = None, **_: Any) -> None:
     info = worker_info(
         node=str(getattr(sender, "hostname", "") or process.worker_id()),
         teams=process.registry().publication(),
+        mailboxes=process.registry().mailbox_ids(),
         queues=list(app.amqp.queues.consume_from or {}),
         pool=pool_name(getattr(controller, "pool", None) or app.conf.worker_pool),
         concurrency=int(getattr(controller, "concurrency", 0) or 0),

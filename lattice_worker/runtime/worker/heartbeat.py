@@ -51,7 +51,13 @@ def pool_name(pool: Any) -> str:
 
 
 def worker_info(
-    node: str, teams: dict[str, str], queues: Iterable[str], pool: str, concurrency: int, interval_s: float
+    node: str,
+    teams: dict[str, str],
+    queues: Iterable[str],
+    pool: str,
+    concurrency: int,
+    interval_s: float,
+    mailboxes: Iterable[str] = (),
 ) -> WorkerInfo:
     """The entry a worker publishes (see :class:`~lattice_client.registry.WorkerInfo`)."""
     now = now_ms()
@@ -60,6 +66,7 @@ def worker_info(
         hostname=socket.gethostname(),
         pid=os.getpid(),
         teams=dict(teams),
+        mailboxes=sorted(mailboxes),
         queues=sorted(queues),
         pool=pool,
         concurrency=concurrency,

@@ -352,6 +352,10 @@ class TeamRegistry:
             raise TeamNotServedError(str(name), worker, self._teams)
         return team
 
+    def mailbox_ids(self) -> list[str]:
+        """Every member mailbox id (``team::member``) of the loaded teams, sorted."""
+        return sorted(team.mailbox_id(m.name) for team in self._teams.values() for m in team.members)
+
     def publication(self) -> dict[str, str]:
         """What the worker publishes in the live registry: ``{ref -> name}`` for every loaded
         reference plus ``{name -> name}`` for every team (nested ones included)."""

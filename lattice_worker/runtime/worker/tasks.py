@@ -36,6 +36,7 @@ from typing import Any
 from billiard.common import terminate_handler_fired
 from celery import current_task
 from celery.exceptions import WorkerShutdown, WorkerTerminate
+from celery.worker.request import Request
 from greenlet import GreenletExit
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -95,6 +96,22 @@ def _origin() -> tuple[str, str] | None:
     return task_id, getattr(request, "root_id", None) or task_id
 
 
+class StepRequest(Request):
+    """Celery's worker ``Request`` for the step tasks, whose ``task-started``
+    event also carries the ``routing_key`` (and ``exchange``) the message came
+    by: the member's queue (``<prefix>.<team>.<member>``). Flower shows it (its
+    task state takes the fields of every event); the worker sends no task-sent
+    event for its steps, the one that would carry it otherwise, and the fields
+    ride on an event the worker sends anyway (no extra publish)."""
+
+    def send_event(self, type: str, **fields: Any) -> None:  # noqa: A002 (Celery's name)
+        if type == "task-started":
+            info = self.delivery_info or {}
+            fields.setdefault("routing_key", info.get("routing_key"))
+            fields.setdefault("exchange", info.get("exchange"))
+        super().send_event(type, **fields)
+
+
 _RETRY = {
     # registered on this app only: Celery would otherwise add "shared" tasks to every app
     # created in the process (the client's apps only send tasks by name)
@@ -103,6 +120,7 @@ _RETRY = {
     "retry_backoff": True,
     "retry_backoff_max": 10,
     "max_retries": 5,
+    "Request": StepRequest,
 }
 
 
@@ -184,6 +202,7 @@ def register(app: Any) -> dict[str, Any]:
 
 __all__ = [
     "StepInterruptedError",
+    "StepRequest",
     "current_origin",
     "deliver",
     "register",

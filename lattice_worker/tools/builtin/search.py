@@ -11,9 +11,11 @@
   ``path`` (a directory, default the ``cwd``, or one file), as
   ``path:line:text``, sorted by path then line. ``glob`` keeps only the files
   whose path below ``path`` matches it (a pattern without ``/`` matches the
-  file name, e.g. ``*.py``). Hidden files and directories below ``path`` and
-  links to directories are skipped, binary files (a NUL byte in the first
-  8 KiB) too. A line longer than :data:`GREP_SCAN_CHARS` characters is
+  file name, e.g. ``*.py``). Hidden files and directories below ``path``,
+  the build and cache directories git and packaging leave out
+  (:data:`GREP_SKIPPED_DIRS`: ``__pycache__``, ``node_modules``,
+  ``*.egg-info``) and links to directories are skipped, binary files (a NUL
+  byte in the first 8 KiB) too. A line longer than :data:`GREP_SCAN_CHARS` characters is
   searched in pieces of that size (the matching piece is shown). At most
   :data:`GREP_MAX_LINES` lines are shown (each cut at
   :data:`GREP_MAX_LINE_CHARS` characters, ``MAX_OUTPUT_CHARS`` characters in
@@ -30,6 +32,7 @@ be interrupted.
 
 from __future__ import annotations
 
+import fnmatch
 import io
 import os
 import re
@@ -67,6 +70,10 @@ GREP_TIME_LIMIT_SECONDS = 60
 GREP_SCAN_CHARS = 1_000_000
 """A longer line is searched in pieces of this many characters (a match across
 two pieces is not found); bounds the memory one huge line takes."""
+
+GREP_SKIPPED_DIRS = ("__pycache__", "node_modules", "*.egg-info")
+"""Directory names (``fnmatch`` patterns) ``Grep`` does not descend into below its
+``path``, as it skips hidden ones: build output and caches, never sources."""
 
 _GLOB_FLAGS = wglob.GLOBSTAR | wglob.BRACE | wglob.NODIR
 _FILTER_FLAGS = wglob.GLOBSTAR | wglob.BRACE | wglob.MATCHBASE
@@ -120,7 +127,8 @@ def find_files(ws: Workspace, args: GlobInput, ctx: ToolContext) -> str:
 
 
 def _walk(root: str) -> Iterator[str]:
-    """Files below ``root`` in path order; hidden names and links to directories skipped."""
+    """Files below ``root`` in path order; hidden names, :data:`GREP_SKIPPED_DIRS`
+    and links to directories skipped."""
     try:
         with os.scandir(root) as it:
             entries = sorted(it, key=lambda e: e.name)
@@ -131,7 +139,8 @@ def _walk(root: str) -> Iterator[str]:
             continue
         try:
             if entry.is_dir(follow_symlinks=False):
-                yield from _walk(entry.path)
+                if not any(fnmatch.fnmatchcase(entry.name, skip) for skip in GREP_SKIPPED_DIRS):
+                    yield from _walk(entry.path)
             elif entry.is_file():
                 yield entry.path
         except OSError:
@@ -261,6 +270,7 @@ __all__ = [
     "GREP_MAX_LINES",
     "GREP_MAX_LINE_CHARS",
     "GREP_SCAN_CHARS",
+    "GREP_SKIPPED_DIRS",
     "GREP_TIME_LIMIT_SECONDS",
     "search_tools",
 ]
