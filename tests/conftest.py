@@ -19,10 +19,14 @@ touch the real home directory -- worker processes started by a test inherit it t
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
+import redis
 
-from tests.support.services import TEST_VARIABLES
+from tests.support.key_guard import KeyGuard
+from tests.support.services import REDIS_DB, REDIS_URL, TEST_VARIABLES
 
 _CLEARED_PREFIXES = ("LATTICE_", "FLOWER_", "ANTHROPIC_", "DEEPSEEK_")
 _removed: dict[str, str] = {}
@@ -62,3 +66,42 @@ def _no_leaked_variables():
 @pytest.fixture(autouse=True)
 def _private_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOME", str(tmp_path_factory.mktemp("home")))
+
+
+_guard: KeyGuard | None = None
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _key_guard_session() -> Iterator[None]:
+    """Starts the :class:`tests.support.key_guard.KeyGuard` when the test DB is not 0 (and Redis answers)."""
+    global _guard
+    if REDIS_DB != 0:
+        try:
+            _guard = KeyGuard(REDIS_URL)
+        except redis.RedisError:  # no Redis: the tests that need one fail saying so
+            _guard = None
+    yield
+    if _guard is not None:
+        _guard.close()
+        _guard = None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    try:
+        return (yield)
+    finally:
+        if _guard is not None:
+            _guard.seen()
+
+
+@pytest.fixture(autouse=True)
+def _keys_in_own_prefix_and_db(_key_guard_session: None) -> Iterator[None]:
+    """Fails a test that wrote to DB 0 or left keys outside ``test-*`` (see tests/support/key_guard.py)."""
+    guard = _guard
+    if guard is not None:
+        guard.before()
+    yield
+    if guard is not None:
+        problems = guard.after()
+        assert not problems, "this test " + "; ".join(problems)

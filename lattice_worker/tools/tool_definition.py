@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import json
 import functools
 import inspect
+import json
 import re
 import types
 from collections.abc import Callable, Mapping

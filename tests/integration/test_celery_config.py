@@ -24,7 +24,7 @@ from kombu.serialization import loads, prepare_accept_content
 
 from lattice_client.celery_config import make_celery_app, queue_name
 from lattice_client.settings import get_settings
-from tests.support.services import REDIS_URL
+from tests.support.services import REDIS_URL, settings_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(90)]
 
@@ -70,8 +70,8 @@ class ChannelRecorder:
 
 def test_two_deployments_on_one_redis_never_meet(token):
     prefix_a, prefix_b = f"test-{token}-a", f"test-{token}-b"
-    app_a = make_celery_app(get_settings(broker_url=REDIS_URL, key_prefix=prefix_a))
-    app_b = make_celery_app(get_settings(broker_url=REDIS_URL, key_prefix=prefix_b))
+    app_a = make_celery_app(settings_for(prefix_a))
+    app_b = make_celery_app(settings_for(prefix_b))
     queue = queue_name(prefix_a, "team", "lead")
     seen_key = f"{prefix_a}:seen"
 
@@ -120,7 +120,7 @@ def test_two_deployments_on_one_redis_never_meet(token):
 
 def test_pickle_messages_are_refused_by_the_configured_app():
     """The worker decodes with ``accept_content``: pickle is refused, JSON accepted."""
-    app = make_celery_app(get_settings(broker_url=REDIS_URL, key_prefix="test-pickle"))
+    app = make_celery_app(settings_for("test-pickle"))
     accept = prepare_accept_content(app.conf.accept_content)
     pickled = pickle.dumps([1, 2])
     with pytest.raises(ContentDisallowed):

@@ -23,8 +23,7 @@ import pytest
 from celery.contrib.testing.worker import start_worker
 
 from lattice_client.celery_config import make_celery_app, queue_name
-from lattice_client.settings import get_settings
-from tests.support.services import REDIS_URL
+from tests.support.services import REDIS_URL, settings_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
 
@@ -51,7 +50,7 @@ def wait_until(predicate, timeout: float, what: str):
 def test_lattice_flower_serves_the_api_with_basic_auth(prefix):
     port = free_port()
     flower = start_flower(prefix, "--port", str(port), env={"FLOWER_BASIC_AUTH": "ops:s3cret"})
-    app = make_celery_app(get_settings(broker_url=REDIS_URL, key_prefix=prefix))
+    app = make_celery_app(settings_for(prefix))
 
     @app.task(name="lattice.test_flower_noop", shared=False)
     def noop(tag: str) -> str:

@@ -27,11 +27,10 @@ from lattice_client import (
     RunResult,
     RunStatus,
     RunStore,
-    get_settings,
 )
 from lattice_mailbox import RedisMailbox
 from tests.support.registry import publish_fake_worker
-from tests.support.services import REDIS_URL
+from tests.support.services import REDIS_URL, settings_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
@@ -314,7 +313,7 @@ def test_bad_submit_input_writes_nothing(client, raw, prefix, team, prompt, kwar
 
 
 def test_prompt_over_the_size_bound_is_refused(prefix, raw):
-    settings = get_settings(broker_url=REDIS_URL, key_prefix=prefix, max_message_bytes=64)
+    settings = settings_for(prefix, max_message_bytes=64)
     with LatticeClient(settings=settings) as c:
         with pytest.raises(ValueError, match="over the bound of 64 bytes"):
             c.submit("example", "é" * 40)  # 80 bytes in UTF-8
@@ -638,7 +637,7 @@ def test_importing_lattice_client_never_imports_the_worker_side():
     code = (
         "import sys, lattice_client, lattice_client.client, lattice_client.cli, lattice_client.runstore\n"
         "from lattice_client import LatticeClient\n"
-        "LatticeClient(key_prefix='test-import').close()\n"
+        f"LatticeClient({REDIS_URL!r}, key_prefix='test-import').close()\n"
         "print('lattice_worker' in sys.modules, any(m.startswith('lattice_worker.') for m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)

@@ -21,7 +21,6 @@ import redis
 
 from lattice_client.celery_config import DELIVER_TASK, RESUME_LEAD_TASK, RUN_LEAD_TASK
 from lattice_client.runstore import RunStore
-from lattice_client.settings import get_settings
 from lattice_mailbox.redis import RedisMailbox
 from lattice_worker.errors import ConfigError
 from lattice_worker.runtime.lead import dispatch as lead_dispatch
@@ -34,7 +33,7 @@ from lattice_worker.runtime.worker.registry import TeamRegistry
 from lattice_worker.team.reports import parse_report_message
 from tests.e2e import teams
 from tests.e2e.teams import plan
-from tests.support.services import REDIS_URL
+from tests.support.services import REDIS_URL, settings_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
@@ -92,7 +91,7 @@ class Broker:
 
 @pytest.fixture
 async def env(prefix):
-    settings = get_settings(key_prefix=prefix, lease_seconds=5, max_attempts=2, reaper_interval_seconds=0.2)
+    settings = settings_for(prefix, lease_seconds=5, max_attempts=2, reaper_interval_seconds=0.2)
     mailbox = RedisMailbox(REDIS_URL, prefix=prefix)
     registry = TeamRegistry(mailbox)
     for ref in ("tests.e2e.teams:team", "tests.e2e.teams:session_team", "tests.e2e.teams:nested_team"):

@@ -14,7 +14,6 @@ import redis
 from rich.console import Console
 
 from lattice_client.runstore import RunStore
-from lattice_client.settings import get_settings
 from lattice_mailbox.redis import RedisMailbox
 from lattice_worker.errors import ConfigError
 from lattice_worker.runtime.lead import segment as lead_segment
@@ -23,7 +22,7 @@ from lattice_worker.runtime.worker.drain import run_drain
 from lattice_worker.runtime.worker.registry import TeamRegistry
 from tests.e2e.teams import plan
 from tests.support.registry import publish_fake_worker
-from tests.support.services import REDIS_URL
+from tests.support.services import REDIS_URL, settings_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
@@ -52,7 +51,7 @@ async def suspended_run(prefix: str, prompt: str) -> tuple[str, list]:
     runs = RunStore(REDIS_URL, prefix)
     rung: list = []
     ctx = WorkerContext(
-        settings=get_settings(key_prefix=prefix),
+        settings=settings_for(prefix),
         registry=registry,
         mailbox=mailbox,
         runs=runs,

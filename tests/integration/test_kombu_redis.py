@@ -20,7 +20,7 @@ from kombu.transport import redis as kombu_redis
 from lattice_client.celery_config import make_celery_app
 from lattice_client.kombu_redis import ALIAS, TRANSPORT_PATH, Channel, Transport
 from lattice_client.settings import get_settings
-from tests.support.services import REDIS_URL
+from tests.support.services import REDIS_URL, settings_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
@@ -111,7 +111,7 @@ def test_publishes_from_many_threads_all_land_under_the_prefix(prefix):
 
 
 def test_a_celery_app_of_make_celery_app_sends_through_it(prefix):
-    app = make_celery_app(get_settings(key_prefix=prefix, broker_url=REDIS_URL))
+    app = make_celery_app(settings_for(prefix))
     try:
         assert app.conf.broker_transport == ALIAS
         with app.connection_for_write() as conn:

@@ -27,7 +27,7 @@ from lattice_mailbox import redis as redis_store
 from lattice_mailbox.base import ClaimMissingError, ClaimTakenError
 from lattice_mailbox.redis import RedisMailbox
 from lattice_mailbox.validation import mailbox_tag
-from tests.support.services import REDIS_HOST, REDIS_PORT, REDIS_URL
+from tests.support.services import REDIS_DB, REDIS_HOST, REDIS_PORT, REDIS_URL
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
@@ -261,7 +261,7 @@ async def _consistent(raw: aioredis.Redis, prefix: str, box: str) -> dict[str, l
 
 
 async def test_send_cut_before_redis_sees_it_is_sent_again_and_stored_once(prefix, raw, proxy):
-    mb = RedisMailbox(f"redis://127.0.0.1:{proxy.port}/0", prefix=prefix)
+    mb = RedisMailbox(f"redis://127.0.0.1:{proxy.port}/{REDIS_DB}", prefix=prefix)
     await mb.send("t::lead", "t::w", "warm-up")  # loads the script, opens the connection
     proxy.mode = "drop_request"  # the connection dies before Redis sees the send
     sent = await mb.send("t::lead", "t::w", "lost")
@@ -275,7 +275,7 @@ async def test_send_cut_before_redis_sees_it_is_sent_again_and_stored_once(prefi
 
 
 async def test_send_whose_reply_was_lost_is_stored_once_not_twice(prefix, raw, proxy):
-    mb = RedisMailbox(f"redis://127.0.0.1:{proxy.port}/0", prefix=prefix)
+    mb = RedisMailbox(f"redis://127.0.0.1:{proxy.port}/{REDIS_DB}", prefix=prefix)
     await mb.send("t::lead", "t::w", "warm-up")
     proxy.mode = "drop_response"  # Redis runs the send, its reply never arrives
     sent = await mb.send("t::lead", "t::w", "maybe")
@@ -291,7 +291,7 @@ async def test_send_whose_reply_was_lost_is_stored_once_not_twice(prefix, raw, p
 
 
 async def test_a_claim_whose_reply_was_lost_is_found_by_its_token_not_claimed_again(prefix, raw, proxy):
-    mb = RedisMailbox(f"redis://127.0.0.1:{proxy.port}/0", prefix=prefix)
+    mb = RedisMailbox(f"redis://127.0.0.1:{proxy.port}/{REDIS_DB}", prefix=prefix)
     direct = RedisMailbox(REDIS_URL, prefix=prefix)
     first = await mb.send("t::lead", "t::w", "first")
     await mb.send("t::lead", "t::w", "second")
@@ -326,7 +326,7 @@ async def test_a_claim_whose_reply_was_lost_is_found_by_its_token_not_claimed_ag
 async def test_a_call_that_gets_no_answer_times_out_and_the_store_recovers(prefix, raw, proxy):
     # the store's connections write without redis-py's per-command task: reads are still
     # bounded by socket_timeout, and the timed-out connection is replaced
-    mb = RedisMailbox(f"redis://127.0.0.1:{proxy.port}/0", prefix=prefix, socket_timeout=0.5)
+    mb = RedisMailbox(f"redis://127.0.0.1:{proxy.port}/{REDIS_DB}", prefix=prefix, socket_timeout=0.5)
     await mb.send("t::lead", "t::w", "first")
     proxy.mode = "stall"
     with pytest.raises(RedisTimeoutError):

@@ -20,7 +20,6 @@ import redis
 
 from lattice_client.celery_config import DELIVER_TASK, RESUME_LEAD_TASK
 from lattice_client.runstore import RunStore
-from lattice_client.settings import get_settings
 from lattice_mailbox.redis import RedisMailbox
 from lattice_worker.runtime.member import step as member_step
 from lattice_worker.runtime.reaper import orphans as reaper_orphans
@@ -30,7 +29,8 @@ from lattice_worker.runtime.worker.registry import TeamRegistry
 from lattice_worker.team.member_tools import MailboxToolState
 from lattice_worker.team.reports import parse_report_message
 from tests.e2e.teams import plan
-from tests.integration.test_distributed_protocol import REDIS_URL, Broker, executions, submit
+from tests.integration.test_distributed_protocol import Broker, executions, submit
+from tests.support.services import REDIS_URL, settings_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
@@ -50,9 +50,7 @@ def prefix(prefix, monkeypatch):
 
 @pytest.fixture
 async def env(prefix):
-    settings = get_settings(
-        key_prefix=prefix, lease_seconds=LEASE_S, max_attempts=2, reaper_interval_seconds=0.2
-    )
+    settings = settings_for(prefix, lease_seconds=LEASE_S, max_attempts=2, reaper_interval_seconds=0.2)
     mailbox = RedisMailbox(REDIS_URL, prefix=prefix)
     registry = TeamRegistry(mailbox)
     registry.load("tests.e2e.teams:team")

@@ -20,14 +20,13 @@ import redis
 from lattice_client import AsyncLatticeClient, DecisionError
 from lattice_client.celery_config import DELIVER_TASK, RESUME_LEAD_TASK, RUN_LEAD_TASK
 from lattice_client.runstore import RunStore
-from lattice_client.settings import get_settings
 from lattice_mailbox.redis import RedisMailbox
 from lattice_worker.runtime.lead import segment as lead_segment
 from lattice_worker.runtime.member import step as member_step
 from lattice_worker.runtime.run.context import WorkerContext
 from lattice_worker.runtime.worker.registry import TeamRegistry
 from tests.e2e.effect_teams import lead_plan, member_plan
-from tests.support.services import REDIS_URL
+from tests.support.services import REDIS_URL, settings_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(90)]
 
@@ -91,7 +90,7 @@ class Env:
 @pytest.fixture
 async def env(tool_prefix):
     prefix = tool_prefix
-    settings = get_settings(key_prefix=prefix, lease_seconds=30, max_attempts=5)
+    settings = settings_for(prefix, lease_seconds=30, max_attempts=5)
     mailbox = RedisMailbox(REDIS_URL, prefix=prefix)
     registry = TeamRegistry(mailbox)
     registry.load("tests.e2e.effect_teams:team")

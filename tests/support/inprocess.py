@@ -11,13 +11,12 @@ from typing import Any
 
 from lattice_client.celery_config import DELIVER_TASK, RESUME_LEAD_TASK, RUN_LEAD_TASK
 from lattice_client.runstore import RunStore
-from lattice_client.settings import get_settings
 from lattice_mailbox.redis import RedisMailbox
 from lattice_worker.runtime.lead import segment as lead_segment
 from lattice_worker.runtime.member import step as member_step
 from lattice_worker.runtime.run.context import WorkerContext
 from lattice_worker.runtime.worker.registry import TeamRegistry
-from tests.support.services import REDIS_URL
+from tests.support.services import REDIS_URL, settings_for
 
 
 @dataclass
@@ -42,7 +41,7 @@ class Cluster:
 
     def worker(self, *teams: Any, exporter: Any = None) -> Worker:
         """A new worker serving ``teams`` (team objects, added to its own registry)."""
-        settings = get_settings(key_prefix=self.prefix, lease_seconds=5)
+        settings = settings_for(self.prefix, lease_seconds=5)
         mailbox = RedisMailbox(REDIS_URL, prefix=self.prefix)
         registry = TeamRegistry(mailbox)
         for team in teams:

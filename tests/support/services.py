@@ -19,6 +19,7 @@ what those need explicitly.
 from __future__ import annotations
 
 import os
+from typing import Any
 from urllib.parse import urlsplit
 
 TEST_REDIS_ENV = "LATTICE_TEST_REDIS_URL"
@@ -46,9 +47,23 @@ REDIS_HOST: str = _redis.hostname or "127.0.0.1"
 REDIS_PORT: int = _redis.port or 6379
 """TCP port of the tests' Redis."""
 
+REDIS_DB: int = int(_redis.path.strip("/") or 0)
+"""Database number of the tests' Redis (for URLs through a proxy in front of it)."""
+
+
+def settings_for(key_prefix: str, **overrides: Any) -> Any:
+    """``LatticeSettings`` for a test: the tests' Redis as broker (never the
+    library's default ``redis://127.0.0.1:6379/0``), key prefix ``key_prefix``,
+    plus keyword ``overrides`` (fields of ``LatticeSettings``; a ``broker_url``
+    among them wins, e.g. a proxy's or a private server's URL)."""
+    from lattice_client.settings import get_settings  # lazily: conftest imports this module first
+
+    return get_settings(**{"broker_url": REDIS_URL, "key_prefix": key_prefix, **overrides})
+
 
 __all__ = [
     "PG_URL",
+    "REDIS_DB",
     "REDIS_HOST",
     "REDIS_PORT",
     "REDIS_URL",
@@ -56,4 +71,5 @@ __all__ = [
     "TEST_REDIS_ENV",
     "TEST_SCREENSHOTS_ENV",
     "TEST_VARIABLES",
+    "settings_for",
 ]

@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from lattice_client.runstore import RunStore
-from lattice_client.settings import get_settings
 from lattice_worker.runtime.run.context import WorkerContext
-from tests.support.services import REDIS_URL
+from tests.support.services import REDIS_URL, settings_for
 
 
 def worker_context(prefix: str, send_task: Any = None) -> Any:
@@ -15,7 +14,7 @@ def worker_context(prefix: str, send_task: Any = None) -> Any:
     registry, no mailbox): for driving the worker's run-store writes directly.
     ``send_task``: where enqueued tasks go (default: dropped)."""
     return WorkerContext(
-        settings=get_settings(key_prefix=prefix, broker_url=REDIS_URL),
+        settings=settings_for(prefix),
         registry=None,
         mailbox=None,
         runs=RunStore(REDIS_URL, prefix),
