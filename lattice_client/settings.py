@@ -20,13 +20,15 @@ import difflib
 import os
 import re
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from lattice_mailbox.urls import mask_url
+
+from .model_limits import ModelLimit, check_limits
 
 ENV_PREFIX = "LATTICE_"
 """Prefix of every environment variable of agent-lattice."""
@@ -147,6 +149,18 @@ class LatticeSettings(BaseSettings):
     ``False`` turns that off (a re-claimed member starts over; meant for
     measuring the journal's cost). The lead's own tools are always journaled.
     Env: ``LATTICE_TOOL_JOURNAL``."""
+
+    model_limits: Annotated[dict[str, ModelLimit], NoDecode] = Field(default_factory=dict)
+    """Provider rate limits per model and API key, enforced by token buckets in
+    Redis that every worker shares (docs/configure.md, "Model rate limits").
+    JSON: ``{"<model or *>": {"requests_per_minute": N, "input_tokens_per_minute": N,
+    "output_tokens_per_minute": N}}`` (each optional, positive). Default: none.
+    Env: ``LATTICE_MODEL_LIMITS``."""
+
+    @field_validator("model_limits", mode="before")
+    @classmethod
+    def _check_model_limits(cls, value: Any) -> Any:
+        return check_limits(value)
 
     @model_validator(mode="before")
     @classmethod

@@ -89,7 +89,8 @@ async def run_events(request: Request) -> Response:
     """``/runs/{run_id}/events?after=ID``: the run's events after stream id
     ``ID`` (or ``Last-Event-ID``) as server-sent events, one JSON
     :class:`~lattice_client.ui.timeline.EventRow` each; ends after the
-    ``run_result`` event (an ``end`` event follows). ``404`` for an unknown run."""
+    ``run_result`` event (an ``end`` event follows). ``404`` for an unknown run,
+    ``400`` for an ``after`` / ``Last-Event-ID`` that is not a stream id."""
     ui: UiState = request.app.state.ui
     run_id = request.path_params["run_id"]
     try:
@@ -100,7 +101,11 @@ async def run_events(request: Request) -> Response:
         return Response(f"no run {run_id!r}\n", status_code=404, media_type="text/plain")
     after = request.headers.get("last-event-id") or _query(request, "after") or "0-0"
     if not all(part.isdigit() for part in after.split("-", 1)):
-        after = "0-0"
+        return Response(
+            f"bad event id {after!r}: give a stream id like 1700000000000-0 (or 0-0 for all events)\n",
+            status_code=400,
+            media_type="text/plain",
+        )
     runs = ui.client.runs
 
     async def stream() -> Any:

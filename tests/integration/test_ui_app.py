@@ -170,6 +170,16 @@ def test_a_runs_events_stream_ends_after_its_result(page: TestClient, seeded: La
     assert '"kind": "run_result"' in body and body.rstrip().endswith("event: end\ndata: {}")
 
 
+def test_a_runs_events_stream_refuses_an_after_that_is_not_a_stream_id(page: TestClient, seeded: LatticeClient):
+    auth = ("ops", "s3cret")
+    for after in ("garbage", "12-x", "-1"):
+        response = page.get(f"/runs/run-evil/events?after={after}", auth=auth)
+        assert response.status_code == 400, (after, response.status_code)
+        assert "stream id" in response.text and repr(after) in response.text
+    refused = page.get("/runs/run-evil/events", headers={"Last-Event-ID": "nope"}, auth=auth)
+    assert refused.status_code == 400
+
+
 POSTS = ("/runs/run-evil/cancel", "/calls/resolve", "/calls/approve", "/calls/deny", "/mailbox/drain")
 
 
