@@ -112,6 +112,11 @@ def _broker_options(settings: LatticeSettings) -> dict[str, Any]:
             "task_default_queue_type": "quorum",
             "task_create_missing_queue_type": "quorum",
             "worker_detect_quorum_queues": True,
+            # topic exchanges (a queue's routing key is its own name, no wildcards in
+            # it): Celery's native delayed delivery for quorum queues binds only those
+            # (a direct exchange gets a warning per queue at every worker start)
+            "task_default_exchange_type": "topic",
+            "task_create_missing_queue_exchange_type": "topic",
             "broker_transport_options": {
                 # a publish returns once RabbitMQ has the message (as Redis's LPUSH reply)
                 "confirm_publish": True,

@@ -18,6 +18,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from lattice_client.celery_config import queue_name
+from tests.e2e.teams import plan
 from tests.e2e.test_default_pool import (  # noqa: F401 (collected again here, on RabbitMQ)
     test_cancel_stops_a_member_working_on_the_default_pool,
     test_kill9_of_a_worker_with_many_calls_in_flight_recovers_them_all,
@@ -31,7 +33,7 @@ from tests.e2e.test_workers import (  # noqa: F401 (collected again here, on Rab
     test_e_cancel_with_no_worker_online_then_the_work_never_runs,
     test_f_a_pickled_task_message_is_refused_and_nothing_runs,
 )
-from tests.support.rabbitmq import amqp_vhost
+from tests.support.rabbitmq import amqp_vhost, queue_types
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(150)]
 
@@ -41,3 +43,20 @@ def e2e_broker_url() -> Iterator[str]:
     """A RabbitMQ vhost of the test's own as the deployments' broker."""
     with amqp_vhost("lattice-e2e") as url:
         yield url
+
+
+def test_team_queues_are_quorum_queues_and_the_worker_reports_its_amqp_broker(deployment, e2e_broker_url):
+    d = deployment
+    worker = d.worker("tests.e2e.teams:team", "--concurrency", "1")
+    result = d.client.submit("tests.e2e.teams:team", plan(("worker", "handoff", "q1"))).wait(timeout=60)
+    assert result.status == "completed", result
+    log = worker.log()
+    assert "transport:   amqp://guest:**@127.0.0.1:5672/" in log  # Celery's banner: the broker is RabbitMQ
+    assert "Global QoS is disabled" in log  # Celery found the quorum queues (they refuse global QoS)
+    assert "native delayed delivery do not support" not in log  # topic exchanges
+    types = queue_types(e2e_broker_url)
+    for member in ("lead", "worker", "other"):
+        assert types[queue_name(d.prefix, "e2e", member)] == "quorum", types
+    # the mailboxes, runs and registry stayed on Redis; RabbitMQ holds no queue of ours left with work
+    assert d.redis.exists(f"{d.prefix}:run:{{run:{result.run_id}}}")
+    assert all(d.queue_length(queue_name(d.prefix, "e2e", m)) == 0 for m in ("lead", "worker", "other"))

@@ -5,8 +5,8 @@
 on a new vhost (``rabbitmqctl add_vhost``, deleted afterwards with every queue
 and exchange in it); where ``rabbitmqctl`` cannot reach the node it yields the
 default vhost ``/`` and the test keeps to its key prefix (every queue and
-exchange name of a deployment carries it, lattice_client/celery_config.py) and
-deletes the queues it names. :func:`require_rabbitmq` skips the test, with the
+exchange name of a deployment carries it, lattice_client/celery_config.py); its
+queues then stay behind (deleting them needs their names or the management API). :func:`require_rabbitmq` skips the test, with the
 reason, only when nothing answers on 127.0.0.1:5672.
 """
 
@@ -17,7 +17,7 @@ import shutil
 import socket
 import subprocess
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -32,6 +32,16 @@ def rabbitmq_answers(timeout: float = 1.0) -> bool:
     """Whether something accepts a TCP connection on 127.0.0.1:5672."""
     try:
         with socket.create_connection((AMQP_HOST, AMQP_PORT), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def management_api_answers(timeout: float = 1.0) -> bool:
+    """Whether RabbitMQ's management API (HTTP, 127.0.0.1:15672) accepts a connection:
+    Flower reads queue lengths on RabbitMQ from it."""
+    try:
+        with socket.create_connection((AMQP_HOST, 15672), timeout=timeout):
             return True
     except OSError:
         return False
@@ -69,6 +79,24 @@ def amqp_vhost(prefix: str) -> Iterator[str]:
             _ctl("delete_vhost", vhost)
     else:
         yield f"{AMQP_ROOT}//"
+
+
+def queue_types(url: str) -> dict[str, str]:
+    """``{queue name: type}`` (``quorum``, ``classic``) of every queue on the
+    vhost of ``url`` (``rabbitmqctl list_queues``). Raises ``AssertionError``
+    when rabbitmqctl cannot list them."""
+    vhost = url.rsplit("/", 1)[1] or "/"
+    tool = shutil.which("rabbitmqctl")
+    assert tool is not None, "rabbitmqctl is not installed"
+    done = subprocess.run(
+        [tool, "-q", "list_queues", "-p", vhost, "--no-table-headers", "name", "type"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return dict(line.split("\t", 1) for line in done.stdout.splitlines() if "\t" in line)
 
 
 def _connection(url: str) -> Any:
@@ -121,23 +149,13 @@ def duplicate_message(url: str, queue: str) -> None:
         channel.close()
 
 
-def delete_queues(url: str, queues: Iterable[str]) -> None:
-    """Delete the named queues (missing ones are ignored): the cleanup on a shared vhost."""
-    with _connection(url) as conn:
-        for queue in queues:
-            channel = conn.channel()
-            with contextlib.suppress(Exception):
-                channel.queue_delete(queue=queue)
-            with contextlib.suppress(Exception):
-                channel.close()
-
-
 __all__ = [
     "AMQP_ROOT",
     "amqp_vhost",
-    "delete_queues",
+    "management_api_answers",
     "duplicate_message",
     "queue_length",
+    "queue_types",
     "rabbitmq_answers",
     "require_rabbitmq",
 ]
