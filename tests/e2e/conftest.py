@@ -1,8 +1,8 @@
 """End-to-end fixtures: real ``lattice worker`` processes on the real Redis.
 
 Each test gets a :class:`Deployment` on the broker the ``e2e_broker_url`` fixture
-names (the tests' Redis; a module overrides the fixture for RabbitMQ, e.g.
-tests/e2e/test_workers_amqp.py, and the mailboxes, runs and registry stay on the
+names (the tests' Redis; a RabbitMQ vhost in a module setting ``E2E_BROKER =
+"amqp"``, e.g. tests/e2e/test_workers_amqp.py, and the mailboxes, runs and registry stay on the
 tests' Redis): its own key prefix (``test-<uuid>``, so
 queues, mailboxes, runs and Celery's own keys never meet another test's), a
 client in the test process, and a way to start ``lattice worker ...``
@@ -209,9 +209,14 @@ class Deployment:
 
 
 @pytest.fixture
-def e2e_broker_url() -> str:
-    """The broker of the deployments (the tests' Redis); overridden for RabbitMQ."""
-    return REDIS_URL
+def e2e_broker_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The broker of the deployments: the tests' Redis, or a RabbitMQ vhost of the
+    test's own (tests/support/rabbitmq.py) in a module that sets ``E2E_BROKER = "amqp"``."""
+    if getattr(request.module, "E2E_BROKER", "redis") == "amqp":
+        with rabbitmq.amqp_vhost("lattice-e2e") as url:
+            yield url
+    else:
+        yield REDIS_URL
 
 
 @pytest.fixture

@@ -8,21 +8,14 @@ the registry stay on the tests' Redis.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from tests.e2e.test_flower import (  # noqa: F401 (collected again here, on RabbitMQ)
     test_g_flower_lists_the_workers_and_deliver_tasks,
     test_h_beside_an_all_queues_worker_two_member_workers_share_its_work_and_flower_shows_each_step,
 )
-from tests.support.rabbitmq import amqp_vhost
+
+E2E_BROKER = "amqp"
+"""The deployments' broker: a RabbitMQ vhost of each test's own (tests/e2e/conftest.py)."""
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(150)]
-
-
-@pytest.fixture
-def e2e_broker_url() -> Iterator[str]:
-    """A RabbitMQ vhost of the test's own as the deployments' broker."""
-    with amqp_vhost("lattice-flower") as url:
-        yield url

@@ -14,8 +14,6 @@ held and the reaper requeues the mailbox message after the lease, as on Redis.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from lattice_client.celery_config import queue_name
@@ -33,16 +31,12 @@ from tests.e2e.test_workers import (  # noqa: F401 (collected again here, on Rab
     test_e_cancel_with_no_worker_online_then_the_work_never_runs,
     test_f_a_pickled_task_message_is_refused_and_nothing_runs,
 )
-from tests.support.rabbitmq import amqp_vhost, queue_types
+from tests.support.rabbitmq import queue_types
+
+E2E_BROKER = "amqp"
+"""The deployments' broker: a RabbitMQ vhost of each test's own (tests/e2e/conftest.py)."""
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(150)]
-
-
-@pytest.fixture
-def e2e_broker_url() -> Iterator[str]:
-    """A RabbitMQ vhost of the test's own as the deployments' broker."""
-    with amqp_vhost("lattice-e2e") as url:
-        yield url
 
 
 def test_team_queues_are_quorum_queues_and_the_worker_reports_its_amqp_broker(deployment, e2e_broker_url):
