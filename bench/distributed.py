@@ -158,6 +158,17 @@ def figure_a(bench: Bench, args: argparse.Namespace) -> None:
               f"target <= 1.4x: {'met' if _median(c) <= 1.4 else 'NOT met'})")  # fmt: skip
 
 
+def _paired(sides: list[Deployment], args: argparse.Namespace) -> None:
+    """Round trips on every side, alternating their order run by run (warm-up ones not kept)."""
+    for side in sides:
+        side.ready()
+    for i in range(args.warmup + args.round_trips):
+        for side in sides if i % 2 == 0 else sides[::-1]:
+            elapsed = side.handoff(f"task {i}")
+            if i >= args.warmup:
+                side.times.append(elapsed)
+
+
 def figure_d(bench: Bench, args: argparse.Namespace) -> None:
     print()
     print(
@@ -172,13 +183,7 @@ def figure_d(bench: Bench, args: argparse.Namespace) -> None:
             Deployment(bench, "nojournal", {"LATTICE_TOOL_JOURNAL": "0"}, TOOL_TEAM_REF, "bench_tool"),
         ]
         try:
-            for side in sides:
-                side.ready()
-            for i in range(args.warmup + args.round_trips):
-                for side in sides if i % 2 == 0 else sides[::-1]:
-                    elapsed = side.handoff(f"task {i}")
-                    if i >= args.warmup:
-                        side.times.append(elapsed)
+            _paired(sides, args)
         finally:
             for side in sides:
                 side.close()
@@ -211,13 +216,7 @@ def figure_r(bench: Bench, args: argparse.Namespace) -> None:
         amqp_side.broker, amqp_side.mailbox_url = args.amqp_url, bench.broker
         sides = [redis_side, amqp_side]
         try:
-            for side in sides:
-                side.ready()
-            for i in range(args.warmup + args.round_trips):
-                for side in sides if i % 2 == 0 else sides[::-1]:
-                    elapsed = side.handoff(f"task {i}")
-                    if i >= args.warmup:
-                        side.times.append(elapsed)
+            _paired(sides, args)
         finally:
             for side in sides:
                 side.close()
