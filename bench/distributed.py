@@ -51,6 +51,10 @@
     (the default) beside a deployment without it (``LATTICE_TOOL_JOURNAL=0``),
     each under its own key prefix, side by side and paired run by run.
     Printed: medians and the ratio journaled / not journaled.
+(r) **RabbitMQ as the broker** (``--figures r``). The handoff round trip of
+    (a) on two deployments side by side, paired run by run: broker Redis, and
+    broker RabbitMQ (``--amqp-url``, quorum queues) with the mailboxes, runs
+    and registry on the same Redis. Printed: medians and RabbitMQ / Redis.
 (c) **Throughput scaling** (target >= 0.8 of linear). ``--runs-c`` runs (200),
     100 ms per model call, all submitted at once, on 1, 2 and 4 worker
     processes (``--concurrency 1`` each): runs/s and
@@ -73,6 +77,7 @@ request counting), ``distributed_procs.py`` (Redis and the worker processes),
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -99,7 +104,9 @@ def _median(values: list[float]) -> float:
 def figure_a(bench: Bench, args: argparse.Namespace) -> None:
     print()
     print("(a) handoff round trip: submit -> lead (worker 1) -> member (worker 2) -> lead -> result;")
-    print("    beside a STOCK Celery app (Celery(broker, backend), default prefork pool, -E): its no-op round")
+    print(
+        "    beside a STOCK Celery app (Celery(broker, backend), default prefork pool, -E): its no-op round"
+    )
     print("    trip and its three-hop chain across two workers, interleaved run by run")
     if args.trace:
         trace_one_handoff(bench, args.trace_latency)
@@ -151,6 +158,17 @@ def figure_a(bench: Bench, args: argparse.Namespace) -> None:
               f"target <= 1.4x: {'met' if _median(c) <= 1.4 else 'NOT met'})")  # fmt: skip
 
 
+def _paired(sides: list[Deployment], args: argparse.Namespace) -> None:
+    """Round trips on every side, alternating their order run by run (warm-up ones not kept)."""
+    for side in sides:
+        side.ready()
+    for i in range(args.warmup + args.round_trips):
+        for side in sides if i % 2 == 0 else sides[::-1]:
+            elapsed = side.handoff(f"task {i}")
+            if i >= args.warmup:
+                side.times.append(elapsed)
+
+
 def figure_d(bench: Bench, args: argparse.Namespace) -> None:
     print()
     print(
@@ -165,13 +183,7 @@ def figure_d(bench: Bench, args: argparse.Namespace) -> None:
             Deployment(bench, "nojournal", {"LATTICE_TOOL_JOURNAL": "0"}, TOOL_TEAM_REF, "bench_tool"),
         ]
         try:
-            for side in sides:
-                side.ready()
-            for i in range(args.warmup + args.round_trips):
-                for side in sides if i % 2 == 0 else sides[::-1]:
-                    elapsed = side.handoff(f"task {i}")
-                    if i >= args.warmup:
-                        side.times.append(elapsed)
+            _paired(sides, args)
         finally:
             for side in sides:
                 side.close()
@@ -183,6 +195,45 @@ def figure_d(bench: Bench, args: argparse.Namespace) -> None:
     verdict = "met" if _median(ratios) <= 1.25 else "NOT met"
     print(f"    ratio median {_median(ratios):.2f}x (spread {min(ratios):.2f}-{max(ratios):.2f}; "
           f"target <= 1.25x: {verdict})")  # fmt: skip
+
+
+def figure_r(bench: Bench, args: argparse.Namespace) -> None:
+    """(r) the handoff round trip with RabbitMQ as the broker beside Redis, paired run by run."""
+    from kombu import Connection
+
+    print()
+    print(
+        f"(r) handoff round trip, broker RabbitMQ ({args.amqp_url.split('@')[-1]}, quorum queues; mailboxes,"
+    )
+    print("    runs and registry on the bench's Redis) beside broker Redis, paired run by run")
+    ratios: list[float] = []
+    for rep in range(args.repeats):
+        print(f"    {load()}")
+        redis_side = Deployment(bench, "redis", {})
+        amqp_side = Deployment(
+            bench, "amqp", {"LATTICE_BROKER_URL": args.amqp_url, "LATTICE_MAILBOX_URL": bench.broker}
+        )
+        amqp_side.broker, amqp_side.mailbox_url = args.amqp_url, bench.broker
+        sides = [redis_side, amqp_side]
+        try:
+            _paired(sides, args)
+        finally:
+            for side in sides:
+                side.close()
+            bench.stop_all()
+            with Connection(args.amqp_url) as conn:  # the quorum queues outlive the workers
+                for member in ("lead", "echo", "default"):
+                    channel = conn.channel()
+                    with contextlib.suppress(Exception):
+                        queue = f"{amqp_side.prefix}.{'bench.' if member != 'default' else ''}{member}"
+                        channel.queue_delete(queue=queue)
+                    with contextlib.suppress(Exception):
+                        channel.close()
+        on_redis, on_amqp = (_median(side.times) for side in sides)
+        ratios.append(on_amqp / on_redis)
+        print(f"    rep {rep + 1}  broker Redis median {on_redis * 1000:7.2f} ms   broker RabbitMQ median "
+              f"{on_amqp * 1000:7.2f} ms   ratio RabbitMQ/Redis {ratios[-1]:.2f}x", flush=True)  # fmt: skip
+    print(f"    ratio median {_median(ratios):.2f}x (spread {min(ratios):.2f}-{max(ratios):.2f})")
 
 
 # --------------------------------------------------------------------------- (b) many calls in flight
@@ -311,7 +362,10 @@ def figure_c(bench: Bench, args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--figures", default="a,d,b,c", help="which figures (default a,d,b,c)")
+    parser.add_argument("--figures", default="a,d,b,c", help="which figures (default a,d,b,c; r: RabbitMQ)")
+    parser.add_argument(
+        "--amqp-url", default="amqp://guest:guest@127.0.0.1:5672//", help="(r) the RabbitMQ broker"
+    )
     parser.add_argument(
         "--broker-url", default=None, help="use this Redis (default: start a private redis-server)"
     )
@@ -322,7 +376,9 @@ def main(argv: list[str] | None = None) -> int:
         "--held-compare", action="store_true", help="(a) also with plain evalsha, interleaved"
     )
     parser.add_argument(
-        "--chain-variants", default="", help="(a) stock chains beside the stock one: no-events,acks-late,prefetch-1,results"
+        "--chain-variants",
+        default="",
+        help="(a) stock chains beside the stock one: no-events,acks-late,prefetch-1,results",
     )
     parser.add_argument("--trace", action="store_true", help="(a) print the Redis requests of one handoff")
     parser.add_argument(
@@ -353,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
             figure_a(bench, args)
         if "d" in figures:
             figure_d(bench, args)
+        if "r" in figures:
+            figure_r(bench, args)
         if "b" in figures:
             figure_b(bench, args)
         if "c" in figures:

@@ -96,13 +96,16 @@ class Deployment:
         self.member = bench.lattice_worker("--member", "echo", env=env, team_ref=team_ref)
         self.client_class = LatticeClient
         self.broker = bench.broker
+        self.mailbox_url: str | None = None  # the mailbox Redis when the broker is RabbitMQ
         self.client: Any = None
         self.times: list[float] = []
 
     def ready(self) -> None:
         self.lead.wait_ready()
         self.member.wait_ready()
-        self.client = self.client_class(broker_url=self.broker, key_prefix=self.prefix)
+        self.client = self.client_class(
+            broker_url=self.broker, mailbox_url=self.mailbox_url, key_prefix=self.prefix
+        )
 
     def handoff(self, text: str) -> float:
         t0 = time.perf_counter()

@@ -127,8 +127,9 @@ class AsyncLatticeClient(SubmitMixin, ViewsMixin, DecisionsMixin):
     :meth:`status`, :meth:`inbox` and the other views: :mod:`lattice_client.views`.
 
     Arguments override the settings (``LATTICE_*`` environment variables, see
-    :class:`~lattice_client.settings.LatticeSettings`): ``broker_url`` (Redis),
-    ``mailbox_url`` (default: the broker URL), ``key_prefix``. Raises
+    :class:`~lattice_client.settings.LatticeSettings`): ``broker_url`` (Redis or
+    RabbitMQ), ``mailbox_url`` (default: the broker URL; required with RabbitMQ),
+    ``key_prefix``. Raises
     ``pydantic.ValidationError`` (a ``ValueError``) on bad settings. Nothing
     connects until the first call. Use ``async with`` or :meth:`aclose`.
     """
@@ -143,7 +144,7 @@ class AsyncLatticeClient(SubmitMixin, ViewsMixin, DecisionsMixin):
     ) -> None:
         self.settings = _resolve_settings(settings, broker_url, mailbox_url, key_prefix)
         self.runs = RunStore(
-            self.settings.broker_url, prefix=self.settings.key_prefix, max_events=self.settings.max_run_events
+            self.settings.state_url, prefix=self.settings.key_prefix, max_events=self.settings.max_run_events
         )
         self._mailbox: Any = None
         self._celery: Celery | None = None

@@ -33,7 +33,7 @@ from celery import Celery
 from lattice_mailbox.connections import CONNECT_TIMEOUT_SECONDS, keepalive_options
 
 from .kombu_redis import ALIAS as KOMBU_TRANSPORT
-from .settings import LatticeSettings, get_settings
+from .settings import LatticeSettings, get_settings, is_amqp_url
 
 HEALTH_CHECK_SECONDS = 10
 """kombu's ``health_check_interval`` (seconds): a broker connection idle longer is
@@ -43,6 +43,12 @@ Pub/Sub connections (a half-open one is dropped after ``brpop_timeout`` + this).
 BROKER_SOCKET_TIMEOUT_SECONDS = 10
 """kombu's ``socket_timeout`` (seconds) on broker connections: the longest a
 publish, an ack or a task event waits for Redis's reply before it fails."""
+
+AMQP_HEARTBEAT_SECONDS = 30
+"""AMQP heartbeat (seconds) of RabbitMQ broker connections: a worker that stops
+answering (frozen host, cut network) loses its connection after about two of
+these, and RabbitMQ redelivers its unacked messages to another worker (a
+kill -9 closes the socket, which redelivers at once)."""
 
 LEAD_MEMBER = "lead"
 """Member name of a team's lead queue: ``queue_name(prefix, team, LEAD_MEMBER)``."""
@@ -73,35 +79,67 @@ def _is_redis_url(url: str) -> bool:
     return url.split("://", 1)[0].lower() == "redis"  # (rediss: kombu's own, for TLS)
 
 
+def _redis_transport_options(prefix: str) -> dict[str, Any]:
+    return {
+        "global_keyprefix": f"{prefix}:",
+        "fanout_prefix": True,
+        "fanout_patterns": True,
+        # kombu's redis-py connections (see docs/contracts.md, "Connections"): a
+        # pooled connection closed by the server is replaced before a publish
+        # (redis-py's blocking pool polls its socket); one idle longer than
+        # this is PING-ed first; never a resent publish on a timeout
+        # (a duplicate task); dead peers found by TCP keepalive
+        "health_check_interval": HEALTH_CHECK_SECONDS,
+        "retry_on_timeout": False,
+        # a broker command that gets no reply fails after this (seconds) instead of
+        # waiting forever: on the asyncio pool a step's publish blocks the loop every
+        # step of the process shares (kombu's BRPOP waits 1 s, well inside it)
+        "socket_timeout": BROKER_SOCKET_TIMEOUT_SECONDS,
+        "socket_connect_timeout": CONNECT_TIMEOUT_SECONDS,
+        "socket_keepalive": True,
+        "socket_keepalive_options": keepalive_options(),
+    }
+
+
+def _broker_options(settings: LatticeSettings) -> dict[str, Any]:
+    """The broker part of the configuration: Redis (our kombu transport, key
+    prefix) or RabbitMQ (quorum queues, publisher confirms)."""
+    if is_amqp_url(settings.broker_url):
+        return {
+            # quorum queues (replicated, durable): every task queue, declared or
+            # created on first use; Celery then turns global QoS off (quorum queues
+            # refuse it) and keeps prefetch per consumer. No priorities are used.
+            "task_default_queue_type": "quorum",
+            "task_create_missing_queue_type": "quorum",
+            "worker_detect_quorum_queues": True,
+            # topic exchanges (a queue's routing key is its own name, no wildcards in
+            # it): Celery's native delayed delivery for quorum queues binds only those
+            # (a direct exchange gets a warning per queue at every worker start)
+            "task_default_exchange_type": "topic",
+            "task_create_missing_queue_exchange_type": "topic",
+            "broker_transport_options": {
+                # a publish returns once RabbitMQ has the message (as Redis's LPUSH reply)
+                "confirm_publish": True,
+            },
+            "broker_heartbeat": AMQP_HEARTBEAT_SECONDS,
+            "broker_connection_timeout": CONNECT_TIMEOUT_SECONDS,
+        }
+    options: dict[str, Any] = {"broker_transport_options": _redis_transport_options(settings.key_prefix)}
+    if _is_redis_url(settings.broker_url):
+        # kombu's Redis transport with one redis-py client per channel (lattice_client/kombu_redis.py)
+        options["broker_transport"] = KOMBU_TRANSPORT
+    return options
+
+
 def celery_config(settings: LatticeSettings) -> dict[str, Any]:
     """The Celery configuration (a dict for ``app.conf.update``) for ``settings``."""
     prefix = settings.key_prefix
     default_queue = f"{prefix}.default"
     return {
         "broker_url": settings.broker_url,
-        # kombu's Redis transport with one redis-py client per channel (lattice_client/kombu_redis.py)
-        **({"broker_transport": KOMBU_TRANSPORT} if _is_redis_url(settings.broker_url) else {}),
         "broker_connection_retry_on_startup": True,
         "broker_connection_retry": True,  # a lost broker connection is re-made, not fatal
-        "broker_transport_options": {
-            "global_keyprefix": f"{prefix}:",
-            "fanout_prefix": True,
-            "fanout_patterns": True,
-            # kombu's redis-py connections (see docs/contracts.md, "Connections"): a
-            # pooled connection closed by the server is replaced before a publish
-            # (redis-py's blocking pool polls its socket); one idle longer than
-            # this is PING-ed first; never a resent publish on a timeout
-            # (a duplicate task); dead peers found by TCP keepalive
-            "health_check_interval": HEALTH_CHECK_SECONDS,
-            "retry_on_timeout": False,
-            # a broker command that gets no reply fails after this (seconds) instead of
-            # waiting forever: on the asyncio pool a step's publish blocks the loop every
-            # step of the process shares (kombu's BRPOP waits 1 s, well inside it)
-            "socket_timeout": BROKER_SOCKET_TIMEOUT_SECONDS,
-            "socket_connect_timeout": CONNECT_TIMEOUT_SECONDS,
-            "socket_keepalive": True,
-            "socket_keepalive_options": keepalive_options(),
-        },
+        **_broker_options(settings),
         # JSON only: a pickled message is refused by the worker (ContentDisallowed).
         "task_serializer": "json",
         "accept_content": ["json"],
@@ -148,6 +186,7 @@ def make_celery_app(settings: LatticeSettings | None = None, *, name: str = "lat
 
 
 __all__ = [
+    "AMQP_HEARTBEAT_SECONDS",
     "BROKER_SOCKET_TIMEOUT_SECONDS",
     "DELIVER_TASK",
     "LEAD_MEMBER",

@@ -18,9 +18,10 @@ and re-exports the asyncio one from :mod:`lattice_client.async_client` (its
 submit path in :mod:`lattice_client.submit`, its status and inbox views in
 :mod:`lattice_client.views`), so ``lattice_client.client`` names the whole API.
 
-Where things live: run records, their event streams and the team registry in
-the broker's Redis (``settings.broker_url``); mailboxes at
-``settings.mailbox_url``; every key starts with ``settings.key_prefix``.
+Where things live: run records, their event streams and the live worker
+registry in ``settings.state_url`` (the broker's Redis, or the mailbox Redis
+with a RabbitMQ broker); mailboxes at ``settings.mailbox_url``; every key
+starts with ``settings.key_prefix``.
 """
 
 from __future__ import annotations
@@ -261,7 +262,7 @@ class LatticeClient(SyncDecisionsMixin):
         # the blocking client of wait and submit (its connection pool is thread-safe)
         with self._blocking_lock:
             if self._blocking is None:
-                self._blocking = sync_redis(self.settings.broker_url, decode_responses=True)
+                self._blocking = sync_redis(self.settings.state_url, decode_responses=True)
             return self._blocking
 
     def events(self, run_id: str, timeout: float | None = None) -> Iterator[dict[str, Any]]:

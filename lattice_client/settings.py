@@ -20,13 +20,15 @@ import difflib
 import os
 import re
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from lattice_mailbox.urls import mask_url
+
+from .model_limits import ModelLimit, check_limits
 
 ENV_PREFIX = "LATTICE_"
 """Prefix of every environment variable of agent-lattice."""
@@ -55,7 +57,10 @@ _URL_FIELDS = ("broker_url", "mailbox_url")
 KEY_PREFIX_PATTERN = re.compile(r"[A-Za-z0-9_.-]+")
 """Characters allowed in a key prefix (it becomes part of Redis keys and queue names)."""
 
-_BROKER_SCHEMES = ("redis", "rediss", "redis+socket")
+_REDIS_BROKER_SCHEMES = ("redis", "rediss", "redis+socket")
+_AMQP_BROKER_SCHEMES = ("amqp", "amqps", "pyamqp")
+_BROKER_SCHEMES = _REDIS_BROKER_SCHEMES + _AMQP_BROKER_SCHEMES
+_STATE_SCHEMES = ("redis", "rediss", "unix", "redis+cluster")
 
 
 class LatticeSettings(BaseSettings):
@@ -76,8 +81,11 @@ class LatticeSettings(BaseSettings):
     )
 
     broker_url: str = DEFAULT_BROKER_URL
-    """Celery broker URL (Redis: ``redis://``, ``rediss://`` or ``redis+socket://``).
-    Run records, run event streams and the team registry live here too.
+    """Celery broker URL: Redis (``redis://``, ``rediss://``, ``redis+socket://``)
+    or RabbitMQ (``amqp://``, ``amqps://``, ``pyamqp://``; quorum queues). With a
+    Redis broker, run records, run event streams and the live worker registry
+    live there too; with RabbitMQ they live on ``mailbox_url`` (see
+    :attr:`state_url`), which must then be a Redis URL.
     Default ``redis://127.0.0.1:<redis_port>/0``. Env: ``LATTICE_BROKER_URL``."""
 
     redis_port: int = Field(default=DEFAULT_REDIS_PORT, ge=1, le=65535)
@@ -87,7 +95,8 @@ class LatticeSettings(BaseSettings):
 
     mailbox_url: str = ""
     """Where the team mailboxes live: ``redis://…``, ``sqlite:///…``,
-    ``postgresql://…`` or ``memory://``. Default: the broker URL.
+    ``postgresql://…`` or ``memory://``. Default: the broker URL when it is
+    Redis; required (a Redis URL) with an ``amqp://`` broker.
     Env: ``LATTICE_MAILBOX_URL``."""
 
     key_prefix: str = "lattice"
@@ -141,6 +150,18 @@ class LatticeSettings(BaseSettings):
     measuring the journal's cost). The lead's own tools are always journaled.
     Env: ``LATTICE_TOOL_JOURNAL``."""
 
+    model_limits: Annotated[dict[str, ModelLimit], NoDecode] = Field(default_factory=dict)
+    """Provider rate limits per model and API key, enforced by token buckets in
+    Redis that every worker shares (docs/configure.md, "Model rate limits").
+    JSON: ``{"<model or *>": {"requests_per_minute": N, "input_tokens_per_minute": N,
+    "output_tokens_per_minute": N}}`` (each optional, positive). Default: none.
+    Env: ``LATTICE_MODEL_LIMITS``."""
+
+    @field_validator("model_limits", mode="before")
+    @classmethod
+    def _check_model_limits(cls, value: Any) -> Any:
+        return check_limits(value)
+
     @model_validator(mode="before")
     @classmethod
     def _mailbox_defaults_to_broker(cls, data: Any) -> Any:
@@ -148,9 +169,16 @@ class LatticeSettings(BaseSettings):
             data = dict(data)
             if not data.get("broker_url"):
                 data["broker_url"] = default_broker_url(data.get("redis_port"))
-            if not data.get("mailbox_url"):
+            if not data.get("mailbox_url") and not is_amqp_url(str(data["broker_url"])):
                 data["mailbox_url"] = data["broker_url"]
         return data
+
+    @property
+    def state_url(self) -> str:
+        """The Redis URL (str) of run records, run event streams and the live
+        worker registry: ``broker_url`` when the broker is Redis, else
+        ``mailbox_url`` (checked to be a Redis URL at validation)."""
+        return self.mailbox_url if is_amqp_url(self.broker_url) else self.broker_url
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         # repr() and str() show URLs without their password
@@ -163,8 +191,26 @@ class LatticeSettings(BaseSettings):
         scheme = urlsplit(value).scheme
         if scheme not in _BROKER_SCHEMES:
             raise ValueError(
-                f"broker_url must be a Redis URL ({', '.join(s + '://' for s in _BROKER_SCHEMES)}), "
+                f"broker_url must be a Redis or RabbitMQ URL ({', '.join(s + '://' for s in _BROKER_SCHEMES)}), "
                 f"got {mask_url(value)!r}"
+            )
+        return value
+
+    @field_validator("mailbox_url")
+    @classmethod
+    def _check_state_on_redis(cls, value: str, info: ValidationInfo) -> str:
+        broker = info.data.get("broker_url")
+        if broker is None or not is_amqp_url(broker):
+            return value
+        if not value:
+            raise ValueError(
+                f"the broker {mask_url(broker)!r} is RabbitMQ: mailbox_url must name the Redis of the "
+                "mailboxes, runs and worker registry (e.g. redis://127.0.0.1:6379/0), it has no default then"
+            )
+        if urlsplit(value).scheme not in _STATE_SCHEMES:
+            raise ValueError(
+                "with a RabbitMQ broker runs and the worker registry live on mailbox_url, which must then be "
+                f"a Redis URL ({', '.join(s + '://' for s in _STATE_SCHEMES)}), got {mask_url(value)!r}"
             )
         return value
 
@@ -190,6 +236,11 @@ class LatticeSettings(BaseSettings):
             data["mailbox_url"] = ""
         data.update(given)
         return LatticeSettings(**data)
+
+
+def is_amqp_url(url: str) -> bool:
+    """Whether ``url`` names a RabbitMQ broker (``amqp://``, ``amqps://``, ``pyamqp://``)."""
+    return urlsplit(url).scheme.lower() in _AMQP_BROKER_SCHEMES
 
 
 def default_broker_url(port: Any = None) -> str:
@@ -243,6 +294,7 @@ __all__ = [
     "LatticeSettings",
     "default_broker_url",
     "get_settings",
+    "is_amqp_url",
     "setting_variables",
     "unknown_variables",
 ]

@@ -20,7 +20,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ..settings import LatticeSettings, get_settings, unknown_variables
+from ..settings import LatticeSettings, get_settings, is_amqp_url, unknown_variables
 from .help import HelpGroup, LatticeCommand
 from .output import EXIT_USAGE, err, redact, state
 
@@ -87,7 +87,9 @@ command = functools.partial(app.command, cls=LatticeCommand)
 @dataclass
 class Options:
     """The global options as given on the command line (``None`` = not given:
-    the environment decides). ``--broker-url`` alone also sets the mailbox URL."""
+    the environment decides). ``--broker-url`` alone also sets the mailbox URL
+    (a Redis one: with an ``amqp://`` broker the mailboxes stay where
+    ``--mailbox-url`` or ``LATTICE_MAILBOX_URL`` says)."""
 
     broker_url: str | None = None
     mailbox_url: str | None = None
@@ -97,10 +99,15 @@ class Options:
     def overrides(self) -> dict[str, str]:
         pairs = {
             "broker_url": self.broker_url,
-            "mailbox_url": self.mailbox_url if self.mailbox_url is not None else self.broker_url,
+            "mailbox_url": self.mailbox_url if self.mailbox_url is not None else self.following_mailbox(),
             "key_prefix": self.key_prefix,
         }
         return {k: v for k, v in pairs.items() if v is not None}
+
+    def following_mailbox(self) -> str | None:
+        """The mailbox URL ``--broker-url`` alone implies: the broker's when it
+        is Redis, ``None`` (the environment decides) when it is RabbitMQ or not given."""
+        return None if self.broker_url is None or is_amqp_url(self.broker_url) else self.broker_url
 
     def settings(self) -> LatticeSettings:
         return get_settings(**self.overrides())
@@ -140,9 +147,9 @@ def _main(
             "--broker-url",
             envvar="LATTICE_BROKER_URL",
             metavar="URL",
-            help="Redis URL of the Celery broker, run records and events "
+            help="URL of the Celery broker: Redis (also run records and events) or RabbitMQ (amqp://) "
             "(default: redis://127.0.0.1:6379/0, the port from LATTICE_REDIS_PORT). "
-            "Given alone it moves the mailboxes too.",
+            "A Redis URL given alone moves the mailboxes too.",
             show_envvar=True,
         ),
     ] = None,
@@ -152,7 +159,8 @@ def _main(
             "--mailbox-url",
             envvar="LATTICE_MAILBOX_URL",
             metavar="URL",
-            help="Where the mailboxes live (redis://, sqlite:///, postgresql://) (default: the broker URL).",
+            help="Where the mailboxes live (redis://, sqlite:///, postgresql://) (default: the broker URL; "
+            "with an amqp:// broker a Redis URL, required, that holds runs and events too).",
             show_envvar=True,
         ),
     ] = None,
@@ -188,7 +196,7 @@ def _main(
         hint = f" (did you mean {close}?)" if close else ""
         err.print(f"warning: {name} is not a lattice setting and is ignored{hint}", markup=False)
     exported = os.environ.get("LATTICE_MAILBOX_URL")
-    if options.broker_url is not None and options.mailbox_url is None and exported not in (None, ""):
+    if options.following_mailbox() is not None and options.mailbox_url is None and exported not in (None, ""):
         if exported != options.broker_url:
             err.print(
                 "note: --broker-url also moves the mailboxes there (LATTICE_MAILBOX_URL is not used); "

@@ -13,8 +13,9 @@ from .drain import DrainResult, drain_team
 from .events import AgentMessageEvent, AgentRuntimeFailure, TeamAgentEvent, TeamMessageEvent
 from .ids import lead_mailbox_id, mailbox_id, new_work_item_id
 from .lead_tools import Dispatcher, handoff_receipt, make_lead_member_tools
+from .mailbox_state import MailboxToolState
 from .member import TeamMember, team_member
-from .member_tools import MAILBOX_TOOL_NAMES, MailboxToolState, make_mailbox_tools
+from .member_tools import MAILBOX_TOOL_NAMES, make_mailbox_tools
 from .reports import TeamResultMessage, failed_work_items, format_report_message, parse_report_message
 from .runner import RunnerOptions, TeamRunner, create_team_runner
 from .team import Team, create_team

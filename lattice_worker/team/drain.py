@@ -17,7 +17,7 @@ from ..errors import ConfigError
 from ..tracing.base import TraceContext
 from .events import TeamMessageEvent
 from .ids import mailbox_id
-from .member_tools import EmitFn, emit_event
+from .mailbox_state import EmitFn, emit_event
 from .shape import TeamShape
 from .work import WorkItemOutcome, run_work_item
 

@@ -24,8 +24,8 @@ from ..tools.tool import ToolContext, ToolDefinition, ToolResult
 from .agent_tool import format_task
 from .depth import DEPTH_METADATA_KEY, LIMIT_METADATA_KEY, effective_limit, next_depth
 from .ids import lead_mailbox_id, mailbox_id, new_work_item_id
+from .mailbox_state import TeamToolError
 from .member import TeamMember
-from .member_tools import TeamToolError
 from .shape import TeamShape
 
 

@@ -13,8 +13,8 @@ from lattice_mailbox.message import TeamMessage
 
 from ..tracing.base import TraceContext
 from .ids import mailbox_id
+from .mailbox_state import MailboxToolState
 from .member import TeamMember
-from .member_tools import MailboxToolState
 
 #: ``metadata["kind"]`` values of messages that *report* on earlier work
 #: (replies, progress, failure reports, diagnostics). A member that receives

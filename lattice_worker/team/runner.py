@@ -32,8 +32,8 @@ from ..tracing.base import TraceContext, TraceEmitter
 from .depth import DEFAULT_MAX_DELEGATE_DEPTH, delegation_limit
 from .events import TeamMessageEvent, failure_from_exception
 from .ids import mailbox_id
+from .mailbox_state import EmitFn, MailboxToolState, TeamToolError, emit_event
 from .member import TeamMember
-from .member_tools import EmitFn, MailboxToolState, TeamToolError, emit_event
 from .reports import TeamResultMessage, format_report_message
 from .shape import TeamShape
 from .work import WorkItemOutcome, outcome_tool_text, run_work_item

@@ -45,16 +45,10 @@ from .events import (
     no_reply_failure,
 )
 from .ids import LEAD, mailbox_id
+from .mailbox_state import EmitFn, MailboxToolState, UpstreamTooLargeError, emit_event, set_message_status
 from .member import TeamMember
 from .member_run import REPORT_KINDS, MemberRuntime, member_prompt, member_trace_context
-from .member_tools import (
-    EmitFn,
-    MailboxToolState,
-    UpstreamTooLargeError,
-    emit_event,
-    ensure_mailbox_tools,
-    set_message_status,
-)
+from .member_tools import ensure_mailbox_tools
 from .outcome import WorkItemOutcome, outcome_tool_text
 
 if TYPE_CHECKING:

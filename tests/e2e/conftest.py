@@ -1,6 +1,9 @@
 """End-to-end fixtures: real ``lattice worker`` processes on the real Redis.
 
-Each test gets a :class:`Deployment`: its own key prefix (``test-<uuid>``, so
+Each test gets a :class:`Deployment` on the broker the ``e2e_broker_url`` fixture
+names (the tests' Redis; a RabbitMQ vhost in a module setting ``E2E_BROKER =
+"amqp"``, e.g. tests/e2e/test_workers_amqp.py, and the mailboxes, runs and registry stay on the
+tests' Redis): its own key prefix (``test-<uuid>``, so
 queues, mailboxes, runs and Celery's own keys never meet another test's), a
 client in the test process, and a way to start ``lattice worker ...``
 subprocesses -- each in its own process group (``start_new_session``), logging
@@ -28,6 +31,8 @@ import pytest
 import redis
 
 from lattice_client import LatticeClient
+from lattice_client.settings import LatticeSettings, get_settings, is_amqp_url
+from tests.support import rabbitmq
 from tests.support.services import REDIS_URL
 
 REPO = Path(__file__).resolve().parents[2]
@@ -113,15 +118,20 @@ class Proc:
 class Deployment:
     """One isolated deployment (key prefix) with its workers and a client."""
 
-    def __init__(self, tmp_path: Path, **settings: Any) -> None:
+    def __init__(self, tmp_path: Path, broker_url: str = REDIS_URL, **settings: Any) -> None:
         self.prefix = f"test-{uuid.uuid4().hex[:12]}"
+        self.broker_url = broker_url
+        self.amqp = is_amqp_url(broker_url)
+        # with RabbitMQ the mailboxes, runs and registry stay on the tests' Redis
+        self._mailbox = {"mailbox_url": REDIS_URL} if self.amqp else {}
         self.tmp_path = tmp_path
         self.env = {
             k: v for k, v in os.environ.items() if not k.startswith(("LATTICE_", "ANTHROPIC_", "DEEPSEEK_"))
         }
         self.env.update(
             {
-                "LATTICE_BROKER_URL": REDIS_URL,
+                "LATTICE_BROKER_URL": broker_url,
+                **{f"LATTICE_{k.upper()}": v for k, v in self._mailbox.items()},
                 "LATTICE_KEY_PREFIX": self.prefix,
                 "LATTICE_LEASE_SECONDS": "5",
                 "LATTICE_REAPER_INTERVAL_SECONDS": "0.5",
@@ -137,8 +147,18 @@ class Deployment:
     @property
     def client(self) -> LatticeClient:
         if self._client is None:
-            self._client = LatticeClient(broker_url=REDIS_URL, key_prefix=self.prefix)
+            self._client = LatticeClient(broker_url=self.broker_url, key_prefix=self.prefix, **self._mailbox)
         return self._client
+
+    @property
+    def settings(self) -> LatticeSettings:
+        """The deployment's settings (broker, mailboxes and key prefix) for a client or app in the test."""
+        return get_settings(broker_url=self.broker_url, key_prefix=self.prefix, **self._mailbox)
+
+    @property
+    def state_url(self) -> str:
+        """The Redis of the deployment's runs and registry (the tests' Redis on either broker)."""
+        return REDIS_URL
 
     def start(self, argv: list[str], name: str, env: dict[str, str] | None = None) -> Proc:
         proc = Proc(argv, {**self.env, **(env or {})}, self.tmp_path / f"{name}-{len(self.procs)}.log")
@@ -162,7 +182,18 @@ class Deployment:
         return self.redis.lrange(f"{self.prefix}:test:log", 0, -1)
 
     def queue_length(self, queue: str) -> int:
+        """Task messages waiting on the broker queue ``queue`` (not those delivered and unacked)."""
+        if self.amqp:
+            return rabbitmq.queue_length(self.broker_url, queue)
         return int(self.redis.llen(f"{self.prefix}:{queue}"))
+
+    def redeliver(self, queue: str) -> None:
+        """The broker delivers the one message waiting on ``queue`` twice: the same raw message twice."""
+        if self.amqp:
+            rabbitmq.duplicate_message(self.broker_url, queue)
+            return
+        [raw] = self.redis.lrange(f"{self.prefix}:{queue}", 0, -1)
+        self.redis.lpush(f"{self.prefix}:{queue}", raw)
 
     def close(self) -> None:
         for proc in self.procs:
@@ -178,8 +209,19 @@ class Deployment:
 
 
 @pytest.fixture
-def deployment(tmp_path: Path) -> Iterator[Deployment]:
-    d = Deployment(tmp_path)
+def e2e_broker_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The broker of the deployments: the tests' Redis, or a RabbitMQ vhost of the
+    test's own (tests/support/rabbitmq.py) in a module that sets ``E2E_BROKER = "amqp"``."""
+    if getattr(request.module, "E2E_BROKER", "redis") == "amqp":
+        with rabbitmq.amqp_vhost("lattice-e2e") as url:
+            yield url
+    else:
+        yield REDIS_URL
+
+
+@pytest.fixture
+def deployment(tmp_path: Path, e2e_broker_url: str) -> Iterator[Deployment]:
+    d = Deployment(tmp_path, e2e_broker_url)
     try:
         yield d
     finally:
@@ -187,11 +229,11 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
 
 
 @pytest.fixture
-def deployment_factory(tmp_path: Path) -> Iterator[Callable[..., Deployment]]:
+def deployment_factory(tmp_path: Path, e2e_broker_url: str) -> Iterator[Callable[..., Deployment]]:
     made: list[Deployment] = []
 
     def make(**settings: Any) -> Deployment:
-        d = Deployment(tmp_path, **settings)
+        d = Deployment(tmp_path, e2e_broker_url, **settings)
         made.append(d)
         return d
 

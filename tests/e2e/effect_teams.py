@@ -38,7 +38,7 @@ from lattice_worker import (
     tool,
 )
 from lattice_worker.team import create_team, team_member
-from tests.support.services import REDIS_URL
+from tests.support.services import deployment_redis_url
 
 TARGETS = ("lookup_docs", "charge", "charge_checked", "send_email")
 
@@ -48,7 +48,7 @@ def _prefix() -> str:
 
 
 def _redis() -> redis_sync.Redis:
-    return redis_sync.Redis.from_url(os.environ.get("LATTICE_BROKER_URL", REDIS_URL))
+    return redis_sync.Redis.from_url(deployment_redis_url())
 
 
 def _start(name: str, label: str) -> int:

@@ -57,7 +57,7 @@ import redis as redis_sync
 from lattice_worker import AssistantModelMessage, ScriptedModelClient, create_agent, define_agent, tool
 from lattice_worker.team import create_team, team_member
 from lattice_worker.team.reports import parse_report_message
-from tests.support.services import REDIS_URL
+from tests.support.services import deployment_redis_url
 
 
 def _prefix() -> str:
@@ -70,9 +70,7 @@ connections spare them: they are the test's instruments, not the product)."""
 
 
 def _redis() -> redis_sync.Redis:
-    return redis_sync.Redis.from_url(
-        os.environ.get("LATTICE_BROKER_URL", REDIS_URL), client_name=TOOL_CLIENT_NAME
-    )
+    return redis_sync.Redis.from_url(deployment_redis_url(), client_name=TOOL_CLIENT_NAME)
 
 
 def _tool_use(name: str, inp: dict[str, Any], tid: str) -> dict[str, Any]:

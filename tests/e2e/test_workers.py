@@ -17,7 +17,6 @@ import pytest
 
 from lattice_client.celery_config import make_celery_app, queue_name
 from lattice_client.runstore import RunStore
-from lattice_client.settings import get_settings
 from lattice_worker.examples.team import demo_prompt
 from tests.e2e.conftest import Deployment, wait_for
 from tests.e2e.teams import plan
@@ -113,13 +112,12 @@ def test_c_kill9_while_a_member_works_recovers_after_the_lease(deployment_factor
 
 def test_d_duplicated_doorbell_and_redelivered_messages_execute_once(deployment):
     d = deployment
-    settings = get_settings(broker_url=d.env["LATTICE_BROKER_URL"], key_prefix=d.prefix)
+    settings = d.settings
     lead_queue = queue_name(d.prefix, "e2e", "lead")
     member_queue = queue_name(d.prefix, "e2e", "worker")
     handle = d.client.submit("e2e", plan(("worker", "handoff", "dup")), require_registered=False)
     # the broker redelivers the run_lead message: the same raw message twice on the queue
-    [raw] = d.redis.lrange(f"{d.prefix}:{lead_queue}", 0, -1)
-    d.redis.lpush(f"{d.prefix}:{lead_queue}", raw)
+    d.redeliver(lead_queue)
     leads = d.worker("tests.e2e.teams:team", "--member", "lead", "--concurrency", "1")
     leads.wait_log(r"lattice\.run_lead\[.*succeeded.*'(suspended|skipped)'", count=2)
     assert sorted(re.findall(r"lattice\.run_lead\[.*succeeded.*'(\w+)'", leads.log())) == [
@@ -127,8 +125,7 @@ def test_d_duplicated_doorbell_and_redelivered_messages_execute_once(deployment)
         "suspended",
     ]
     # the deliver message redelivered, plus one more doorbell for the same mailbox
-    [raw] = d.redis.lrange(f"{d.prefix}:{member_queue}", 0, -1)
-    d.redis.lpush(f"{d.prefix}:{member_queue}", raw)
+    d.redeliver(member_queue)
     app = make_celery_app(settings)
     try:
         app.send_task("lattice.deliver", args=["e2e::worker"], queue=member_queue)
@@ -172,11 +169,11 @@ def test_f_a_pickled_task_message_is_refused_and_nothing_runs(deployment):
     d = deployment
     worker = d.worker("tests.e2e.teams:team", "--concurrency", "1")
     lead_queue = queue_name(d.prefix, "e2e", "lead")
-    settings = get_settings(broker_url=d.env["LATTICE_BROKER_URL"], key_prefix=d.prefix)
+    settings = d.settings
     run_id = "run_pickled"
 
     async def create() -> None:
-        store = RunStore(d.env["LATTICE_BROKER_URL"], d.prefix)
+        store = RunStore(d.state_url, d.prefix)
         await store.create(run_id, "e2e", "hello")
         await store.aclose()
 

@@ -26,7 +26,7 @@ from lattice_worker.runtime.reaper import orphans as reaper_orphans
 from lattice_worker.runtime.reaper import sweep as reaper
 from lattice_worker.runtime.run.context import WorkerContext
 from lattice_worker.runtime.worker.registry import TeamRegistry
-from lattice_worker.team.member_tools import MailboxToolState
+from lattice_worker.team.mailbox_state import MailboxToolState
 from lattice_worker.team.reports import parse_report_message
 from tests.e2e.teams import plan
 from tests.integration.test_distributed_protocol import Broker, executions, submit

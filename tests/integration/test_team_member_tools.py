@@ -508,7 +508,8 @@ async def test_team_send_run_again_for_the_same_call_sends_once(mailbox: Any) ->
     message its first run sent; another call (another key) or another text sends anew."""
     from types import SimpleNamespace
 
-    from lattice_worker.team.member_tools import MailboxToolState, make_mailbox_tools
+    from lattice_worker.team.mailbox_state import MailboxToolState
+    from lattice_worker.team.member_tools import make_mailbox_tools
     from lattice_worker.tools.tool_result import ToolContext
 
     [send] = [t for t in make_mailbox_tools() if t.name == "team_send"]

@@ -61,6 +61,18 @@ def settings_for(key_prefix: str, **overrides: Any) -> Any:
     return get_settings(**{"broker_url": REDIS_URL, "key_prefix": key_prefix, **overrides})
 
 
+def deployment_redis_url() -> str:
+    """The Redis of the deployment a worker-side test tool runs in (its runs and
+    registry, where the tools keep their records): ``LATTICE_BROKER_URL`` when
+    it is Redis, ``LATTICE_MAILBOX_URL`` with a RabbitMQ broker, else the tests' Redis."""
+    from lattice_client.settings import is_amqp_url  # lazily, as settings_for
+
+    broker = os.environ.get("LATTICE_BROKER_URL") or REDIS_URL
+    if is_amqp_url(broker):
+        return os.environ.get("LATTICE_MAILBOX_URL") or REDIS_URL
+    return broker
+
+
 __all__ = [
     "PG_URL",
     "REDIS_DB",
@@ -71,5 +83,6 @@ __all__ = [
     "TEST_REDIS_ENV",
     "TEST_SCREENSHOTS_ENV",
     "TEST_VARIABLES",
+    "deployment_redis_url",
     "settings_for",
 ]

@@ -38,7 +38,12 @@ def error_lines(result) -> list[str]:
         (["--broker-url", DOWN, "events", "run-1"], "cannot reach Redis"),
         (["inbox", "example::searcher", "--status", "bogus"], "unknown status 'bogus'"),
         (["--key-prefix", "bad prefix", "status"], "key_prefix (LATTICE_KEY_PREFIX or --key-prefix): "),
-        (["--broker-url", "amqp://x", "status"], "broker_url must be a Redis URL"),
+        (["--broker-url", "kafka://x", "status"], "broker_url must be a Redis or RabbitMQ URL"),
+        (["--broker-url", "amqp://x", "status"], "is RabbitMQ: mailbox_url must name the Redis"),
+        (
+            ["--broker-url", "amqp://x", "--mailbox-url", "sqlite:///x.db", "status"],
+            "mailbox_url, which must then be a Redis URL",
+        ),
         (["--broker-url", DOWN, "wait", "bad/id"], "invalid run id"),
         (
             ["--broker-url", DOWN, "submit", "example", "hi", "--metadata", "{oops"],

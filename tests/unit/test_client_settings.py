@@ -78,7 +78,7 @@ def test_with_overrides_keeps_the_mailbox_following_the_broker():
         ("max_attempts", 0),
         ("reaper_interval_seconds", 0),
         ("max_message_bytes", 0),
-        ("broker_url", "amqp://guest@localhost//"),
+        ("broker_url", "kafka://localhost"),
         ("broker_url", "not a url"),
     ],
 )
@@ -140,3 +140,45 @@ def test_config_follows_the_environment_when_no_settings_are_given(monkeypatch):
     monkeypatch.setenv("LATTICE_KEY_PREFIX", "from-env")
     assert make_celery_app().conf.broker_transport_options["global_keyprefix"] == "from-env:"
     assert celery_config(get_settings())["task_default_queue"] == "from-env.default"
+
+
+AMQP = "amqp://guest:guest@127.0.0.1:5672//"
+
+
+def test_a_rabbitmq_broker_keeps_runs_and_registry_on_the_mailbox_redis():
+    settings = get_settings(broker_url=AMQP, mailbox_url="redis://10.0.0.7:6379/2")
+    assert settings.broker_url == AMQP
+    assert settings.state_url == "redis://10.0.0.7:6379/2"
+    # on Redis the runs stay on the broker, whatever the mailboxes are
+    assert get_settings(broker_url="redis://10.0.0.5:6379/3", mailbox_url="sqlite:///x.db").state_url == (
+        "redis://10.0.0.5:6379/3"
+    )
+    # a RabbitMQ broker is never the mailboxes' default, also when it replaces a Redis one
+    with pytest.raises(ValidationError) as info:
+        get_settings(broker_url=AMQP)
+    assert info.value.errors()[0]["loc"] == ("mailbox_url",)
+    assert "is RabbitMQ: mailbox_url must name the Redis" in str(info.value)
+    with pytest.raises(ValidationError, match="mailbox_url must name the Redis"):
+        get_settings().with_overrides(broker_url=AMQP)
+    for mailbox in ("sqlite:///x.db", "postgresql://h/db", "memory://", AMQP):
+        with pytest.raises(ValidationError, match="must then be a Redis URL"):
+            get_settings(broker_url=AMQP, mailbox_url=mailbox)
+
+
+def test_celery_configuration_on_rabbitmq_uses_quorum_queues():
+    conf = make_celery_app(
+        get_settings(key_prefix="dep2", broker_url=AMQP, mailbox_url="redis://h:6379/0")
+    ).conf
+    assert conf.broker_url == AMQP
+    assert conf.task_default_queue_type == "quorum"
+    assert conf.task_create_missing_queue_type == "quorum"
+    assert conf.worker_detect_quorum_queues is True
+    assert conf.broker_transport_options == {"confirm_publish": True}  # no Redis key prefix options
+    assert conf.broker_transport is None  # kombu's own amqp transport, not our Redis one
+    assert conf.task_acks_late is True and conf.task_reject_on_worker_lost is True
+    # the names carry the prefix on a shared vhost as they do on a shared Redis
+    assert (conf.task_default_queue, conf.control_exchange, conf.event_exchange) == (
+        "dep2.default",
+        "dep2",
+        "dep2.celeryev",
+    )

@@ -45,9 +45,13 @@ def test_settings_repr_str_and_validation_errors_hide_the_password():
         assert "redis://:**@127.0.0.1:1/0" in text and "postgresql://app:**@127.0.0.1:1/db" in text
     assert settings.broker_url == REDIS_DOWN  # the value itself is intact
     with pytest.raises(ValidationError) as caught:
-        get_settings(broker_url=f"amqp://app:{SECRET}@127.0.0.1:1//")
+        get_settings(broker_url=f"amqp://app:{SECRET}@127.0.0.1:1//")  # RabbitMQ without a mailbox Redis
     assert SECRET not in str(caught.value) and SECRET not in repr(caught.value)
-    assert "broker_url must be a Redis URL" in str(caught.value)
+    assert "is RabbitMQ: mailbox_url must name the Redis" in str(caught.value)
+    with pytest.raises(ValidationError) as caught:
+        get_settings(broker_url=f"kafka://app:{SECRET}@127.0.0.1:1")
+    assert SECRET not in str(caught.value) and SECRET not in repr(caught.value)
+    assert "broker_url must be a Redis or RabbitMQ URL" in str(caught.value)
 
 
 def test_client_mailbox_and_run_store_reprs_hide_the_password():

@@ -15,8 +15,8 @@ from lattice_client.runstore import RunStore
 from lattice_mailbox.message import TeamMessage
 
 from ...agent.loop import SuspendQuery
+from ...team.mailbox_state import MailboxToolState
 from ...team.member import TeamMember
-from ...team.member_tools import MailboxToolState
 from ...team.team import Team
 from ...tools.tool import ToolContext
 from ..run.completion import apply_completion

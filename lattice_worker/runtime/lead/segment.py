@@ -136,6 +136,8 @@ async def _guarded(
     try:
         async with lease:
             team = team_for_run(ctx, record)
+            # the record begin_segment read names the parent: the event needs no read of it
+            ctx.events.note_parent(record.run_id, record.parent)
             await ctx.events.emit(
                 record.run_id,
                 {

@@ -24,8 +24,8 @@ from lattice_mailbox.message import MessageStatus, TeamMessage
 from ...team.depth import DEPTH_METADATA_KEY, LIMIT_METADATA_KEY
 from ...team.events import TeamAgentEvent, TeamMessageEvent
 from ...team.ids import split_mailbox_id
+from ...team.mailbox_state import MailboxToolState, set_message_status
 from ...team.member import TeamMember
-from ...team.member_tools import MailboxToolState, set_message_status
 from ...team.team import Team
 from ...team.work import WorkItemOutcome, member_depth, member_limit
 from ..run.completion import complete_work_item, send_failure_report

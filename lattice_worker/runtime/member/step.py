@@ -51,8 +51,8 @@ from ...agent.agent import Agent
 from ...agent.history_stores import RedisHistoryStore
 from ...team.events import TeamMessageEvent
 from ...team.ids import split_mailbox_id
+from ...team.mailbox_state import set_message_status
 from ...team.member import TeamMember
-from ...team.member_tools import set_message_status
 from ...team.team import Team
 from ...team.work import WorkItemOutcome, run_work_item
 from ..run.completion import complete_work_item

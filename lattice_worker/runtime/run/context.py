@@ -74,7 +74,7 @@ class WorkerContext:
 
     def __post_init__(self) -> None:
         self.keys = WorkerKeys(self.settings.key_prefix)
-        self.writer = RunWriter(self.settings.broker_url, self.settings.max_run_events)
+        self.writer = RunWriter(self.settings.state_url, self.settings.max_run_events)
         self.events = EventEmitter(self.runs, self.writer)
         self.steps = StepSender(self.send_task, self.settings.key_prefix)
         self.links = WorkItemLinks(self.keys, self.redis)
@@ -91,7 +91,7 @@ class WorkerContext:
         not one per run). Bytes responses."""
         loop = asyncio.get_running_loop()
         if self._client is None or self._client_loop is not loop:
-            self._client = async_redis(self.settings.broker_url)
+            self._client = async_redis(self.settings.state_url)
             self._client_loop = loop
         return self._client
 

@@ -134,9 +134,7 @@ def _start_heartbeat(sender: Any = None, **_: Any) -> None:
         concurrency=int(getattr(controller, "concurrency", 0) or 0),
         interval_s=settings.registry_heartbeat_seconds,
     )
-    _heartbeat = Heartbeat(
-        info, settings.broker_url, settings.key_prefix, settings.registry_heartbeat_seconds
-    )
+    _heartbeat = Heartbeat(info, settings.state_url, settings.key_prefix, settings.registry_heartbeat_seconds)
     _heartbeat.start()
     logger.info(
         "registry: %s serves %s on %d queue(s) (heartbeat every %.1f s)",

@@ -158,7 +158,7 @@ def run_drain(
     console = console or Console()
     settings = get_settings()
     registry = TeamRegistry(make_mailbox(settings))
-    root = load_root(registry, team_ref, settings.broker_url, settings.key_prefix)
+    root = load_root(registry, team_ref, settings.state_url, settings.key_prefix)
     targets = _targets(registry, root, list(members or []))
     celery = make_celery_app(settings)
 
@@ -166,7 +166,7 @@ def run_drain(
         celery.send_task(name, args=args, queue=queue)
 
     async def main() -> DrainResult:
-        runs = RunStore(settings.broker_url, settings.key_prefix, max_events=settings.max_run_events)
+        runs = RunStore(settings.state_url, settings.key_prefix, max_events=settings.max_run_events)
         ctx = WorkerContext(
             settings=settings,
             registry=registry,

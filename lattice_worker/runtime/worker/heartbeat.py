@@ -81,7 +81,7 @@ class Heartbeat:
 
     Args:
         info: what to publish (``seen_at_ms`` is refreshed at every beat).
-        broker_url: the Redis URL of the registry (the broker).
+        broker_url: the Redis URL of the registry (``settings.state_url``).
         prefix: the key prefix.
         interval_s: seconds between two beats (the entry expires after three).
         client_factory: builds the blocking Redis client (tests); default

@@ -95,7 +95,7 @@ def new_context(sender: Callable[[str, list[Any], str], None] | None = None) -> 
         settings=s,
         registry=reg,
         mailbox=reg.mailbox,
-        runs=RunStore(s.broker_url, s.key_prefix, max_events=s.max_run_events),
+        runs=RunStore(s.state_url, s.key_prefix, max_events=s.max_run_events),
         send_task=send,
         worker_id=worker_id(),
     )
