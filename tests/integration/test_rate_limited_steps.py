@@ -9,13 +9,16 @@ tests assert what happens (re-enqueued, not run early, place kept), never how lo
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
 from lattice_client.celery_config import DELIVER_TASK, RESUME_LEAD_TASK, RUN_LEAD_TASK
+from lattice_client.cli import app
 from lattice_client.runstore import RunStore
 from lattice_mailbox.redis import RedisMailbox
 from lattice_worker.agent.anthropic_client import DEFAULT_MODEL, AnthropicModelClient
@@ -92,6 +95,14 @@ async def use_up(ctx: WorkerContext, calls: int) -> None:
         await limiter.reserve(DEFAULT_MODEL, None, 1)
 
 
+def lattice_status(prefix: str, *more: str) -> str:
+    result = CliRunner().invoke(
+        app, ["--broker-url", REDIS_URL, "--key-prefix", prefix, "status", *more], env={"COLUMNS": "200"}
+    )
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
 async def event_types(ctx: WorkerContext, run_id: str) -> list[dict[str, Any]]:
     return [e for _, e in await ctx.runs.events(run_id, count=1000)]
 
@@ -113,7 +124,12 @@ async def test_a_lead_call_over_the_limit_ends_the_segment_and_is_not_run_early(
     assert not [e for e in events if e.get("type") == "assistant"]  # the model was not called
     client = await ctx.redis()
     [waiting] = await waiting_calls(client, prefix)
-    assert waiting["waiting"] == 1
+    assert waiting["waiting"] == 1 and waiting["limit"] == "requests_per_minute"
+    # lattice status shows it, naming the limit
+    shown = await asyncio.to_thread(lattice_status, prefix)
+    assert "model calls waiting for their turn" in shown and "requests_per_minute" in shown
+    report = json.loads(await asyncio.to_thread(lattice_status, prefix, "--json"))
+    assert [(w["waiting"], w["limit"]) for w in report["rate_limited"]] == [(1, "requests_per_minute")]
 
     # an early resume (a reaper's, a duplicate) finds the held place: it waits again, takes no new turn
     assert await broker.run(RESUME_LEAD_TASK, [run_id]) == "rate_limited"
