@@ -42,6 +42,7 @@ from ...errors import TeamNotServedError
 from ...team.depth import delegated, delegation_limit, metadata_depth, metadata_limit
 from ...team.reports import failed_work_items
 from ...team.team import Team
+from ..limits.hook import lead_scope, lead_waits
 from ..run.context import WorkerContext
 from ..run.events import FenceSource, current_fence
 from ..run.trace import RunTrace
@@ -244,7 +245,7 @@ async def drive(
             options.update(trace.lead_options(team, agent))
         carrier_token = current_carrier.set(trace.carrier if trace is not None else None)
         try:
-            with lead_delegation(team, record):
+            with lead_delegation(team, record), lead_scope(ctx, run_id, lease) as calls:
                 async for event in agent.query(prompt, **options):
                     if getattr(event, "type", None) == "result":
                         final = event
@@ -259,6 +260,8 @@ async def drive(
             current_run.reset(token)
         if trace is not None:
             trace.final = final
+        if calls.wait is not None and lease is not None:  # a model call waits for its turn: no worker waits
+            return await lead_waits(ctx, team.name, run_id, lease, calls.wait, final, usage)
         if journal is not None and journal.waiting is not None:  # suspended on a call that waits for a person
             return await _parked(ctx, run_id, journal.waiting, final, usage)
         if runtime.stopped is not None:  # the run ended while the batch was registered
