@@ -260,6 +260,9 @@ async def run_query(agent: LoopAgent, prompt: Any, q: QueryOptions) -> AsyncIter
                 yield await run.finish(Finish("error", error=RuntimeError("the model request was cancelled")))
                 return
             exc = task.exception()
+            if isinstance(exc, SuspendQuery):  # the runtime's call gate stopped it before the request
+                yield await run.finish(Finish("suspended"))
+                return
             message = task.result() if exc is None else None
             window = (  # the window ran out mid-response: the reply is unusable and never stored
                 isinstance(message, AssistantModelMessage)

@@ -48,6 +48,7 @@ from lattice_mailbox.message import MessageStatus, TeamMessage
 
 from ...agent.abort import AbortController
 from ...agent.agent import Agent
+from ...agent.call_gate import current_call_gate
 from ...agent.history_stores import RedisHistoryStore
 from ...team.events import TeamMessageEvent
 from ...team.ids import split_mailbox_id
@@ -55,6 +56,7 @@ from ...team.mailbox_state import set_message_status
 from ...team.member import TeamMember
 from ...team.team import Team
 from ...team.work import WorkItemOutcome, run_work_item
+from ..run.budget import member_gate
 from ..run.completion import complete_work_item
 from ..run.context import WorkerContext
 from ..run.events import current_fence, public_message
@@ -95,7 +97,8 @@ async def deliver(ctx: WorkerContext, mailbox_id: str, message_id: str | None = 
     a duplicate doorbell), ``"cancelled"``, ``"child"`` (a nested team's run
     was started), ``"lost"`` (the claim was lost; outcome discarded),
     ``"parked"`` / ``"awaiting_approval"`` (a tool call waits for a person;
-    the message is parked, no worker waits), or the item's status
+    the message is parked, no worker waits), ``"budget_reached"`` (parked on
+    the run's token budget), or the item's status
     (``"done"``, ``"failed"``, ``"open"``)."""
     try:
         team_name, member_name = split_mailbox_id(mailbox_id)
@@ -267,22 +270,26 @@ async def _process(
     # a claim with a lease is renewed while the member works
     renewing = keeper if token and message.lease_until is not None else contextlib.nullcontext()
     tracer, trace_context = member_trace(team, run_id, message)  # (None, None): an untraced run
-    async with renewing:
-        outcome = await run_work_item(
-            team,
-            member,
-            message,
-            mailbox=ctx.mailbox,
-            token=token,
-            signal=controller.signal,
-            emit=emit,
-            tracer=tracer,
-            trace_context=trace_context,
-            agent=agent,
-            stream_events=False,  # the event emitter does not store token-level events
-            journal=journal,
-            resume=resume,
-        )
+    gate_token = current_call_gate.set(member_gate(ctx, run_id, message, journal))  # None: no budget
+    try:
+        async with renewing:
+            outcome = await run_work_item(
+                team,
+                member,
+                message,
+                mailbox=ctx.mailbox,
+                token=token,
+                signal=controller.signal,
+                emit=emit,
+                tracer=tracer,
+                trace_context=trace_context,
+                agent=agent,
+                stream_events=False,  # the event emitter does not store token-level events
+                journal=journal,
+                resume=resume,
+            )
+    finally:
+        current_call_gate.reset(gate_token)
     # Only a refused fenced write means the claim was lost: every other outcome was
     # written under this claim's token. The keeper also reports "missing" once the
     # member closed the message itself (team_reply) and went on working: not a loss.
@@ -290,8 +297,8 @@ async def _process(
         logger.warning("member %s lost its claim on %s; its outcome is discarded", member.name, message.id)
         return "lost"
     if outcome.status == "parked":  # a call waits for a person; the work item stays open
-        waiting = journal.waiting if journal is not None else None
-        return "awaiting_approval" if waiting is not None and waiting["kind"] == "approval" else "parked"
+        kind = (journal.waiting or {}).get("kind") if journal is not None else None
+        return {"approval": "awaiting_approval", "budget": "budget_reached"}.get(kind or "", "parked")
     if link is not None:
         await complete_work_item(ctx, link[0], link[1], message.work_item_id or "", outcome)
     return outcome.status
