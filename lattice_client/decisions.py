@@ -127,14 +127,28 @@ class DecisionsMixin:
     settings: Any
 
     async def parked(self, team: str | None = None) -> list[ParkedCall]:
-        """The parked tool calls (of ``team`` when given), oldest first."""
-        waits = await self.runs.waits(kind="parked")
-        return [_parked(w) for w in waits if team is None or w.get("team") == team]
+        """The parked tool calls (of ``team`` when given) that can be decided now, oldest first."""
+        return [_parked(w) for w in await self._open_waits("parked", team)]
 
     async def approvals(self, team: str | None = None) -> list[PendingApproval]:
-        """The tool calls waiting for an approval (of ``team`` when given), oldest first."""
-        waits = await self.runs.waits(kind="approval")
-        return [_approval(w) for w in waits if team is None or w.get("team") == team]
+        """The tool calls (of ``team`` when given) waiting for an approval that
+        can be decided now, oldest first."""
+        return [_approval(w) for w in await self._open_waits("approval", team)]
+
+    async def _open_waits(self, kind: str, team: str | None) -> list[dict[str, Any]]:
+        """The undecided waits of ``kind`` that a decision would find: a member
+        stores its wait a moment before its message turns ``parked``, and a
+        wait whose message is not parked (yet, or again after a crash in that
+        moment) is left out, so every listed call can be decided at once."""
+        waits = [w for w in await self.runs.waits(kind=kind) if team is None or w.get("team") == team]
+        members = [w for w in waits if w.get("message_id")]
+        messages = await asyncio.gather(*(self._message(str(w["message_id"])) for w in members))
+        not_parked = {
+            id(w)
+            for w, m in zip(members, messages, strict=True)
+            if m is None or m.status != MessageStatus.PARKED
+        }
+        return [w for w in waits if id(w) not in not_parked]
 
     async def resolve(
         self, message_id: str, *, result: str | None = None, retry: bool = False, fail: str | None = None

@@ -225,11 +225,16 @@ def _decode(nodes: list[str], values: list[Any]) -> tuple[list[WorkerInfo], list
 
 async def read_workers(client: Any, prefix: str) -> list[WorkerInfo]:
     """The live workers of ``prefix``, read with the ``redis.asyncio`` ``client``
-    (two round trips; a third drops index entries whose key expired)."""
+    (two round trips: the index, then a pipeline of one ``GET`` per worker, which
+    a Redis Cluster client splits by slot; a third drops index entries whose key expired)."""
     nodes = sorted(_text(n) for n in await client.smembers(workers_key(prefix)))
     if not nodes:
         return []
-    live, gone = _decode(nodes, await client.mget([worker_key(prefix, n) for n in nodes]))
+    async with client.pipeline(transaction=False) as pipe:
+        for n in nodes:  # one GET per key, not an MGET: on a Redis Cluster the keys lie in many slots
+            pipe.get(worker_key(prefix, n))
+        values = await pipe.execute()
+    live, gone = _decode(nodes, values)
     if gone:
         await client.srem(workers_key(prefix), *gone)
     return live
@@ -240,7 +245,11 @@ def read_workers_blocking(client: Any, prefix: str) -> list[WorkerInfo]:
     nodes = sorted(_text(n) for n in client.smembers(workers_key(prefix)))
     if not nodes:
         return []
-    live, gone = _decode(nodes, client.mget([worker_key(prefix, n) for n in nodes]))
+    with client.pipeline(transaction=False) as pipe:
+        for n in nodes:
+            pipe.get(worker_key(prefix, n))
+        values = pipe.execute()
+    live, gone = _decode(nodes, values)
     if gone:
         client.srem(workers_key(prefix), *gone)
     return live

@@ -60,7 +60,8 @@ KEY_PREFIX_PATTERN = re.compile(r"[A-Za-z0-9_.-]+")
 _REDIS_BROKER_SCHEMES = ("redis", "rediss", "redis+socket")
 _AMQP_BROKER_SCHEMES = ("amqp", "amqps", "pyamqp")
 _BROKER_SCHEMES = _REDIS_BROKER_SCHEMES + _AMQP_BROKER_SCHEMES
-_STATE_SCHEMES = ("redis", "rediss", "unix", "redis+cluster")
+_CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+_STATE_SCHEMES = ("redis", "rediss", "unix", *_CLUSTER_SCHEMES)
 
 
 class LatticeSettings(BaseSettings):
@@ -94,9 +95,11 @@ class LatticeSettings(BaseSettings):
     Env: ``LATTICE_REDIS_PORT``."""
 
     mailbox_url: str = ""
-    """Where the team mailboxes live: ``redis://…``, ``sqlite:///…``,
-    ``postgresql://…`` or ``memory://``. Default: the broker URL when it is
-    Redis; required (a Redis URL) with an ``amqp://`` broker.
+    """Where the team mailboxes live: ``redis://…``, a Redis Cluster
+    ``redis+cluster://host:port[,host:port...]`` (run records, event streams and
+    the worker registry then live on the cluster too, see :attr:`state_url`),
+    ``sqlite:///…``, ``postgresql://…`` or ``memory://``. Default: the broker URL
+    when it is Redis; required (a Redis URL) with an ``amqp://`` broker.
     Env: ``LATTICE_MAILBOX_URL``."""
 
     key_prefix: str = "lattice"
@@ -176,9 +179,12 @@ class LatticeSettings(BaseSettings):
     @property
     def state_url(self) -> str:
         """The Redis URL (str) of run records, run event streams and the live
-        worker registry: ``broker_url`` when the broker is Redis, else
-        ``mailbox_url`` (checked to be a Redis URL at validation)."""
-        return self.mailbox_url if is_amqp_url(self.broker_url) else self.broker_url
+        worker registry: ``mailbox_url`` when the broker is RabbitMQ (checked to
+        be a Redis URL at validation) or when the mailboxes are on a Redis Cluster
+        (``redis+cluster://``), else ``broker_url``."""
+        if is_amqp_url(self.broker_url) or is_cluster_url(self.mailbox_url):
+            return self.mailbox_url
+        return self.broker_url
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         # repr() and str() show URLs without their password
@@ -188,6 +194,12 @@ class LatticeSettings(BaseSettings):
     @field_validator("broker_url")
     @classmethod
     def _check_broker_url(cls, value: str) -> str:
+        if is_cluster_url(value):
+            raise ValueError(
+                f"broker_url {mask_url(value)!r} names a Redis Cluster, which Celery's Redis transport "
+                "cannot use: give the broker one Redis (redis://) or RabbitMQ (amqp://), and put the "
+                "cluster in mailbox_url (LATTICE_MAILBOX_URL) for the mailboxes, runs and worker registry"
+            )
         scheme = urlsplit(value).scheme
         if scheme not in _BROKER_SCHEMES:
             raise ValueError(
@@ -236,6 +248,11 @@ class LatticeSettings(BaseSettings):
             data["mailbox_url"] = ""
         data.update(given)
         return LatticeSettings(**data)
+
+
+def is_cluster_url(url: str) -> bool:
+    """Whether ``url`` names a Redis Cluster (``redis+cluster://``, ``rediss+cluster://``)."""
+    return url.partition("://")[0].lower() in _CLUSTER_SCHEMES
 
 
 def is_amqp_url(url: str) -> bool:
@@ -295,6 +312,7 @@ __all__ = [
     "default_broker_url",
     "get_settings",
     "is_amqp_url",
+    "is_cluster_url",
     "setting_variables",
     "unknown_variables",
 ]

@@ -233,3 +233,15 @@ def waits_table(title: str, rows: Sequence[Any], width: int, *, id_field: str) -
         Column("reason", [preview(r.reason) for r in rows], flexible=True),
     ]
     return build_table(title, columns, width)
+
+
+def rate_limited_table(title: str, rows: Sequence[Any], width: int) -> RenderableType:
+    """Model calls waiting for their turn: model, API key id, waiting, longest wait (s), limit."""
+    columns = [
+        Column("model", [r.model for r in rows], fold=True),
+        Column("key", [r.key_id for r in rows], drop=1),
+        Column("waiting", [str(r.waiting) for r in rows]),
+        Column("longest wait", [f"{r.longest_seconds:.1f} s" for r in rows]),
+        Column("limit", [r.limit or "-" for r in rows], fold=True),
+    ]
+    return build_table(title, columns, width)

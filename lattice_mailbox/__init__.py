@@ -41,13 +41,14 @@ if TYPE_CHECKING:
     from .redis import RedisMailbox
     from .sql import SQLMailbox
 
-_REDIS_SCHEMES = ("redis", "rediss", "unix")
+_REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
 _SQL_SCHEMES = ("sqlite", "postgresql", "postgres", "postgresql+psycopg")
 ACCEPTED_SCHEMES = (
     "memory://",
     "redis://",
     "rediss://",
     "unix://",
+    "redis+cluster://",
     "sqlite:///path",
     "postgresql://",
     "postgresql+psycopg://",
@@ -108,7 +109,8 @@ def mailbox_from_url(
     * ``memory://`` -> :class:`MemoryMailbox` (``max_message_bytes``; ``prefix``
       is accepted and has nothing to separate: the store lives in this one object)
     * ``redis://...``, ``rediss://...``, ``unix://...`` -> :class:`RedisMailbox`
-      (every key starts with ``"<prefix>:"``)
+      (every key starts with ``"<prefix>:"``); ``redis+cluster://h:p[,h:p...]``
+      -> :class:`RedisMailbox` on a Redis Cluster (redis-py's ``RedisCluster``)
     * ``sqlite:///path``, ``postgresql://...``, ``postgres://...``,
       ``postgresql+psycopg://...`` -> :class:`SQLMailbox` with
       ``table_prefix=sql_table_prefix(prefix)`` (tables ``<table_prefix>messages``

@@ -55,9 +55,19 @@ from typing import Any, TypeVar
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff, NoBackoff
-from redis.exceptions import AuthenticationError, AuthorizationError
+from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import (
+    AuthenticationError,
+    AuthorizationError,
+    ClusterError,
+    RedisClusterUnreachableError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.maint_notifications import MaintNotificationsConfig
@@ -258,12 +268,159 @@ def read_again_blocking(read: Callable[[], T]) -> T:
                 time.sleep(0.05)
 
 
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+"""URL schemes naming a Redis Cluster: ``redis+cluster://[user:password@]host:port[,host:port...]``
+(``rediss+cluster://`` for TLS)."""
+
+CLUSTER_RETRY_SECONDS = 30.0
+"""How long (seconds) a command sent to a Redis Cluster is tried again while the
+cluster says it did not run it (``CLUSTERDOWN``, ``TRYAGAIN``, a slot without a
+master, no node reachable): long enough for a failover with the server's default
+``cluster-node-timeout`` of 15 s."""
+
+_CLUSTER_NOT_RUN = (
+    ClusterError,
+    TryAgainError,
+    SlotNotCoveredError,
+    RedisClusterUnreachableError,
+    UnreachableError,
+)
+"""Errors of a cluster command that mean it did not run: the server refused it
+(``CLUSTERDOWN``, ``TRYAGAIN``, a redirect loop), no node owned its slot, or no
+connection could be made (nothing was sent)."""
+
+
+def is_cluster_url(url: object) -> bool:
+    """Whether ``url`` is a Redis Cluster URL (:data:`CLUSTER_SCHEMES`)."""
+    return isinstance(url, str) and url.partition("://")[0].lower() in CLUSTER_SCHEMES
+
+
+def cluster_nodes(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
+    """``([(host, port), ...], {"username": ..., "password": ..., "ssl": ...})`` of a
+    cluster URL ``redis+cluster://[user[:password]@]host:port[,host:port...][/0]``.
+    Raises ``ValueError`` (the URL shown without its password) for a node without
+    a port, a database other than 0 (a cluster has only database 0) or a query string."""
+    from urllib.parse import unquote
+
+    from .urls import mask_url
+
+    scheme, _, rest = url.partition("://")
+    if scheme.lower() not in CLUSTER_SCHEMES:
+        raise ValueError(
+            f"not a Redis Cluster URL ({', '.join(s + '://' for s in CLUSTER_SCHEMES)}): {mask_url(url)!r}"
+        )
+    if "?" in rest:
+        raise ValueError(f"a Redis Cluster URL takes no query string: {mask_url(url)!r}")
+    rest, _, path = rest.partition("/")
+    if path.strip("/") not in ("", "0"):
+        raise ValueError(f"a Redis Cluster has only database 0, got /{path} in {mask_url(url)!r}")
+    userinfo, _, hosts = rest.rpartition("@")
+    options: dict[str, Any] = {"ssl": scheme.lower() == "rediss+cluster"}
+    if userinfo:
+        user, _, password = userinfo.partition(":")
+        if user:
+            options["username"] = unquote(user)
+        if password:
+            options["password"] = unquote(password)
+    nodes = []
+    for node in hosts.split(","):
+        host, _, port = node.strip().rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(
+                f"every node of a Redis Cluster URL needs host:port, got {node!r} in {mask_url(url)!r}"
+            )
+        nodes.append((host.strip("[]"), int(port)))
+    return nodes, options
+
+
+def _cluster_options(
+    url: str, asyncio_client: bool, kwargs: dict[str, Any]
+) -> tuple[list[tuple[str, int]], bool, dict[str, Any]]:
+    """``(nodes, tls, keyword arguments of the cluster client)`` for a cluster URL."""
+    nodes, options = cluster_nodes(url)
+    tls = options.pop("ssl")
+    options.update(policy_options("redis://", asyncio_client=asyncio_client))
+    del options["retry"]  # a cluster client takes its retry as its own argument
+    if tls:
+        options["ssl"] = True
+    options.update(kwargs)
+    return nodes, tls, options
+
+
+class _ClusterRetry:
+    """Mixed into redis-py's cluster clients: a command the cluster did not run
+    (:data:`_CLUSTER_NOT_RUN`) is sent again, with backoff, for up to
+    :data:`CLUSTER_RETRY_SECONDS`; redis-py's own retry is off (it would also
+    resend a command whose reply was lost, which may have run). MOVED and ASK
+    redirects are followed by redis-py itself. Pipelines are not retried here:
+    their callers decide, as on one Redis."""
+
+
+class _AsyncLatticeCluster(_ClusterRetry, AsyncRedisCluster):
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        started, failures = time.monotonic(), 0
+        while True:
+            try:
+                return await super().execute_command(*args, **kwargs)
+            except _CLUSTER_NOT_RUN:
+                failures += 1
+                if time.monotonic() - started > CLUSTER_RETRY_SECONDS:
+                    raise
+                await asyncio.sleep(_cluster_backoff(failures))
+
+
+class _SyncLatticeCluster(_ClusterRetry, RedisCluster):
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        started, failures = time.monotonic(), 0
+        while True:
+            try:
+                return super().execute_command(*args, **kwargs)
+            except _CLUSTER_NOT_RUN:
+                failures += 1
+                if time.monotonic() - started > CLUSTER_RETRY_SECONDS:
+                    raise
+                time.sleep(_cluster_backoff(failures))
+
+
+def _cluster_backoff(failures: int) -> float:
+    return ExponentialBackoff(cap=1.0, base=0.05).compute(failures)
+
+
+def async_cluster(url: str, **kwargs: Any) -> AsyncRedisCluster:
+    """A ``redis.asyncio.cluster.RedisCluster`` on the cluster URL ``url`` (see
+    :func:`cluster_nodes`) with the connection policy on every node connection,
+    MOVED/ASK followed, and a command the cluster did not run sent again for up
+    to :data:`CLUSTER_RETRY_SECONDS`; no command whose reply was lost is resent.
+    ``kwargs`` go to redis-py. Raises ``ValueError`` for a bad URL."""
+    nodes, tls, options = _cluster_options(url, True, kwargs)
+    policy_class = _with_policy(aioredis.SSLConnection if tls else aioredis.Connection, _AsyncPolicy)
+    startup = [AsyncClusterNode(host, port, connection_class=policy_class) for host, port in nodes]
+    client = _AsyncLatticeCluster(startup_nodes=startup, retry=AsyncRetry(NoBackoff(), 0), **options)
+    # redis-py's asyncio cluster takes no connection class: the nodes it finds are built
+    # from its (public) connection_kwargs, which its nodes manager shares
+    client.connection_kwargs["connection_class"] = policy_class
+    return client
+
+
+def sync_cluster(url: str, **kwargs: Any) -> RedisCluster:
+    """:func:`async_cluster` for a blocking ``redis.cluster.RedisCluster`` (thread-safe)."""
+    nodes, tls, options = _cluster_options(url, False, kwargs)
+    options["connection_class"] = _with_policy(redis.SSLConnection if tls else redis.Connection, _SyncPolicy)
+    startup = [ClusterNode(host, port) for host, port in nodes]
+    return _SyncLatticeCluster(startup_nodes=startup, retry=SyncRetry(NoBackoff(), 0), **options)
+
+
 def async_redis(url: str, **kwargs: Any) -> aioredis.Redis:
     """A ``redis.asyncio.Redis`` on ``url`` (``redis://``, ``rediss://``, ``unix://``)
     with the connection policy (module doc); ``kwargs`` (``decode_responses``,
     ``socket_timeout``, ``client_name``...) go to redis-py and win over the policy's.
+    A cluster URL (``redis+cluster://h:p[,h:p...]``) gives a
+    ``redis.asyncio.cluster.RedisCluster`` instead (:mod:`lattice_mailbox.cluster`;
+    typed as ``Redis`` here: it answers the same commands, on keys of one slot).
     Must be used on one event loop only (redis-py's rule). Raises ``ValueError``
     for a URL redis-py cannot parse."""
+    if is_cluster_url(url):
+        return async_cluster(url, **kwargs)  # type: ignore[return-value]
     options = policy_options(url, asyncio_client=True)
     options.update(kwargs)
     pool = aioredis.ConnectionPool.from_url(url, **options)
@@ -275,7 +432,10 @@ def async_redis(url: str, **kwargs: Any) -> aioredis.Redis:
 
 def sync_redis(url: str, **kwargs: Any) -> redis.Redis:
     """A blocking ``redis.Redis`` on ``url`` with the connection policy; as
-    :func:`async_redis` otherwise (thread-safe like any redis-py client)."""
+    :func:`async_redis` otherwise (thread-safe like any redis-py client); a
+    cluster URL gives a ``redis.cluster.RedisCluster``."""
+    if is_cluster_url(url):
+        return sync_cluster(url, **kwargs)  # type: ignore[return-value]
     options = policy_options(url, asyncio_client=False)
     options.update(kwargs)
     pool = redis.ConnectionPool.from_url(url, **options)
@@ -286,16 +446,22 @@ def sync_redis(url: str, **kwargs: Any) -> redis.Redis:
 
 
 __all__ = [
+    "CLUSTER_RETRY_SECONDS",
+    "CLUSTER_SCHEMES",
     "CONNECT_RETRIES",
     "CONNECT_TIMEOUT_SECONDS",
     "HEALTH_CHECK_INTERVAL_SECONDS",
     "KEEPALIVE_IDLE_SECONDS",
     "READ_AGAIN_FAST_LOSSES",
     "UnreachableError",
+    "async_cluster",
     "async_redis",
+    "cluster_nodes",
+    "is_cluster_url",
     "keepalive_options",
     "policy_options",
     "read_again",
     "read_again_blocking",
+    "sync_cluster",
     "sync_redis",
 ]

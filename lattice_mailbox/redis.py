@@ -64,6 +64,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -114,10 +115,11 @@ def _check_prefix(prefix: Any) -> str:
 class RedisMailbox(CheckedSend):
     """Redis :class:`~lattice_mailbox.base.LeasedMailbox` (see the module docstring).
 
-    ``url_or_client``: a ``redis://``/``rediss://``/``unix://`` URL (a client is
-    made per event loop with :func:`lattice_mailbox.connections.async_redis`:
-    dead idle connections replaced, no command resent) or a ready
-    ``redis.asyncio.Redis``. ``prefix`` starts every key (default ``lattice``).
+    ``url_or_client``: a ``redis://``/``rediss://``/``unix://`` URL or a Redis
+    Cluster URL ``redis+cluster://h:p[,h:p...]`` (a client is made per event loop
+    with :func:`lattice_mailbox.connections.async_redis`: dead idle connections
+    replaced, no command resent) or a ready ``redis.asyncio.Redis`` /
+    ``redis.asyncio.cluster.RedisCluster``. ``prefix`` starts every key (default ``lattice``).
     ``max_message_bytes`` bounds content + metadata JSON (bytes, default 1 MiB).
     Extra keyword arguments go to redis-py (``socket_timeout``, ``client_name``...).
     Network failures raise ``redis.exceptions.ConnectionError`` / ``TimeoutError``.
@@ -139,10 +141,12 @@ class RedisMailbox(CheckedSend):
         if isinstance(url_or_client, str):
             self._url = url_or_client
             self._client_kwargs = client_kwargs
-        elif isinstance(url_or_client, aioredis.Redis):
-            self._client = url_or_client
+        elif isinstance(url_or_client, (aioredis.Redis, AsyncRedisCluster)):
+            self._client = url_or_client  # type: ignore[assignment]
         else:
-            raise TypeError("url_or_client must be a Redis URL or a redis.asyncio.Redis client")
+            raise TypeError(
+                "url_or_client must be a Redis URL or a redis.asyncio.Redis (or redis.asyncio.cluster.RedisCluster) client"
+            )
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aioredis.Redis] = (
             weakref.WeakKeyDictionary()
         )

@@ -4,7 +4,9 @@ Every error, log line, CLI message and repr of this project that names a URL
 shows ``mask_url(url)``: ``redis://:s3cret@host:6379/0`` -> ``redis://:**@host:6379/0``,
 ``postgresql://app:s3cret@db/x`` -> ``postgresql://app:**@db/x``; a query string
 (which may carry ``?password=``) is left out. It is kombu's
-``maybe_sanitize_url``, the helper Celery masks its own banner with.
+``maybe_sanitize_url``, the helper Celery masks its own banner with; a URL
+naming several hosts (``redis+cluster://:s3cret@h1:7000,h2:7001``), which kombu
+cannot parse, is masked the same way here -> ``redis+cluster://:**@h1:7000,h2:7001``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,20 @@ def mask_url(url: object) -> str:
         return str(url)
     from kombu.utils.url import maybe_sanitize_url  # light; imported on first use
 
-    return str(maybe_sanitize_url(url))
+    try:
+        return str(maybe_sanitize_url(url))
+    except ValueError:  # several hosts (redis+cluster://h1:p1,h2:p2): kombu cannot parse the port
+        return _mask_by_hand(url)
+
+
+def _mask_by_hand(url: str) -> str:
+    """``scheme://user:**@hosts/path`` without the query, for a URL kombu cannot parse."""
+    scheme, sep, rest = url.partition("://")
+    rest = rest.split("?", 1)[0]
+    userinfo, at, hosts = rest.rpartition("@")
+    if at and ":" in userinfo:
+        userinfo = userinfo.split(":", 1)[0] + ":**"
+    return f"{scheme}{sep}{userinfo}{at}{hosts}"
 
 
 def redact_urls(text: str) -> str:

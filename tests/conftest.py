@@ -105,3 +105,16 @@ def _keys_in_own_prefix_and_db(_key_guard_session: None) -> Iterator[None]:
     if guard is not None:
         problems = guard.after()
         assert not problems, "this test " + "; ".join(problems)
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[Any]:
+    """A Redis Cluster of the session's own (3 masters, one replica each, on free
+    ports; tests/support/redis_cluster.py), started on the first test that asks
+    for it and stopped at the end of the session. Tests keep to their own key
+    prefix and delete their keys (``redis_cluster.delete_prefix``). A test that
+    fails a node over leaves the cluster ok (3 masters with one replica each)."""
+    from tests.support.redis_cluster import RedisClusterServers
+
+    with RedisClusterServers() as cluster:
+        yield cluster

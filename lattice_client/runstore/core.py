@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, ResponseError
 
@@ -49,10 +50,13 @@ class RunStoreCore:
         self._shared: _Conn | None = None
         if isinstance(redis_url_or_client, str):
             self._url = redis_url_or_client
-        elif isinstance(redis_url_or_client, Redis):
-            self._shared = self._make_conn(redis_url_or_client)
+        elif isinstance(redis_url_or_client, (Redis, RedisCluster)):
+            self._shared = self._make_conn(redis_url_or_client)  # type: ignore[arg-type]
         else:
-            raise TypeError("RunStore needs a redis:// URL or a redis.asyncio.Redis client")
+            raise TypeError(
+                "RunStore needs a redis:// (or redis+cluster://) URL or a redis.asyncio.Redis "
+                "(or redis.asyncio.cluster.RedisCluster) client"
+            )
         self._keys: dict[str, RunKeys] = {}  # immutable, asked for on every call
         self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Conn] = (
             weakref.WeakKeyDictionary()

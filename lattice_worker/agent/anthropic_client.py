@@ -35,7 +35,10 @@ request field                              sent as
 version knows about them.
 
 Retries are the SDK's own (``max_retries``; 408/409/429/5xx/529 and connection
-errors, honouring ``retry-after-ms`` / ``retry-after``). Every SDK failure is
+errors, honouring ``retry-after-ms`` / ``retry-after``), except under an
+observer that retries itself (:mod:`.response_observer`: the distributed
+runtime's rate limiter), which gets every response's status and headers
+(``with_raw_response``, ``APIStatusError.response``). Every SDK failure is
 re-raised as :class:`~lattice_worker.errors.APIError` (``status_code``,
 ``body``), except timeouts, which become
 :class:`~lattice_worker.errors.ModelTimeoutError`.
@@ -67,6 +70,7 @@ from .anthropic_request import (  # noqa: F401 - re-exported: their old import p
 )
 from .anthropic_response import _TOOL_BLOCK_TYPES, StreamAssembler, _clean_block
 from .model import AssistantModelMessage, ModelRequest, TokenUsage
+from .response_observer import ResponseObserver, current_observer
 
 try:  # the SDK's HTTP library: ``httpx`` in most releases, ``httpx2`` in some
     import httpx2 as _httpx
@@ -280,9 +284,16 @@ class AnthropicModelClient:
                 work.close()  # aborted before it ran: no "never awaited" warning
 
     async def _single(self, sdk: Any, params: dict[str, Any]) -> AssistantModelMessage:
+        observer = current_observer.get()
         try:
-            message = await sdk.messages.create(**params)
+            if observer is None:
+                message = await sdk.messages.create(**params)
+            else:
+                raw = await _observed(sdk, observer).messages.with_raw_response.create(**params)
+                observer.heard(raw.status_code, raw.headers)
+                message = await raw.parse()
         except anthropic.AnthropicError as exc:
+            _heard_error(observer, exc)
             raise convert_sdk_error(exc) from exc
         except ValueError as exc:  # the SDK refuses long non-streaming requests up front
             raise ConfigError(f"AnthropicModelClient: {exc}") from exc
@@ -306,9 +317,16 @@ class AnthropicModelClient:
         self, sdk: Any, params: dict[str, Any], on_event: StreamEventCallback | None
     ) -> AssistantModelMessage:
         assembler = StreamAssembler()
+        observer = current_observer.get()
         try:
-            stream = await sdk.messages.create(**params, stream=True)
+            if observer is None:
+                stream = await sdk.messages.create(**params, stream=True)
+            else:
+                raw = await _observed(sdk, observer).messages.with_raw_response.create(**params, stream=True)
+                observer.heard(raw.status_code, raw.headers)
+                stream = await raw.parse()
         except anthropic.AnthropicError as exc:
+            _heard_error(observer, exc)
             raise convert_sdk_error(exc) from exc
         except TypeError as exc:
             raise _credentials_error(exc) from exc
@@ -332,6 +350,21 @@ class AnthropicModelClient:
             with contextlib.suppress(Exception):
                 await stream.close()
         return assembler.result()
+
+
+def _observed(sdk: Any, observer: ResponseObserver) -> Any:
+    """``sdk`` as the call under ``observer`` uses it: without the SDK's retries
+    when the observer retries itself (``with_options`` is the SDK's public way)."""
+    if observer.own_retries and hasattr(sdk, "with_options"):
+        return sdk.with_options(max_retries=0)
+    return sdk
+
+
+def _heard_error(observer: ResponseObserver | None, exc: BaseException) -> None:
+    """Tell ``observer`` the status and headers of an error response (``APIStatusError.response``)."""
+    response = getattr(exc, "response", None) if isinstance(exc, anthropic.APIStatusError) else None
+    if observer is not None and response is not None:
+        observer.heard(exc.status_code, response.headers)  # type: ignore[attr-defined]
 
 
 async def _run_with_signal(work: Awaitable[AssistantModelMessage], signal: AbortSignal | None) -> Any:

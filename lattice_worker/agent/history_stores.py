@@ -358,13 +358,14 @@ class RedisHistoryStore:
             if not redis_url_or_client:
                 raise ConfigError("RedisHistoryStore: the Redis URL is empty")
             self._url = redis_url_or_client
-        elif isinstance(redis_url_or_client, aioredis.Redis):
-            self._client = redis_url_or_client
+        elif isinstance(redis_url_or_client, (aioredis.Redis, aioredis.RedisCluster)):
+            self._client = redis_url_or_client  # type: ignore[assignment]
         elif callable(redis_url_or_client):
             self._factory = redis_url_or_client
         else:
             raise ConfigError(
-                "RedisHistoryStore: expected a redis:// URL, a redis.asyncio.Redis client or a client factory, "
+                "RedisHistoryStore: expected a redis:// URL (or redis+cluster://), a redis.asyncio.Redis "
+                "(or RedisCluster) client or a client factory, "
                 f"got {type(redis_url_or_client).__name__}"
             )
         self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aioredis.Redis] = (

@@ -20,8 +20,10 @@ query at a time per Agent, across threads and event loops (its lock).
 
 Seams for the team and distributed runtimes (docs/contracts.md): the query
 option ``runtime`` (``async after_tool_batch(outcome) -> list[message] | None``,
-may raise :class:`SuspendQuery`), ``ToolContext.runtime``, ``Agent.query(None)``
-and the ``trace_context`` option.
+may raise :class:`SuspendQuery`; a model client may raise it too, before its call
+reaches the provider: the distributed runtime's rate limiter, whose call waits
+for its turn), ``ToolContext.runtime``, ``Agent.query(None)`` and the
+``trace_context`` option.
 """
 
 from __future__ import annotations
@@ -260,7 +262,7 @@ async def run_query(agent: LoopAgent, prompt: Any, q: QueryOptions) -> AsyncIter
                 yield await run.finish(Finish("error", error=RuntimeError("the model request was cancelled")))
                 return
             exc = task.exception()
-            if isinstance(exc, SuspendQuery):  # the runtime's call gate stopped it before the request
+            if isinstance(exc, SuspendQuery):  # the runtime ends the query before the call (budget, turn)
                 yield await run.finish(Finish("suspended"))
                 return
             message = task.result() if exc is None else None

@@ -35,6 +35,7 @@ from tests.support.services import PG_URL, REDIS_URL
 BACKENDS = [
     pytest.param("memory", id="memory"),
     pytest.param("redis", id="redis", marks=pytest.mark.redis),
+    pytest.param("cluster", id="redis-cluster", marks=pytest.mark.cluster),
     pytest.param("sqlite", id="sqlite"),
     pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
 ]
@@ -55,8 +56,9 @@ Factory = Callable[..., Any]
 
 
 @pytest.fixture
-async def make_store(tmp_path) -> AsyncIterator[Callable[..., Any]]:
-    """``make_store(kind, **kwargs)`` builds a store isolated to this test."""
+async def make_store(tmp_path, request: pytest.FixtureRequest) -> AsyncIterator[Callable[..., Any]]:
+    """``make_store(kind, **kwargs)`` builds a store isolated to this test
+    (``"cluster"``: on the session's Redis Cluster, started on first use)."""
     cleanups: list[Callable[[], Any]] = []
 
     def make(kind: str, **kwargs: Any) -> Any:
@@ -74,6 +76,17 @@ async def make_store(tmp_path) -> AsyncIterator[Callable[..., Any]]:
                 await mb.aclose()
 
             cleanups.append(drop_redis)
+            return mb
+        if kind == "cluster":
+            cluster = request.getfixturevalue("redis_cluster")
+            prefix = f"test-{uuid.uuid4().hex}"
+            mb = RedisMailbox(cluster.url, prefix=prefix, **kwargs)
+
+            async def drop_cluster() -> None:
+                await mb.aclose()
+                cluster.delete_prefix(f"{prefix}:")
+
+            cleanups.append(drop_cluster)
             return mb
         if kind == "sqlite":
             mb = SQLMailbox(f"sqlite:///{tmp_path}/mailbox-{uuid.uuid4().hex[:6]}.db", **kwargs)
@@ -534,16 +547,15 @@ async def test_counts_and_mailbox_ids(store):
     assert await store.mailbox_ids("zzz") == []
 
 
-async def test_mailbox_from_url_builds_each_store(kind, tmp_path):
+async def test_mailbox_from_url_builds_each_store(kind, tmp_path, request):
     url = {
         "memory": "memory://",
         "redis": REDIS_URL,
+        "cluster": "redis+cluster://127.0.0.1:7000,127.0.0.1:7001",  # not connected to
         "sqlite": f"sqlite:///{tmp_path}/u.db",
         "postgres": PG_URL,
     }[kind]
-    expected = {"memory": MemoryMailbox, "redis": RedisMailbox, "sqlite": SQLMailbox, "postgres": SQLMailbox}[
-        kind
-    ]
+    expected = {"sqlite": SQLMailbox, "postgres": SQLMailbox, "memory": MemoryMailbox}.get(kind, RedisMailbox)
     kwargs = {"redis": {"prefix": "test-url"}, "postgres": {"table_prefix": "t_url_"}}.get(kind, {})
     mb = mailbox_from_url(url, **kwargs)
     assert type(mb) is expected

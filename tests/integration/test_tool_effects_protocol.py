@@ -391,6 +391,33 @@ async def test_a_member_call_waits_for_an_approval_holding_no_worker(env, raw, p
     assert count(raw, prefix, "send_email", "a1") == 0 and count(raw, prefix, "prep", "a1") == 1
 
 
+async def test_a_member_call_is_listed_for_a_decision_only_once_its_message_is_parked(env, monkeypatch):
+    """The member stores its wait, then parks its message: in between, a listed
+    call could not be decided yet ("has not stopped on it"), so it is not listed."""
+    e = env
+    await start_member(e, "send_email a2", via="gate")
+    complete = e.ctx.mailbox.complete
+    stored, release = asyncio.Event(), asyncio.Event()
+
+    async def held_complete(message_id: str, token: str, status: Any) -> Any:
+        stored.set()
+        await release.wait()
+        return await complete(message_id, token, status)
+
+    monkeypatch.setattr(e.ctx.mailbox, "complete", held_complete)
+    step = asyncio.ensure_future(e.run(DELIVER_TASK, "fx::gate"))
+    await asyncio.wait_for(stored.wait(), 20)
+    [message] = await e.ctx.mailbox.inbox("fx::gate", "all")
+    assert message.status.value == "processing"
+    assert await e.ctx.runs.waits(kind="approval")  # the wait is stored ...
+    assert await e.client.approvals() == [] and await e.client.approvals("fx") == []  # ... not offered yet
+    release.set()
+    assert await asyncio.wait_for(step, 20) == "awaiting_approval"
+    [pending] = await e.client.approvals("fx")
+    assert pending.call_id == f"{message.id}/toolu_prep"
+    await e.client.approve(pending.call_id)  # decidable as soon as it is listed
+
+
 async def test_a_lead_call_waits_for_an_approval_with_the_run_suspended(env, raw, prefix):
     e = env
     run_id = await submit(e, "fx_gated", lead_plan("lookup_docs la"))

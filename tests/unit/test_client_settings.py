@@ -182,3 +182,40 @@ def test_celery_configuration_on_rabbitmq_uses_quorum_queues():
         "dep2",
         "dep2.celeryev",
     )
+
+
+CLUSTER = "redis+cluster://:s3cret@10.0.0.1:7000,10.0.0.2:7001"
+
+
+def test_a_redis_cluster_holds_mailboxes_runs_and_registry_and_is_refused_as_broker():
+    settings = get_settings(mailbox_url=CLUSTER)
+    assert settings.broker_url == "redis://127.0.0.1:6379/0"  # Celery stays on one Redis
+    assert settings.state_url == CLUSTER  # runs and the registry follow the mailboxes onto the cluster
+    on_rabbit = get_settings(broker_url=AMQP, mailbox_url=CLUSTER)
+    assert on_rabbit.state_url == CLUSTER
+    assert "s3cret" not in repr(on_rabbit) and "10.0.0.2:7001" in repr(on_rabbit)
+    with pytest.raises(ValidationError) as info:
+        get_settings(broker_url=CLUSTER)
+    assert info.value.errors()[0]["loc"] == ("broker_url",)
+    assert "Celery's Redis transport cannot use" in str(info.value) and "mailbox_url" in str(info.value)
+    assert "s3cret" not in str(info.value)
+
+
+def test_cluster_urls_parse_into_startup_nodes_and_bad_ones_are_refused():
+    from lattice_mailbox.connections import cluster_nodes, is_cluster_url
+
+    assert cluster_nodes("redis+cluster://u:p%40ss@h1:7000,[::1]:7001/0") == (
+        [("h1", 7000), ("::1", 7001)],
+        {"ssl": False, "username": "u", "password": "p@ss"},
+    )
+    assert cluster_nodes("rediss+cluster://h:1")[1] == {"ssl": True}
+    assert is_cluster_url("redis+cluster://h:1") and not is_cluster_url("redis://h:1/0")
+    for bad, why in (
+        ("redis+cluster://h1", "needs host:port"),
+        ("redis+cluster://h1:7000,", "needs host:port"),
+        ("redis+cluster://:s3cret@h1:7000/2", "only database 0"),
+        ("redis+cluster://h1:7000?password=s3cret", "no query string"),
+    ):
+        with pytest.raises(ValueError, match=why) as info:
+            cluster_nodes(bad)
+        assert "s3cret" not in str(info.value)

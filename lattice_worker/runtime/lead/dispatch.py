@@ -12,6 +12,7 @@ from typing import Any
 
 from lattice_client.errors import RunLeaseLostError, RunStateError
 from lattice_client.runstore import RunStore
+from lattice_client.settings import is_cluster_url
 from lattice_mailbox.message import TeamMessage
 
 from ...agent.call_gate import current_call_gate
@@ -330,8 +331,14 @@ async def dispatch_items(
     # the batch is registered), the registration, then the outcomes of items a
     # member finished before they were registered (their messages are claimable
     # from the moment they are sent; both sides write, then read) -- and, to
-    # suspend, the suspension.
-    commands: list[tuple[Any, ...]] = [call, ("mget", [ctx.keys.early_outcome(w) for w in ids])]
+    # suspend, the suspension. On a Redis Cluster the early outcomes lie in other
+    # slots (other nodes, whose part of a pipeline may run before this run's node
+    # ran the registration): they are read after the registration's reply instead.
+    on_cluster = is_cluster_url(ctx.settings.state_url)
+    early_read: list[tuple[Any, ...]] = (
+        [] if on_cluster else [("mget", [ctx.keys.early_outcome(w) for w in ids])]
+    )
+    commands: list[tuple[Any, ...]] = [call, *early_read]
     scripts: tuple[str, ...] = (source,)
     on_error: Any
     if lease is not None and suspend:
@@ -344,6 +351,8 @@ async def dispatch_items(
     else:
         on_error = lambda exc: ctx.runs.script_error(exc, run_id, "add_items")  # noqa: E731
     replies = await ctx.writer.write(commands, scripts=scripts, on_error=on_error)
+    if on_cluster:
+        replies = [replies[0], await ctx.links.early_outcomes(ids), *replies[1:]]
     suspended: bool | None = None
     if len(replies) > 2:
         suspended = bool(replies[2])

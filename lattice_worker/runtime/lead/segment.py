@@ -43,6 +43,7 @@ from ...errors import TeamNotServedError
 from ...team.depth import delegated, delegation_limit, metadata_depth, metadata_limit
 from ...team.reports import failed_work_items
 from ...team.team import Team
+from ..limits.hook import lead_scope, lead_waits
 from ..run.budget import lead_gate
 from ..run.context import WorkerContext
 from ..run.events import FenceSource, current_fence
@@ -249,7 +250,7 @@ async def drive(
         gate = lead_gate(ctx, record, lease)  # None: the run has no budget
         gate_token = current_call_gate.set(gate)
         try:
-            with lead_delegation(team, record):
+            with lead_delegation(team, record), lead_scope(ctx, run_id, lease) as calls:
                 async for event in agent.query(prompt, **options):
                     if getattr(event, "type", None) == "result":
                         final = event
@@ -267,6 +268,8 @@ async def drive(
             trace.final = final
         if gate is not None and gate.parked is not None:  # parked on the budget: the lease is gone
             return await gate.finish(final, usage)
+        if calls.wait is not None and lease is not None:  # a model call waits for its turn: no worker waits
+            return await lead_waits(ctx, team.name, run_id, lease, calls.wait, final, usage)
         if journal is not None and journal.waiting is not None:  # suspended on a call that waits for a person
             return await _parked(ctx, run_id, journal.waiting, final, usage)
         if runtime.stopped is not None:  # the run ended while the batch was registered

@@ -29,6 +29,8 @@ from importlib import resources
 from typing import Any
 
 from lattice_client.model_limits import DIMENSIONS, ModelLimit, api_key_id, limit_for
+from lattice_client.rate_limits import index_key
+from lattice_client.rate_limits import waiting_calls as read_waiting_calls
 
 _LUA = resources.files("lattice_worker.runtime.limits").joinpath("lua")
 TAKE_LUA = _LUA.joinpath("take.lua").read_text(encoding="utf-8")
@@ -60,11 +62,6 @@ class LimitKeys:
     def of(cls, prefix: str, tag: str) -> LimitKeys:
         base = f"{prefix}:ratelimit:{{{tag}}}"
         return cls(bucket=f"{base}:bucket", waiting=f"{base}:waiting")
-
-
-def index_key(prefix: str) -> str:
-    """``<prefix>:ratelimit:index``: the set of bucket tags seen."""
-    return f"{prefix}:ratelimit:index"
 
 
 @dataclass(frozen=True)
@@ -201,23 +198,10 @@ class RateLimiter:
 
 
 async def waiting_calls(client: Any, prefix: str) -> list[dict[str, Any]]:
-    """``[{"model", "key_id", "waiting", "longest_seconds"}]``: the calls waiting for
-    their turn now, per (model, key) seen (``client``: a ``redis.asyncio`` client
-    with ``decode_responses=True``). Entries with no call waiting are left out."""
-    out = []
-    tags = sorted(await client.smembers(index_key(prefix)))
-    now_s, now_us = await client.time()
-    now = int(now_s) * 1000 + int(now_us) // 1000
-    for tag in tags:
-        keys = LimitKeys.of(prefix, tag)
-        entries = await client.zrangebyscore(keys.waiting, now, "+inf", withscores=True)
-        if entries:
-            model, _, key_id = tag.rpartition("|")
-            longest = max(score for _m, score in entries) - now
-            out.append(
-                {"model": model, "key_id": key_id, "waiting": len(entries), "longest_seconds": longest / 1000}
-            )
-    return out
+    """``[{"model", "key_id", "waiting", "longest_seconds", "limit"}]``: the calls
+    waiting for their turn now, per (model, key) seen
+    (:func:`lattice_client.rate_limits.waiting_calls` as dicts)."""
+    return [w.model_dump() for w in await read_waiting_calls(client, prefix)]
 
 
 __all__ = [

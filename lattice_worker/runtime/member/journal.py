@@ -21,6 +21,7 @@ from lattice_mailbox.message import TeamMessage
 
 from ...agent.agent import Agent
 from ...team.member import TeamMember
+from ..limits.hook import limited_client
 from ..run.context import WorkerContext
 from ..run.journal import ItemHistoryStore, ItemJournal, decode_history
 from ..run.replay import ReplayModelClient, encode_message
@@ -52,9 +53,12 @@ async def journaled_member(
         await store.replace(messages)  # the replayed turn is stored again as the model "returns" it
     spec = member.agent
     update: dict[str, Any] = {"history_store": store}
+    client = limited_client(ctx, spec.options)  # the shared model rate limits (its own without them)
+    if client is not spec.options.model_client:
+        update["model_client"] = client
     if replay is not None:
         update["model_client"] = ReplayModelClient(
-            replay, spec.options.model_client, api_key=spec.options.api_key, base_url=spec.options.base_url
+            replay, client, api_key=spec.options.api_key, base_url=spec.options.base_url
         )
     options = spec.options.model_copy(update=update)
     return Agent(options, bare=options.workspace is False), journal, bool(messages)

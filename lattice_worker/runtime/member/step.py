@@ -56,6 +56,7 @@ from ...team.mailbox_state import set_message_status
 from ...team.member import TeamMember
 from ...team.team import Team
 from ...team.work import WorkItemOutcome, run_work_item
+from ..limits.hook import item_scope, item_waits, limit_agent, limited_client
 from ..run.budget import member_gate
 from ..run.completion import complete_work_item
 from ..run.context import WorkerContext
@@ -269,25 +270,28 @@ async def _process(
     )
     # a claim with a lease is renewed while the member works
     renewing = keeper if token and message.lease_until is not None else contextlib.nullcontext()
+    if agent is None and member.kind == "spec":
+        agent = limit_agent(ctx, member.agent)  # None without LATTICE_MODEL_LIMITS
     tracer, trace_context = member_trace(team, run_id, message)  # (None, None): an untraced run
     gate_token = current_call_gate.set(member_gate(ctx, run_id, message, journal))  # None: no budget
     try:
-        async with renewing:
-            outcome = await run_work_item(
-                team,
-                member,
-                message,
-                mailbox=ctx.mailbox,
-                token=token,
-                signal=controller.signal,
-                emit=emit,
-                tracer=tracer,
-                trace_context=trace_context,
-                agent=agent,
-                stream_events=False,  # the event emitter does not store token-level events
-                journal=journal,
-                resume=resume,
-            )
+        with item_scope(ctx, run_id, member.name, message, journal) as calls:
+            async with renewing:
+                outcome = await run_work_item(
+                    team,
+                    member,
+                    message,
+                    mailbox=ctx.mailbox,
+                    token=token,
+                    signal=controller.signal,
+                    emit=emit,
+                    tracer=tracer,
+                    trace_context=trace_context,
+                    agent=agent,
+                    stream_events=False,  # the event emitter does not store token-level events
+                    journal=journal,
+                    resume=resume,
+                )
     finally:
         current_call_gate.reset(gate_token)
     # Only a refused fenced write means the claim was lost: every other outcome was
@@ -296,6 +300,8 @@ async def _process(
     if (outcome.error or {}).get("code") == "claim_lost":
         logger.warning("member %s lost its claim on %s; its outcome is discarded", member.name, message.id)
         return "lost"
+    if outcome.status == "parked" and calls is not None and calls.wait is not None:
+        return await item_waits(ctx, message, calls.wait)  # a model call waits for its turn
     if outcome.status == "parked":  # a call waits for a person; the work item stays open
         kind = (journal.waiting or {}).get("kind") if journal is not None else None
         return {"approval": "awaiting_approval", "budget": "budget_reached"}.get(kind or "", "parked")
@@ -355,7 +361,11 @@ def session_agent(ctx: WorkerContext, member: TeamMember, mailbox_id: str) -> Ag
     (mailbox tools included). Other options are the member agent's own."""
     base: Agent = member.agent
     store = RedisHistoryStore(ctx.client, ctx.keys.session(mailbox_id), fail_on_error=True)
-    options = base.options.model_copy(update={"history_store": store, "tools": list(base.tools)})
+    update = {"history_store": store, "tools": list(base.tools)}
+    client = limited_client(ctx, base.options)  # under the shared limits it waits in place (serial mailbox)
+    if client is not base.options.model_client:
+        update["model_client"] = client
+    options = base.options.model_copy(update=update)
     return Agent(options, bare=base.bare)
 
 

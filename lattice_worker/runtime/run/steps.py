@@ -15,9 +15,11 @@ from lattice_client.celery_config import DELIVER_TASK, RESUME_LEAD_TASK, RUN_LEA
 
 from ...team.ids import LEAD, split_mailbox_id
 
-TaskSender = Callable[[str, list[Any], str], None]
+TaskSender = Callable[..., None]
 """``send_task(task_name, args, queue)``: enqueue one Celery task (sync; in a
-worker Celery's ``app.send_task``, in tests a collector)."""
+worker Celery's ``app.send_task``, in tests a collector). A step that waits
+for its turn (shared rate limits) is sent with ``countdown=`` seconds as a
+keyword too (Celery's countdown: the task runs no earlier)."""
 
 
 class StepSender:
@@ -27,18 +29,25 @@ class StepSender:
         self.send_task = send_task
         self.prefix = prefix
 
-    def ring(self, mailbox_id: str, message_id: str | None = None) -> None:
+    def _send(self, task: str, args: list[Any], queue: str, countdown: float | None) -> None:
+        if countdown is None:
+            self.send_task(task, args, queue)
+        else:
+            self.send_task(task, args, queue, countdown=max(0.0, float(countdown)))
+
+    def ring(self, mailbox_id: str, message_id: str | None = None, *, countdown: float | None = None) -> None:
         """Ring the doorbell of ``mailbox_id`` (``<team>::<member>``; ``ValueError``
         for anything else): ``lattice.deliver`` on its member queue, for the
         message ``message_id`` when given (a work item its run let start), else
-        for the oldest one its run lets start."""
+        for the oldest one its run lets start. ``countdown``: seconds before it
+        may run (a call waiting for its turn)."""
         team, member = split_mailbox_id(mailbox_id)
         args = [mailbox_id, message_id] if message_id else [mailbox_id]
-        self.send_task(DELIVER_TASK, args, queue_name(self.prefix, team, member))
+        self._send(DELIVER_TASK, args, queue_name(self.prefix, team, member), countdown)
 
-    def resume(self, run_id: str, team: str) -> None:
-        """``lattice.resume_lead(run_id)`` on ``team``'s lead queue."""
-        self.send_task(RESUME_LEAD_TASK, [run_id], queue_name(self.prefix, team, LEAD))
+    def resume(self, run_id: str, team: str, *, countdown: float | None = None) -> None:
+        """``lattice.resume_lead(run_id)`` on ``team``'s lead queue (``countdown``: as for :meth:`ring`)."""
+        self._send(RESUME_LEAD_TASK, [run_id], queue_name(self.prefix, team, LEAD), countdown)
 
     def run_lead(self, run_id: str, team: str) -> None:
         """``lattice.run_lead(run_id)`` on ``team``'s lead queue (child runs)."""

@@ -62,5 +62,14 @@ class WorkItemLinks:
         client = await self._redis()
         await client.set(self.keys.early_outcome(work_item_id), json.dumps(outcome), ex=RUN_KEY_TTL_SECONDS)
 
+    async def early_outcomes(self, work_item_ids: list[str]) -> list[Any]:
+        """The raw early outcomes (JSON text or ``None``) of ``work_item_ids``, in
+        order: one pipeline of ``GET`` (their keys lie in many slots of a Redis Cluster)."""
+        client = await self._redis()
+        async with client.pipeline(transaction=False) as pipe:
+            for wid in work_item_ids:
+                pipe.get(self.keys.early_outcome(wid))
+            return list(await pipe.execute())
+
 
 __all__ = ["WorkItemLinks"]

@@ -80,7 +80,7 @@ def _producer() -> Any:
     return _pool_producer
 
 
-def _send_task(name: str, args: list[Any], queue: str) -> None:
+def _send_task(name: str, args: list[Any], queue: str, countdown: float | None = None) -> None:
     options: dict[str, Any] = {
         # Flower's args column (Celery's saferepr of them is slower and the args are short strings)
         "argsrepr": repr(args),
@@ -92,6 +92,8 @@ def _send_task(name: str, args: list[Any], queue: str) -> None:
     origin = tasks.current_origin.get()  # the step that sends it is its parent (Flower)
     if origin is not None:
         options.update(parent_id=origin[0], root_id=origin[1])
+    if countdown is not None:  # a step waiting for its model call's turn (shared rate limits)
+        options["countdown"] = countdown
     app.send_task(name, args=args, queue=queue, **options)
 
 

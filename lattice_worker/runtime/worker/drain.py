@@ -162,8 +162,8 @@ def run_drain(
     targets = _targets(registry, root, list(members or []))
     celery = make_celery_app(settings)
 
-    def send(name: str, args: list, queue: str) -> None:
-        celery.send_task(name, args=args, queue=queue)
+    def send(name: str, args: list, queue: str, countdown: float | None = None) -> None:
+        celery.send_task(name, args=args, queue=queue, countdown=countdown)
 
     async def main() -> DrainResult:
         runs = RunStore(settings.state_url, settings.key_prefix, max_events=settings.max_run_events)

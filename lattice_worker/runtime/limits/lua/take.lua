@@ -16,6 +16,9 @@
 -- ARGV[7]  output tokens taken (0: a call only waits while that bucket is in debt)
 -- ARGV[8]  ticket (the call's id, listed in KEYS[2] while it waits)
 --
+-- A call that waits records which limit made it wait in KEYS[1] field "waiting:limit"
+-- (requests_per_minute | input_tokens_per_minute | output_tokens_per_minute; lattice status).
+--
 -- Returns  {wait_ms, dim, now_ms}: how long the call must wait (0: go now), which bucket made it
 --          wait longest (1 requests, 2 input tokens, 3 output tokens, 0 none), the server's time
 local period = tonumber(ARGV[1])
@@ -45,6 +48,8 @@ end
 redis.call('PEXPIRE', KEYS[1], 2 * period + wait)
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 if wait > 0 then
+  local limits = {'requests_per_minute', 'input_tokens_per_minute', 'output_tokens_per_minute'}
+  redis.call('HSET', KEYS[1], 'waiting:limit', limits[dim])
   redis.call('ZADD', KEYS[2], now + wait, ARGV[8])
   redis.call('PEXPIRE', KEYS[2], period + wait)
 end
