@@ -75,6 +75,11 @@ class RunBudgets(RunStoreCore):
         keys = [self.keys(run_id).record, self.budget_waits_key(run_id)]
         return self._call("park_budget_item", keys, [work_item_id, dumps(wait, "wait"), now_ms()])
 
+    def default_budget_call(self, run_id: str, tokens: int) -> tuple[tuple[Any, ...], str]:
+        """``(command, source)`` of ``default_budget.lua``: the team's default
+        budget ``tokens`` unless the run has its own (reply: the run's budget, 0 = no run)."""
+        return self._call("default_budget", [self.keys(run_id).record], [int(tokens)])
+
     async def budget(self, run_id: str) -> tuple[int | None, int]:
         """``(budget tokens or None, spent tokens)`` of the run (``(None, 0)`` for an unknown run)."""
         raw = await self._conn().client.hmget(self.keys(run_id).record, ["budget_tokens", "spent_tokens"])

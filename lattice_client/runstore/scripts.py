@@ -36,6 +36,7 @@ SCRIPT_NAMES = (
     "park_budget_lead",
     "park_budget_item",
     "raise_budget",
+    "default_budget",
 )
 
 

@@ -76,13 +76,16 @@ async def jot(note: str) -> str:
     return f"noted: {note}"
 
 
-def build_team() -> Any:
-    """The "e2e_budget" team (see the module doc)."""
+def build_team(name: str = "e2e_budget", budget: dict[str, int] | None = None) -> Any:
+    """The "e2e_budget" team (see the module doc); ``budget``: its default budget."""
     lead = define_agent(name="lead", model_client=ScriptedModelClient(lead_model), max_turns=20)
     worker = define_agent(
         name="worker", model_client=ScriptedModelClient(member_model), tools=[jot], max_turns=8
     )
-    return create_team(name="e2e_budget", lead=lead, members=[team_member(name="worker", agent=worker)])
+    members = [team_member(name="worker", agent=worker)]
+    return create_team(name=name, lead=lead, members=members, budget=budget)
 
 
 team = build_team()
+default_team = build_team("e2e_budget_default", {"tokens": 2_000})
+"""The same team with a default budget of 2,000 tokens."""

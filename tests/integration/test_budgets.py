@@ -39,6 +39,7 @@ class Env:
             mailbox = RedisMailbox(REDIS_URL, prefix=prefix)
             registry = TeamRegistry(mailbox)
             registry.load("tests.e2e.budget_teams:team")
+            registry.load("tests.e2e.budget_teams:default_team")
             self.ctxs.append(
                 WorkerContext(
                     settings=settings_for(prefix, lease_seconds=30),
@@ -78,9 +79,9 @@ class Env:
             await ctx.writer.flush()
         raise AssertionError("tasks kept coming")
 
-    async def submit(self, asks: int, budget: int | None) -> str:
+    async def submit(self, asks: int, budget: int | None, team: str = TEAM) -> str:
         run_id = f"run_{uuid.uuid4().hex[:10]}"
-        await self.client.runs.create(run_id, TEAM, str(asks), budget_tokens=budget)
+        await self.client.runs.create(run_id, team, str(asks), budget_tokens=budget)
         self.queue.append((RUN_LEAD_TASK, [run_id]))
         return run_id
 
@@ -235,6 +236,32 @@ async def test_bad_raises_are_refused_and_change_nothing(make_env, raw, prefix):
         await e.client.raise_budget(parked, tokens=200_000)
 
 
+async def test_a_team_default_budget_applies_unless_the_run_has_its_own(make_env):
+    e = make_env(1)
+    defaulted = await e.submit(3, None, team="e2e_budget_default")
+    own = await e.submit(3, 50_000, team="e2e_budget_default")
+    await e.drain()
+    record = await e.client.get_run(defaulted)
+    assert record.status.value == "budget_reached"
+    assert record.budget_tokens == 2_000 and record.spent_tokens == 6 * CALL_TOKENS
+    other = await e.client.get_run(own)
+    assert other.status.value == "completed" and other.budget_tokens == 50_000
+    assert other.spent_tokens == run_tokens(3)
+    await e.client.raise_budget(defaulted, tokens=4_000)
+    await e.drain()
+    record = await e.client.get_run(defaulted)
+    assert record.status.value == "completed" and record.budget_tokens == 4_000
+
+
+def test_create_team_refuses_a_bad_budget():
+    from lattice_worker.errors import ConfigError
+    from tests.e2e.budget_teams import build_team
+
+    for bad in ({"tokens": 0}, {"tokens": "5"}, {"usd": 1}, 5):
+        with pytest.raises(ConfigError, match="budget"):
+            build_team("e2e_bad", bad)
+
+
 async def test_submit_checks_the_budget(prefix):
     client = AsyncLatticeClient(broker_url=REDIS_URL, key_prefix=prefix)
     try:
@@ -248,3 +275,37 @@ async def test_submit_checks_the_budget(prefix):
 
 def record_key(prefix: str, run_id: str) -> str:
     return f"{prefix}:run:{{run:{run_id}}}"
+
+
+async def test_the_cli_shows_the_spend_and_raises_the_budget(make_env, prefix):
+    from typer.testing import CliRunner
+
+    from lattice_client.cli import EXIT_ERROR, app
+
+    def lattice(*args: str) -> Any:
+        result = CliRunner().invoke(
+            app, ["--broker-url", REDIS_URL, "--key-prefix", prefix, *args], env={"COLUMNS": "200"}
+        )
+        assert "Traceback" not in result.output, result.output
+        return result
+
+    e = make_env(1)
+    run_id = await e.submit(3, 2_000)
+    await e.drain()
+    shown = lattice("status")
+    assert shown.exit_code == 0, shown.output
+    row = next(line for line in shown.output.splitlines() if run_id in line)
+    assert "budget_reached" in row and f"{6 * CALL_TOKENS}/2000" in row
+    refused = lattice("budget", run_id, "--tokens", "2000")
+    assert refused.exit_code == EXIT_ERROR
+    assert "not above" in refused.output and "new total" in refused.output
+    assert lattice("budget", "run_nope", "--tokens", "5000").exit_code == EXIT_ERROR
+    assert (await e.client.get_run(run_id)).status.value == "budget_reached"  # nothing changed
+    raised = lattice("budget", run_id, "--tokens", "9000")
+    assert raised.exit_code == 0, raised.output
+    assert f"budget 2000 -> 9000 tokens ({6 * CALL_TOKENS} spent); resumed: the lead" in raised.output
+    # the CLI sent resume_lead through the broker; this in-process worker runs it
+    assert await lead_segment.resume_lead(e.ctxs[0], run_id) in ("suspended", "completed")
+    await e.drain()
+    record = await e.client.get_run(run_id)
+    assert record.status.value == "completed" and record.spent_tokens == run_tokens(3)

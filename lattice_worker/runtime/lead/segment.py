@@ -44,7 +44,7 @@ from ...team.depth import delegated, delegation_limit, metadata_depth, metadata_
 from ...team.reports import failed_work_items
 from ...team.team import Team
 from ..limits.hook import lead_scope, lead_waits
-from ..run.budget import lead_gate
+from ..run.budget import lead_gate, with_team_budget
 from ..run.context import WorkerContext
 from ..run.events import FenceSource, current_fence
 from ..run.trace import RunTrace
@@ -140,6 +140,8 @@ async def _guarded(
     try:
         async with lease:
             team = team_for_run(ctx, record)
+            if not resume:  # the team's default budget, for a run submitted without one
+                record = await with_team_budget(ctx, team, record)
             # the record begin_segment read names the parent: the event needs no read of it
             ctx.events.note_parent(record.run_id, record.parent)
             await ctx.events.emit(

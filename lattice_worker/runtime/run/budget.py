@@ -175,6 +175,20 @@ class ItemBudgetGate(BudgetGate):
         return True
 
 
+async def with_team_budget(ctx: WorkerContext, team: Any, record: Any) -> Any:
+    """``record`` with its team's default budget (``create_team(budget=...)``)
+    applied when it has none of its own (written to the run record; the first
+    segment of a run does it). ``record`` itself when nothing applies."""
+    tokens = getattr(team, "budget_tokens", None)
+    if tokens is None or record.budget_tokens is not None:
+        return record
+    call, source = ctx.runs.default_budget_call(record.run_id, tokens)
+    [budget] = await ctx.writer.write([call], scripts=(source,))
+    if not int(budget):
+        return record  # deleted meanwhile: the segment finds out at its next write
+    return record.model_copy(update={"budget_tokens": int(budget), "spent_tokens": record.spent_tokens or 0})
+
+
 def lead_gate(ctx: WorkerContext, record: Any, lease: Any) -> LeadBudgetGate | None:
     """The gate of a lead segment of ``record`` (``None``: the run has no budget, or no lease)."""
     if lease is None or getattr(record, "budget_tokens", None) is None:
@@ -200,4 +214,5 @@ __all__ = [
     "call_tokens",
     "lead_gate",
     "member_gate",
+    "with_team_budget",
 ]
