@@ -309,3 +309,20 @@ async def test_the_cli_shows_the_spend_and_raises_the_budget(make_env, prefix):
     await e.drain()
     record = await e.client.get_run(run_id)
     assert record.status.value == "completed" and record.spent_tokens == run_tokens(3)
+
+
+async def test_a_run_parked_on_its_budget_can_be_cancelled(make_env):
+    e = make_env(1)
+    lead_parked = await e.submit(3, 2_000)
+    member_parked = await e.submit(3, 1_700)
+    await e.drain()
+    for run_id in (lead_parked, member_parked):
+        assert (await e.client.get_run(run_id)).status.value == "budget_reached"
+        report = await e.client.cancel(run_id)
+        assert report.status.value == "cancelled"
+        assert (await e.client.wait(run_id, timeout=5)).status == "cancelled"
+    # the member's parked message was cancelled with its run; nothing is left to raise
+    assert [m.status.value for m in await e.client.inbox("e2e_budget::worker", "parked")] == []
+    with pytest.raises(BudgetError, match="cancelled"):
+        await e.client.raise_budget(member_parked, tokens=50_000)
+    assert e.queue == []
