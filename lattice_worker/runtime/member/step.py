@@ -64,7 +64,7 @@ from ..run.events import current_fence, public_message
 from ..run.trace import member_trace
 from .child_runs import start_child_run
 from .journal import journaled_member
-from .lease import LeaseKeeper
+from .lease import ABORT_GRACE_SECONDS, LeaseKeeper, WorkAbandoned, until_aborted
 
 logger = logging.getLogger("lattice_worker.runtime")
 
@@ -277,7 +277,7 @@ async def _process(
     try:
         with item_scope(ctx, run_id, member.name, message, journal) as calls:
             async with renewing:
-                outcome = await run_work_item(
+                work = run_work_item(
                     team,
                     member,
                     message,
@@ -292,6 +292,17 @@ async def _process(
                     journal=journal,
                     resume=resume,
                 )
+                try:
+                    outcome = await until_aborted(work, controller.signal)
+                except WorkAbandoned as abandoned:  # a tool went on past the abort: its slot is freed
+                    logger.warning(
+                        "member %s: the work on %s was cancelled %.1f s after %s",
+                        member.name,
+                        message.id,
+                        ABORT_GRACE_SECONDS,
+                        abandoned.reason,
+                    )
+                    return "lost" if keeper.lost is not None else "cancelled"
     finally:
         current_call_gate.reset(gate_token)
     # Only a refused fenced write means the claim was lost: every other outcome was
