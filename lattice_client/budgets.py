@@ -9,8 +9,9 @@ no worker and no lease holds it. The call in flight when the spend crossed the
 budget finishes, so a run spends at most one call past its budget per call
 running at that moment (one, when its calls run one after another).
 
-``raise_budget`` sets the **new total** budget (not an increment: calling it
-twice with the same number changes nothing more) and moves the run on from
+``raise_budget`` sets the **new total** budget (not an increment: a repeated
+call never adds more; once the run goes on it is refused, its budget no
+longer reached) and moves the run on from
 where it stopped: a parked lead resumes (``lattice.resume_lead``), parked
 members' messages go back to ``pending`` and their doorbells ring.
 """
@@ -94,13 +95,15 @@ class BudgetsMixin:
                 message = await self.mailbox.get(message_id)
             except (TypeError, ValueError):
                 message = None
-            if message is None or message.status != MessageStatus.PARKED:
-                continue  # claimed again meanwhile (its worker died before parking it): it runs
-            await self.mailbox.update_status(message_id, MessageStatus.PENDING)
-            resumed.append(message_id)
-            sends.append(
-                (DELIVER_TASK, [mailbox_id, message_id], queue_name(prefix, wait["team"], wait["member"]))
-            )
+            if message is not None and message.status == MessageStatus.PARKED:
+                await self.mailbox.update_status(message_id, MessageStatus.PENDING)
+                resumed.append(message_id)
+                queue = queue_name(prefix, wait["team"], wait["member"])
+                await asyncio.to_thread(
+                    self.celery.send_task, DELIVER_TASK, args=[mailbox_id, message_id], queue=queue
+                )
+            # (a message no longer parked was moved on by an earlier raise, or claimed again)
+            await self.runs.drop_budget_wait(run_id, str(wait.get("work_item_id")))
         for task, args, queue in sends:
             await asyncio.to_thread(self.celery.send_task, task, args=args, queue=queue)
         return RaisedBudget(

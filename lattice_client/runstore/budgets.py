@@ -40,7 +40,8 @@ class BudgetRaise:
     ``previous`` (the budget before, tokens), ``spent`` (tokens) and
     ``waits`` (the members' parked items: dicts with ``message_id``,
     ``mailbox_id``, ``team``, ``member``, ``work_item_id``; the caller moves
-    their messages back to ``pending`` and rings their doorbells)."""
+    their messages back to ``pending``, rings their doorbells, then drops each
+    wait with :meth:`RunBudgets.drop_budget_wait`)."""
 
     def __init__(self, resume_lead: bool, previous: int, spent: int, waits: list[dict[str, Any]]) -> None:
         self.resume_lead = resume_lead
@@ -79,6 +80,10 @@ class RunBudgets(RunStoreCore):
         """``(command, source)`` of ``default_budget.lua``: the team's default
         budget ``tokens`` unless the run has its own (reply: the run's budget, 0 = no run)."""
         return self._call("default_budget", [self.keys(run_id).record], [int(tokens)])
+
+    async def drop_budget_wait(self, run_id: str, work_item_id: str) -> None:
+        """Remove a member's budget wait once its message was moved on (see ``raise_budget.lua``)."""
+        await self._conn().client.hdel(self.budget_waits_key(run_id), work_item_id)
 
     async def budget(self, run_id: str) -> tuple[int | None, int]:
         """``(budget tokens or None, spent tokens)`` of the run (``(None, 0)`` for an unknown run)."""

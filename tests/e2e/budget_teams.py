@@ -8,7 +8,8 @@ answers. Each lead call and each member call reports
 takes two calls (its ``jot`` tool, then ``team_reply``, which ends its turn). So a run of ``N`` asks
 spends ``(N + 1 + 2 * N) * CALL_TOKENS`` tokens, one call after another.
 
-Models are stateless callables of the request (docs/testing.md): a step can
+Agents are bare (``workspace=False``: no built-in tools, no workspace
+directory). Models are stateless callables of the request (docs/testing.md): a step can
 park in one process and resume in another.
 """
 
@@ -78,9 +79,15 @@ async def jot(note: str) -> str:
 
 def build_team(name: str = "e2e_budget", budget: dict[str, int] | None = None) -> Any:
     """The "e2e_budget" team (see the module doc); ``budget``: its default budget."""
-    lead = define_agent(name="lead", model_client=ScriptedModelClient(lead_model), max_turns=20)
+    lead = define_agent(
+        name="lead", model_client=ScriptedModelClient(lead_model), max_turns=20, workspace=False
+    )
     worker = define_agent(
-        name="worker", model_client=ScriptedModelClient(member_model), tools=[jot], max_turns=8
+        name="worker",
+        model_client=ScriptedModelClient(member_model),
+        tools=[jot],
+        max_turns=8,
+        workspace=False,
     )
     members = [team_member(name="worker", agent=worker)]
     return create_team(name=name, lead=lead, members=members, budget=budget)

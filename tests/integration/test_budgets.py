@@ -309,3 +309,39 @@ async def test_the_cli_shows_the_spend_and_raises_the_budget(make_env, prefix):
     await e.drain()
     record = await e.client.get_run(run_id)
     assert record.status.value == "completed" and record.spent_tokens == run_tokens(3)
+
+
+async def test_a_run_parked_on_its_budget_can_be_cancelled(make_env):
+    e = make_env(1)
+    lead_parked = await e.submit(3, 2_000)
+    member_parked = await e.submit(3, 1_700)
+    await e.drain()
+    for run_id in (lead_parked, member_parked):
+        assert (await e.client.get_run(run_id)).status.value == "budget_reached"
+        report = await e.client.cancel(run_id)
+        assert report.status.value == "cancelled"
+        assert (await e.client.wait(run_id, timeout=5)).status == "cancelled"
+    # the member's parked message was cancelled with its run; nothing is left to raise
+    assert [m.status.value for m in await e.client.inbox("e2e_budget::worker", "parked")] == []
+    with pytest.raises(BudgetError, match="cancelled"):
+        await e.client.raise_budget(member_parked, tokens=50_000)
+    assert e.queue == []
+
+
+async def test_a_raise_that_stopped_half_way_is_finished_by_the_next(make_env):
+    e = make_env(1)
+    run_id = await e.submit(3, 1_700)  # a member parks
+    await e.drain()
+    # the first raise's script ran, then its caller died before moving the message on
+    first = await e.client.runs.raise_budget(run_id, 20_000)
+    assert not first.resume_lead and len(first.waits) == 1
+    assert (await e.client.get_run(run_id)).status.value == "suspended"
+    assert [m.status.value for m in await e.client.inbox("e2e_budget::worker", "parked")] == ["parked"]
+    again = await e.client.raise_budget(run_id, tokens=20_000)
+    assert again.resumed_messages == [first.waits[0]["message_id"]]
+    # nothing is left to move on: a raise is refused again (not reached)
+    with pytest.raises(BudgetError, match="has not reached"):
+        await e.client.raise_budget(run_id, tokens=30_000)
+    await e.drain()
+    record = await e.client.get_run(run_id)
+    assert record.status.value == "completed" and record.spent_tokens == run_tokens(3)

@@ -3,15 +3,19 @@
 --
 -- KEYS[1]  run record hash          <prefix>:run:{run:<id>}
 -- KEYS[2]  the run's budget waits   ...:budget_waits   work_item_id -> JSON
--- ARGV[1]  the new budget, tokens (an integer, checked > 0 by the caller)
+-- ARGV[1]  the new budget, tokens (an integer, checked > 0 by the caller; a
+--          total already set is accepted again: the waits are returned again)
 -- ARGV[2]  now, milliseconds since the epoch
 --
 -- Accepted when the run is "budget_reached", or not finished with its spend at
--- or over its budget (reached, not parked yet). The new total must be above the
--- spend. A lead parked on the budget ("budget_parked" = "lead") moves to
--- "resuming" (the caller sends lattice.resume_lead); a run whose members
--- parked moves back to "suspended"; the members' waits are removed and
--- returned (the caller moves their messages back to "pending" and rings).
+-- or over its budget (reached, not parked yet), or with members' budget waits
+-- left (an earlier raise whose caller stopped before moving them on). The new
+-- total must be above the spend. A lead parked on the budget ("budget_parked" =
+-- "lead") moves to "resuming" (the caller sends lattice.resume_lead); a run
+-- whose members parked moves back to "suspended". The members' waits are
+-- returned, not removed: the caller moves each message back to "pending",
+-- rings its doorbell, then removes its wait (HDEL), so a raise that stopped
+-- half-way is finished by the next one.
 --
 -- returns  {resume lead (1/0), previous budget, spent, member wait JSON...}
 -- errors   "NORUN run not found"
@@ -32,7 +36,7 @@ if not raw then
 end
 local budget = tonumber(raw)
 local spent = tonumber(redis.call('HGET', KEYS[1], 'spent_tokens') or '0')
-if status ~= 'budget_reached' and spent < budget then
+if status ~= 'budget_reached' and spent < budget and redis.call('HLEN', KEYS[2]) == 0 then
   return redis.error_reply('NOTREACHED ' .. spent .. ' ' .. budget)
 end
 if tonumber(ARGV[1]) <= spent then
@@ -54,5 +58,4 @@ local waits = redis.call('HVALS', KEYS[2])
 for _, w in ipairs(waits) do
   out[#out + 1] = w
 end
-redis.call('DEL', KEYS[2])
 return out
