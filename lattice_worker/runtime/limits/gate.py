@@ -259,7 +259,7 @@ class LimitedModelClient:
         shift = int(float(replies[1][1])) if replies[1][1] else 0
         if keep is not None:
             return keep, _wait_until(keep, model, key_id, max(blocked, now), now, RETRY_AFTER)
-        held = _decode_hold(replies[2]) if key is not None else None
+        held = decode_hold(replies[2]) if key is not None else None
         if held is not None:
             reservation, resume_at, limit = held
             if reservation.model == model and reservation.key_id == key_id:
@@ -387,7 +387,7 @@ def _wait_until(
     return TurnWait(max(0, resume_at - now) / 1000.0, limit, model, key_id, resume_at)
 
 
-def _decode_hold(raw: Any) -> tuple[Reservation, int, str | None] | None:
+def decode_hold(raw: Any) -> tuple[Reservation, int, str | None] | None:
     if raw is None:
         return None
     try:
@@ -427,6 +427,7 @@ __all__ = [
     "RateLimitWait",
     "TurnWait",
     "current_scope",
+    "decode_hold",
     "estimate_input_tokens",
     "hold_key",
     "remaining_of",
