@@ -8,8 +8,9 @@ queries under a :class:`BudgetGate` (:data:`~lattice_worker.agent.call_gate.curr
   round trip as the next write -- at the latest the next call's check);
 * before each model call the run's spend and budget are read; once the spend
   reaches the budget the step parks instead of calling (``SuspendQuery``):
-  a lead segment through ``park_budget_lead.lua`` (the run becomes
-  ``budget_reached``, its lease is dropped: :class:`LeadBudgetGate`), a
+  a lead segment, once its query ended, through ``park_budget_lead.lua``
+  (the run becomes ``budget_reached``, its lease is dropped:
+  :class:`LeadBudgetGate`, called by ``lead.segment.drive``), a
   member on a work item through ``park_budget_item.lua`` (its message
   becomes ``parked``: :class:`ItemBudgetGate`). Either emits a
   ``budget_reached`` event naming the budget and the spend.
