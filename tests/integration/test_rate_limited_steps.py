@@ -255,3 +255,43 @@ async def test_the_ratelimit_remaining_headers_lower_the_shared_bucket(prefix, s
         assert nxt.wait_seconds > 0.5 and nxt.limit == "requests_per_minute"
     finally:
         await client.aclose()
+
+
+async def test_a_call_holding_its_turn_also_waits_out_a_later_429_of_its_key(prefix):
+    import redis.asyncio as aioredis
+
+    from lattice_client.model_limits import ModelLimit
+    from lattice_worker import AssistantModelMessage, ScriptedModelClient
+    from lattice_worker.runtime.limits.bucket import RateLimiter
+
+    client = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
+
+    async def redis() -> Any:
+        return client
+
+    calls: list[Any] = []
+
+    def model(req: Any) -> AssistantModelMessage:
+        calls.append(req)
+        return AssistantModelMessage(content=[{"type": "text", "text": "ok"}], stop_reason="end_turn")
+
+    limiter = RateLimiter(redis, prefix, {"m": ModelLimit(requests_per_minute=30)})  # one every 2 s
+    limited = LimitedModelClient(ScriptedModelClient(model), limiter, api_key="key-3")
+    scope = CallScope(run_id="r2", scope="lead", emit=None, suspendable=True)
+    token = current_scope.set(scope)
+    try:
+        for _ in range(30):  # another worker used the minute's turns
+            await limiter.reserve("m", "key-3", 1)
+        with pytest.raises(RateLimitWait) as first:
+            await limited.create_message(request())
+        assert first.value.wait.limit == "requests_per_minute"
+        # meanwhile the provider refuses another worker's call: the key is held for 30 s
+        await limiter.feed("m", "key-3", blocked_seconds=30)
+        with pytest.raises(RateLimitWait) as again:  # the same call's next attempt
+            await limited.create_message(request())
+        assert again.value.wait.limit == "retry_after"
+        assert again.value.wait.resume_at_ms > first.value.wait.resume_at_ms
+        assert calls == []  # nothing was sent early
+    finally:
+        current_scope.reset(token)
+        await client.aclose()

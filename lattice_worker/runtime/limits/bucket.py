@@ -71,7 +71,9 @@ class Reservation:
     ``wait_seconds`` (float, >= 0): how long after ``reserved_at_ms`` (server
     clock) its turn comes; ``limit``: the limit that made it wait
     (``"requests_per_minute"`` ...; ``None`` when it did not wait);
-    ``amounts``: ``(requests, input tokens, output tokens)`` taken."""
+    ``amounts``: ``(requests, input tokens, output tokens)`` taken; ``shift_ms``:
+    the key's shift when it was taken (a later 429 moves the turn by what the
+    shift grew since, ``feed.lua``)."""
 
     model: str
     key_id: str
@@ -80,6 +82,7 @@ class Reservation:
     limit: str | None
     amounts: tuple[int, int, int]
     reserved_at_ms: int
+    shift_ms: int = 0
 
 
 class RateLimiter:
@@ -128,7 +131,7 @@ class RateLimiter:
             self._indexed.add(tag)
         ticket = uuid.uuid4().hex
         amounts = (1, max(0, int(input_tokens)), max(0, int(output_tokens)))
-        wait_ms, dim, now = await client.eval(
+        wait_ms, dim, now, shift = await client.eval(
             TAKE_LUA, 2, keys.bucket, keys.waiting, *self._args(limit), *amounts, ticket
         )
         return Reservation(
@@ -139,6 +142,7 @@ class RateLimiter:
             limit=LIMIT_NAMES.get(int(dim)) if int(wait_ms) > 0 else None,
             amounts=amounts,
             reserved_at_ms=int(now),
+            shift_ms=int(shift),
         )
 
     async def settle(
