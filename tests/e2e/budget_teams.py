@@ -77,10 +77,17 @@ async def jot(note: str) -> str:
     return f"noted: {note}"
 
 
-def build_team(name: str = "e2e_budget", budget: dict[str, int] | None = None) -> Any:
-    """The "e2e_budget" team (see the module doc); ``budget``: its default budget."""
+def build_team(
+    name: str = "e2e_budget", budget: dict[str, int] | None = None, auto_compact: Any = None
+) -> Any:
+    """The "e2e_budget" team (see the module doc); ``budget``: its default
+    budget; ``auto_compact``: the lead's (off by default)."""
     lead = define_agent(
-        name="lead", model_client=ScriptedModelClient(lead_model), max_turns=20, workspace=False
+        name="lead",
+        model_client=ScriptedModelClient(lead_model),
+        max_turns=20,
+        workspace=False,
+        auto_compact=auto_compact,
     )
     worker = define_agent(
         name="worker",
@@ -96,3 +103,7 @@ def build_team(name: str = "e2e_budget", budget: dict[str, int] | None = None) -
 team = build_team()
 default_team = build_team("e2e_budget_default", {"tokens": 2_000})
 """The same team with a default budget of 2,000 tokens."""
+compact_team = build_team(
+    "e2e_budget_compact", auto_compact={"threshold_tokens": 100, "keep_recent_messages": 2}
+)
+"""The same team whose lead compacts after every tool batch (its context is past 100 tokens)."""

@@ -40,6 +40,7 @@ class Env:
             registry = TeamRegistry(mailbox)
             registry.load("tests.e2e.budget_teams:team")
             registry.load("tests.e2e.budget_teams:default_team")
+            registry.load("tests.e2e.budget_teams:compact_team")
             self.ctxs.append(
                 WorkerContext(
                     settings=settings_for(prefix, lease_seconds=30),
@@ -345,3 +346,24 @@ async def test_a_raise_that_stopped_half_way_is_finished_by_the_next(make_env):
     await e.drain()
     record = await e.client.get_run(run_id)
     assert record.status.value == "completed" and record.spent_tokens == run_tokens(3)
+
+
+async def test_a_lead_stopped_in_a_compaction_summary_still_registers_its_batch(make_env, caplog):
+    # the first lead call spends 350 >= 300; the compaction after its tool batch is a
+    # call too: the gate refuses it (the summary fails quietly), the batch's ask is
+    # registered under the lead's lease and the run suspends; the member parks
+    e = make_env(1)
+    run_id = await e.submit(1, 300, team="e2e_budget_compact")
+    with caplog.at_level("WARNING", logger="lattice_worker.agent"):
+        outs = await e.drain()
+    assert outs == ["suspended", "budget_reached"], outs
+    assert "the summary request failed" in caplog.text  # the gate refused the summary call
+    record = await e.client.get_run(run_id)
+    assert record.status.value == "budget_reached" and record.spent_tokens == CALL_TOKENS
+    raised = await e.client.raise_budget(run_id, tokens=10_000)
+    assert len(raised.resumed_messages) == 1
+    await e.drain()
+    record = await e.client.get_run(run_id)
+    assert record.status.value == "completed", record
+    assert record.result.result == "final: answer0"
+    assert record.spent_tokens == run_tokens(1)

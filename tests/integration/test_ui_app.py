@@ -170,7 +170,9 @@ def test_a_runs_events_stream_ends_after_its_result(page: TestClient, seeded: La
     assert '"kind": "run_result"' in body and body.rstrip().endswith("event: end\ndata: {}")
 
 
-def test_a_runs_events_stream_refuses_an_after_that_is_not_a_stream_id(page: TestClient, seeded: LatticeClient):
+def test_a_runs_events_stream_refuses_an_after_that_is_not_a_stream_id(
+    page: TestClient, seeded: LatticeClient
+):
     auth = ("ops", "s3cret")
     for after in ("garbage", "12-x", "-1"):
         response = page.get(f"/runs/run-evil/events?after={after}", auth=auth)

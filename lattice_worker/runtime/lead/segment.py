@@ -268,8 +268,6 @@ async def drive(
             current_run.reset(token)
         if trace is not None:
             trace.final = final
-        if gate is not None and gate.parked is not None:  # parked on the budget: the lease is gone
-            return await gate.finish(final, usage)
         if calls.wait is not None and lease is not None:  # a model call waits for its turn: no worker waits
             return await lead_waits(ctx, team.name, run_id, lease, calls.wait, final, usage)
         if journal is not None and journal.waiting is not None:  # suspended on a call that waits for a person
@@ -287,6 +285,17 @@ async def drive(
             return await _lost(ctx, run_id)
         if final is None:  # pragma: no cover - the loop always ends with a result
             raise RuntimeError("the lead's query ended without a result")
+        if (
+            gate is not None
+            and gate.stopped is not None
+            and final.subtype == "suspended"
+            and runtime.suspended is None
+        ):
+            parked = await gate.park_segment(final, usage)  # the budget is spent: no worker waits
+            if parked is not None:
+                return parked
+            prompt = None  # raised meanwhile: the lead goes on
+            continue
         suspending = final.subtype == "suspended"
         if runtime.suspended is False:  # registered with its usage; the wait set was empty
             await prepare_resume(ctx, team, run_id, agent, lease=lease)

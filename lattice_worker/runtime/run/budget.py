@@ -8,8 +8,9 @@ queries under a :class:`BudgetGate` (:data:`~lattice_worker.agent.call_gate.curr
   round trip as the next write -- at the latest the next call's check);
 * before each model call the run's spend and budget are read; once the spend
   reaches the budget the step parks instead of calling (``SuspendQuery``):
-  a lead segment through ``park_budget_lead.lua`` (the run becomes
-  ``budget_reached``, its lease is dropped: :class:`LeadBudgetGate`), a
+  a lead segment, once its query ended, through ``park_budget_lead.lua``
+  (the run becomes ``budget_reached``, its lease is dropped:
+  :class:`LeadBudgetGate`, called by ``lead.segment.drive``), a
   member on a work item through ``park_budget_item.lua`` (its message
   becomes ``parked``: :class:`ItemBudgetGate`). Either emits a
   ``budget_reached`` event naming the budget and the spend.
@@ -57,6 +58,10 @@ class BudgetGate:
         self.run_id = run_id
         self.parked: dict[str, Any] | None = None
         """``{"budget_tokens", "spent_tokens"}`` once this step parked on the budget."""
+        self.stopped: str | None = None
+        """Why the step's queries make no more calls (set when it stopped on the
+        budget): every later call is refused at once -- a compaction summary
+        swallows the ``SuspendQuery``, the query's next call must not park twice."""
 
     async def after_call(self, usage: Any) -> None:
         tokens = call_tokens(usage)
@@ -66,12 +71,15 @@ class BudgetGate:
         self.ctx.writer.queue_write([call], scripts=(source,))
 
     async def before_call(self) -> None:
+        if self.stopped is not None:  # a call after the stop (a summary swallowed its SuspendQuery)
+            raise SuspendQuery(self.stopped)
         replies = await self.ctx.writer.write([self.ctx.runs.budget_read_command(self.run_id)])
         budget, spent = budget_reply(replies[0])
         if budget is None or spent < budget:
             return
         if await self.park(spent, budget):
-            raise SuspendQuery(f"run {self.run_id} reached its budget ({spent} of {budget} tokens)")
+            self.stopped = f"run {self.run_id} reached its budget ({spent} of {budget} tokens)"
+            raise SuspendQuery(self.stopped)
 
     async def park(self, spent: int, budget: int) -> bool:
         """Park the step (the spend reached the budget); False: it goes on."""
@@ -95,14 +103,26 @@ class BudgetGate:
 
 class LeadBudgetGate(BudgetGate):
     """The gate of a lead segment under ``lease`` (a
-    :class:`~lattice_worker.runtime.lead.lease.LeadLease`): parking ends the
-    segment (the run is ``budget_reached``, the lease dropped)."""
+    :class:`~lattice_worker.runtime.lead.lease.LeadLease`). A reached budget
+    stops the lead's query before the call; the segment then parks the run
+    (:meth:`park_segment`: ``budget_reached``, the lease dropped) once the
+    query has ended -- not from inside it, where a tool batch may still
+    register its work items under the lease (a compaction summary between
+    the batch and its registration is a call too)."""
 
     def __init__(self, ctx: WorkerContext, run_id: str, lease: Any) -> None:
         super().__init__(ctx, run_id)
         self.lease = lease
 
     async def park(self, spent: int, budget: int) -> bool:
+        return True  # the query stops; park_segment writes the park after it
+
+    async def park_segment(self, final: Any, usage: dict[str, int] | None) -> str | None:
+        """After the query the gate stopped: count its usage (the run's usage
+        hash, as a suspension does), park the run and say so
+        (``"budget_reached"``), or ``None`` when the budget was raised
+        meanwhile (the run stays running: the lead goes on). Raises
+        ``RunLeaseLostError`` when the lease was lost (nothing written)."""
         lease = self.lease
 
         def failed(exc: BaseException) -> BaseException:
@@ -111,22 +131,17 @@ class LeadBudgetGate(BudgetGate):
                 lease.mark_lost()
             return error
 
+        await self.ctx.usage.add(self.run_id, getattr(final, "usage", None), known=usage, fence=lease.token)
         call, source = self.ctx.runs.park_budget_lead_call(self.run_id, lease.token)
-        # the queued history and events go first, in the same round trip
+        # the queued usage, history and events go first, in the same round trip
         replies = await self.ctx.writer.write([call], scripts=(source,), on_error=failed)
         parked, spent, budget = (int(v) for v in replies[0])
         await self.ctx.writer.sync(lease.token)  # a failed history write of the segment is raised here
         if not parked:
-            return False
+            return None
         lease.end()  # the run is parked: renewals stop quietly
         self.ctx.writer.queue_write([("zrem", self.ctx.runs.leases_key, self.run_id)])
         await self._parked(spent, budget, member="lead")
-        return True
-
-    async def finish(self, final: Any, usage: dict[str, int] | None) -> str:
-        """After the parked query: count the segment's usage (the run's usage
-        hash, as a suspension does) and say so (``"budget_reached"``)."""
-        await self.ctx.usage.add(self.run_id, getattr(final, "usage", None), known=usage, fence=None)
         return "budget_reached"
 
 
