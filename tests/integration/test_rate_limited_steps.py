@@ -306,3 +306,41 @@ async def test_a_call_holding_its_turn_also_waits_out_a_later_429_of_its_key(pre
     finally:
         current_scope.reset(token)
         await client.aclose()
+
+
+async def test_a_step_whose_waiting_call_goes_after_all_is_no_longer_marked_waiting(prefix):
+    import redis.asyncio as aioredis
+
+    from lattice_client.model_limits import ModelLimit
+    from lattice_worker import AssistantModelMessage, ScriptedModelClient
+    from lattice_worker.runtime.limits.bucket import RateLimiter
+
+    client = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
+
+    async def redis() -> Any:
+        return client
+
+    calls: list[Any] = []
+
+    def model(req: Any) -> AssistantModelMessage:
+        calls.append(req)
+        return AssistantModelMessage(content=[{"type": "text", "text": "ok"}], stop_reason="end_turn")
+
+    limiter = RateLimiter(redis, prefix, {"m": ModelLimit(requests_per_minute=30)})  # one every 2 s
+    limited = LimitedModelClient(ScriptedModelClient(model), limiter, api_key="key-4")
+    noted: list[Any] = []
+    scope = CallScope(run_id="r3", scope="lead", emit=None, suspendable=True, on_wait=noted.append)
+    token = current_scope.set(scope)
+    try:
+        for _ in range(30):
+            await limiter.reserve("m", "key-4", 1)
+        with pytest.raises(RateLimitWait) as waited:  # e.g. a compaction's summary request
+            await limited.create_message(request())
+        assert scope.wait is not None
+        await asyncio.sleep(waited.value.wait.seconds)
+        await limited.create_message(request())  # the step's next call: its turn has come
+        assert len(calls) == 1
+        assert scope.wait is None and noted[-1] is None  # the step is not ended as waiting
+    finally:
+        current_scope.reset(token)
+        await client.aclose()
