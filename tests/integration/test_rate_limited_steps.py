@@ -163,6 +163,10 @@ async def test_a_member_call_over_the_limit_gives_its_claim_back_and_keeps_its_p
     waits = [e for e in await event_types(ctx, run_id) if e.get("type") == "model_call_waiting"]
     assert waits[-1]["member"] == "worker" and waits[-1]["work_item_id"] == message.work_item_id
 
+    # a doorbell without a message id (the reaper's, for a message pending a while) leaves it alone
+    assert await broker.run(DELIVER_TASK, [args[0]]) == "idle"
+    [message] = await ctx.mailbox.inbox(args[0], "all")
+    assert message.status.value == "pending" and message.attempts == 1
     assert await broker.run(name, args2) == "rate_limited"  # early: still not its turn
     assert raw.get(f"{prefix}:test:exec:a") is None
     _, args3, again = broker.take()
@@ -184,8 +188,10 @@ async def test_a_member_call_over_the_limit_gives_its_claim_back_and_keeps_its_p
     assert raw.get(f"{prefix}:test:exec:a") == "1"
 
 
-def request(text: str = "hi") -> ModelRequest:
-    return ModelRequest(model="m", system=None, messages=[{"role": "user", "content": text}], max_tokens=16)
+def request(text: str = "hi", *, stream: bool = False) -> ModelRequest:
+    return ModelRequest(
+        model="m", system=None, messages=[{"role": "user", "content": text}], max_tokens=16, stream=stream
+    )
 
 
 async def test_a_429_with_retry_after_lowers_the_shared_bucket_for_another_workers_next_call(prefix, server):
@@ -232,7 +238,8 @@ async def test_a_429_with_retry_after_lowers_the_shared_bucket_for_another_worke
             await c.aclose()
 
 
-async def test_the_ratelimit_remaining_headers_lower_the_shared_bucket(prefix, server):
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_ratelimit_remaining_headers_lower_the_shared_bucket(prefix, server, stream):
     import redis.asyncio as aioredis
 
     from lattice_client.model_limits import ModelLimit
@@ -249,7 +256,8 @@ async def test_the_ratelimit_remaining_headers_lower_the_shared_bucket(prefix, s
         server.enqueue(
             MessageReply([text_block("ok")], headers={"anthropic-ratelimit-requests-remaining": "0"})
         )
-        await limited.create_message(request())
+        message = await limited.create_message(request(stream=stream))
+        assert message.content[0]["text"] == "ok" and server.requests[-1].stream is stream
         # configured: 60 a minute, one used; the provider says none is left: the next call waits
         nxt = await limiter.reserve("m", "key-2", 1)
         assert nxt.wait_seconds > 0.5 and nxt.limit == "requests_per_minute"
@@ -291,6 +299,9 @@ async def test_a_call_holding_its_turn_also_waits_out_a_later_429_of_its_key(pre
             await limited.create_message(request())
         assert again.value.wait.limit == "retry_after"
         assert again.value.wait.resume_at_ms > first.value.wait.resume_at_ms
+        with pytest.raises(RateLimitWait) as third:  # once more: the block moved the turn once
+            await limited.create_message(request())
+        assert third.value.wait.resume_at_ms == again.value.wait.resume_at_ms
         assert calls == []  # nothing was sent early
     finally:
         current_scope.reset(token)

@@ -56,7 +56,7 @@ from ...team.mailbox_state import set_message_status
 from ...team.member import TeamMember
 from ...team.team import Team
 from ...team.work import WorkItemOutcome, run_work_item
-from ..limits.hook import item_scope, item_waits, limit_agent, limited_client
+from ..limits.hook import item_scope, item_waits, limit_agent, limited_client, not_due
 from ..run.budget import member_gate
 from ..run.completion import complete_work_item
 from ..run.context import WorkerContext
@@ -133,8 +133,10 @@ async def startable(ctx: WorkerContext, mailbox_id: str, limit: int = 5) -> list
     """Ids of up to ``limit`` pending messages of ``mailbox_id``, oldest first,
     that their run lets start: all but the task messages whose work item the
     run still queues (state ``queued``: ``max_concurrent_work_items`` of its
-    items are running). Looks at the :data:`STARTABLE_SCAN` oldest (one read of
-    the mailbox, one pipelined read of the runs' item states)."""
+    items are running) and those whose member call holds a turn that has not
+    come (shared rate limits: :func:`~lattice_worker.runtime.limits.hook.not_due`).
+    Looks at the :data:`STARTABLE_SCAN` oldest (one read of the mailbox, one
+    pipelined read of the runs' item states, one of the held turns with limits)."""
     pending = await ctx.mailbox.inbox(mailbox_id, "pending", limit=STARTABLE_SCAN)
     linked = [(m, _run_link(m)) for m in pending]
     checks = [(m, link[0]) for m, link in linked if link is not None and m.work_item_id]
@@ -146,7 +148,8 @@ async def startable(ctx: WorkerContext, mailbox_id: str, limit: int = 5) -> list
                 pipe.hget(ctx.runs.keys(run_id).state, m.work_item_id)
             for (m, _), state in zip(checks, await pipe.execute(), strict=True):
                 states[m.id] = state.decode() if isinstance(state, bytes) else state
-    return [m.id for m in pending if states.get(m.id) != "queued"][:limit]
+    later = await not_due(ctx, pending)  # a member call whose turn has not come (rate limits)
+    return [m.id for m in pending if states.get(m.id) != "queued" and m.id not in later][:limit]
 
 
 async def claim_startable(
