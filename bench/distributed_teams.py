@@ -200,7 +200,9 @@ bench_team = create_team(
     members=[
         team_member(
             name="echo",
-            agent=define_agent(name="echo", model_client=ScriptedModelClient(echo_model), workspace=_workspace()),
+            agent=define_agent(
+                name="echo", model_client=ScriptedModelClient(echo_model), workspace=_workspace()
+            ),
         )
     ],
 )

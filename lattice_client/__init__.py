@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+from .budgets import BudgetError, RaisedBudget
 from .celery_config import make_celery_app, queue_name
 from .client import AsyncLatticeClient, AsyncRunHandle, CancelReport, LatticeClient, RunHandle, StatusReport
 from .decisions import DecisionError, ParkedCall, PendingApproval
@@ -25,6 +26,8 @@ from .runstore import CompleteResult, RunStore
 from .settings import LatticeSettings, get_settings
 
 __all__ = [
+    "BudgetError",
+    "RaisedBudget",
     "DecisionError",
     "ParkedCall",
     "PendingApproval",

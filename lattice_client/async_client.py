@@ -22,6 +22,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from lattice_mailbox import MessageStatus, mailbox_from_url, mask_url
 from lattice_mailbox.connections import read_again
 
+from .budgets import BudgetsMixin, parse_budget
 from .caller_trace import with_caller_trace
 from .celery_config import make_celery_app
 from .decisions import DecisionsMixin
@@ -118,11 +119,12 @@ class AsyncRunHandle:
         return await self._client.cancel(self.run_id)
 
 
-class AsyncLatticeClient(SubmitMixin, ViewsMixin, DecisionsMixin):
+class AsyncLatticeClient(SubmitMixin, ViewsMixin, DecisionsMixin, BudgetsMixin):
     """Submit runs to a team of Celery workers and follow them (asyncio).
 
     Tool calls that wait for a person: :meth:`parked`, :meth:`resolve`,
     :meth:`approvals`, :meth:`approve`, :meth:`deny` (:mod:`lattice_client.decisions`).
+    Token budgets: ``submit(..., budget=)`` and :meth:`raise_budget` (:mod:`lattice_client.budgets`).
     Team resolution and the submit path: :mod:`lattice_client.submit`;
     :meth:`status`, :meth:`inbox` and the other views: :mod:`lattice_client.views`.
 
@@ -200,6 +202,7 @@ class AsyncLatticeClient(SubmitMixin, ViewsMixin, DecisionsMixin):
         metadata: dict[str, Any] | None = None,
         require_registered: bool = True,
         trace_parent: dict[str, str] | str | None = None,
+        budget: dict[str, int] | None = None,
     ) -> AsyncRunHandle:
         """Create a run of ``team`` on ``prompt`` and send ``lattice.run_lead``
         to the queue ``<prefix>.<team>.lead``.
@@ -217,19 +220,29 @@ class AsyncLatticeClient(SubmitMixin, ViewsMixin, DecisionsMixin):
         string or a dict of propagation headers; default the active
         OpenTelemetry span, if any -- so the run's trace root is a child of the
         caller's span (kept as ``metadata["lattice_caller"]``, see
-        :mod:`lattice_client.caller_trace`).
+        :mod:`lattice_client.caller_trace`). ``budget``: ``{"tokens": N}``, the
+        run's token budget (input + output tokens of all its model calls, lead
+        and members); the run parks as ``budget_reached`` when it is spent
+        (:meth:`raise_budget`). Default: the team's own default budget, if any.
 
         Raises ``ValueError`` for bad input (unknown or unserved team, malformed
         team name or reference, empty prompt or one that is not valid Unicode
         text, prompt or metadata JSON over ``settings.max_message_bytes``
         bytes, duplicate, malformed or reserved run id, metadata not a JSON
-        object, malformed ``trace_parent``) with nothing written and no task sent. When the task cannot be
+        object, malformed ``trace_parent``, a ``budget`` other than
+        ``{"tokens": positive int}``) with nothing written and no task sent. When the task cannot be
         sent (broker down), the run is finished as ``failed`` with the error
         and the error is raised.
         """
+        budget_tokens = parse_budget(budget)
         metadata = with_caller_trace(metadata, trace_parent)
         run_id, queue = await self._create_run(
-            team, prompt, run_id=run_id, metadata=metadata, require_registered=require_registered
+            team,
+            prompt,
+            run_id=run_id,
+            metadata=metadata,
+            require_registered=require_registered,
+            budget_tokens=budget_tokens,
         )
         try:
             await asyncio.to_thread(self._send_run_lead, run_id, queue)

@@ -40,6 +40,7 @@ from lattice_mailbox import MessageStatus, TeamMessage, mask_url
 from lattice_mailbox.connections import read_again_blocking, sync_redis
 
 from .async_client import AsyncLatticeClient, AsyncRunHandle, CancelReport, _block_ms, wait_timeout
+from .budgets import SyncBudgetsMixin, parse_budget
 from .caller_trace import with_caller_trace
 from .celery_config import queue_name
 from .decisions import SyncDecisionsMixin
@@ -134,7 +135,7 @@ class RunHandle:
         return self._client.cancel(self.run_id)
 
 
-class LatticeClient(SyncDecisionsMixin):
+class LatticeClient(SyncDecisionsMixin, SyncBudgetsMixin):
     """The blocking client: the :class:`AsyncLatticeClient` API without ``await``.
 
     Runs the async client on a private event loop in a background thread, so it
@@ -184,11 +185,14 @@ class LatticeClient(SyncDecisionsMixin):
         metadata: dict[str, Any] | None = None,
         require_registered: bool = True,
         trace_parent: dict[str, str] | str | None = None,
+        budget: dict[str, int] | None = None,
     ) -> RunHandle:
         """Create a run and enqueue its lead task; see :meth:`AsyncLatticeClient.submit`
         (``require_registered=False`` accepts a team name no worker has registered yet;
-        ``trace_parent``: the caller's trace context, default the active OpenTelemetry span)."""
+        ``trace_parent``: the caller's trace context, default the active OpenTelemetry span;
+        ``budget``: ``{"tokens": N}``, the run's token budget)."""
         aio = self.aio
+        budget_tokens = parse_budget(budget)
         metadata = with_caller_trace(metadata, trace_parent)
         problem = self._loop.problem()
         if problem is not None:
@@ -202,6 +206,7 @@ class LatticeClient(SyncDecisionsMixin):
                 run_id=run_id,
                 metadata=metadata,
                 require_registered=require_registered,
+                budget_tokens=budget_tokens,
             )
         else:
             # A team resolved before (the usual case): the checks and the create from
@@ -209,7 +214,13 @@ class LatticeClient(SyncDecisionsMixin):
             run_id = aio._check_submit(prompt, run_id, metadata)
             name, ref = resolved
             aio.runs.create_blocking(
-                self._blocking_redis(), run_id, name, prompt, team_ref=ref, metadata=metadata
+                self._blocking_redis(),
+                run_id,
+                name,
+                prompt,
+                team_ref=ref,
+                metadata=metadata,
+                budget_tokens=budget_tokens,
             )
             queue = queue_name(self.settings.key_prefix, name, "lead")
         # Sent from this thread too: no hop to the loop thread and on to a pool thread.

@@ -19,7 +19,9 @@ class RunStatus(StrEnum):
     ``queued`` (submitted, no worker started it) -> ``running`` (a lead turn runs)
     -> ``suspended`` (waiting for member work items) -> ``resuming`` (the last item
     completed; a resume task is on its way) -> ``running`` ... -> ``completed`` |
-    ``failed``. ``cancelled`` can be reached from any non-finished status.
+    ``failed``. ``budget_reached``: the run's token budget is spent, it is parked
+    (no worker holds it) until ``raise_budget`` moves it on. ``cancelled`` can be
+    reached from any non-finished status.
     ``completed``, ``failed`` and ``cancelled`` are final.
     """
 
@@ -27,6 +29,7 @@ class RunStatus(StrEnum):
     RUNNING = "running"
     SUSPENDED = "suspended"
     RESUMING = "resuming"
+    BUDGET_REACHED = "budget_reached"
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -108,6 +111,9 @@ class RunRecord(BaseModel):
     ``trace_carrier`` is the propagation headers of the run's trace root
     (``dict[str, str]``, ``{}`` when its tracers propagate none), written by
     the first lead segment that traced the run; ``None`` for an untraced run.
+    ``budget_tokens``: the run's token budget (``None``: no budget);
+    ``spent_tokens``: the input + output tokens its model calls spent so far
+    (lead and members, every worker; ``None`` without a budget).
     """
 
     run_id: str
@@ -122,6 +128,8 @@ class RunRecord(BaseModel):
     result: RunResult | None = None
     max_active: int | None = None
     trace_carrier: dict[str, str] | None = None
+    budget_tokens: int | None = None
+    spent_tokens: int | None = None
 
 
 __all__ = ["FINISHED_STATUSES", "RunParent", "RunRecord", "RunResult", "RunStatus"]

@@ -131,11 +131,14 @@ class SubmitMixin:
         run_id: str | None,
         metadata: dict[str, Any] | None,
         require_registered: bool,
+        budget_tokens: int | None = None,
     ) -> tuple[str, str]:
         # submit's checks and the run record: (run id, the lead queue to send run_lead to)
         run_id = self._check_submit(prompt, run_id, metadata)
         name, ref = await self.resolve_team(team, require_registered=require_registered)
-        await self.runs.create(run_id, name, prompt, team_ref=ref, metadata=metadata)
+        await self.runs.create(
+            run_id, name, prompt, team_ref=ref, metadata=metadata, budget_tokens=budget_tokens
+        )
         return run_id, queue_name(self.settings.key_prefix, name, "lead")
 
     def _check_submit(self, prompt: str, run_id: str | None, metadata: dict[str, Any] | None) -> str:

@@ -167,8 +167,9 @@ def mailboxes_table(title: str, mailboxes: dict[str, dict[str, int]], width: int
 
 def runs_table(title: str, runs: Sequence[Any], width: int) -> RenderableType:
     """Recent runs (:class:`~lattice_client.models.RunRecord`): run id, team,
-    status, created (``MM-DD HH:MM``), result (or error) preview. Too narrow:
-    ``created`` goes first, then ``result``."""
+    status, created (``MM-DD HH:MM``), tokens (``spent/budget`` of a run with a
+    token budget, shown only when one has), result (or error) preview. Too
+    narrow: ``created`` goes first, then ``result``, then ``tokens``."""
     results = []
     for record in runs:
         summary = ""
@@ -179,10 +180,20 @@ def runs_table(title: str, runs: Sequence[Any], width: int) -> RenderableType:
         Column("run id", [r.run_id for r in runs], fold=True),
         Column("team", [r.team for r in runs], fold=True),
         Column("status", [r.status.value for r in runs]),
-        Column("created", [short_time(r.created_at) for r in runs], drop=2),
-        Column("result", results, flexible=True, drop=1),
+        Column("created", [short_time(r.created_at) for r in runs], drop=3),
+        Column("result", results, flexible=True, drop=2),
     ]
+    if any(getattr(r, "budget_tokens", None) is not None for r in runs):
+        spends = [budget_text(r) for r in runs]
+        columns.insert(4, Column("tokens", spends, justify="right", drop=1))
     return build_table(title, columns, width)
+
+
+def budget_text(record: Any) -> str:
+    """``"<spent>/<budget>"`` tokens of a run with a budget, ``""`` without."""
+    if getattr(record, "budget_tokens", None) is None:
+        return ""
+    return f"{record.spent_tokens or 0}/{record.budget_tokens}"
 
 
 def inbox_table(
@@ -231,5 +242,17 @@ def waits_table(title: str, rows: Sequence[Any], width: int, *, id_field: str) -
         Column("since", [short_time(r.created_at) for r in rows], drop=2),
         Column("input", [preview(json.dumps(r.input, default=str), 80) for r in rows], flexible=True, drop=1),
         Column("reason", [preview(r.reason) for r in rows], flexible=True),
+    ]
+    return build_table(title, columns, width)
+
+
+def rate_limited_table(title: str, rows: Sequence[Any], width: int) -> RenderableType:
+    """Model calls waiting for their turn: model, API key id, waiting, longest wait (s), limit."""
+    columns = [
+        Column("model", [r.model for r in rows], fold=True),
+        Column("key", [r.key_id for r in rows], drop=1),
+        Column("waiting", [str(r.waiting) for r in rows]),
+        Column("longest wait", [f"{r.longest_seconds:.1f} s" for r in rows]),
+        Column("limit", [r.limit or "-" for r in rows], fold=True),
     ]
     return build_table(title, columns, width)

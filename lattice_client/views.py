@@ -1,6 +1,6 @@
 """What :class:`~lattice_client.client.AsyncLatticeClient` shows of a deployment:
 ``status`` (mailbox counts, recent runs, live workers, calls waiting for a
-person), the known mailboxes and teams, and a mailbox's messages (``inbox``).
+person, model calls waiting for their turn), the known mailboxes and teams, and a mailbox's messages (``inbox``).
 
 :class:`ViewsMixin` reads through the client's ``runs`` and ``mailbox`` and its
 ``live_workers`` / ``registered_teams`` (:mod:`lattice_client.submit`) and
@@ -19,6 +19,7 @@ from lattice_mailbox.connections import read_again
 
 from .decisions import ParkedCall, PendingApproval
 from .models import RunRecord
+from .rate_limits import WaitingModelCalls, waiting_calls
 from .registry import LiveRegistry, WorkerInfo, check_team_ref
 from .submit import _unserved_message
 
@@ -29,7 +30,11 @@ class StatusReport(BaseModel):
     ``mailboxes``: mailbox id -> {status value -> number of messages};
     ``runs``: the most recent runs, newest first; ``workers``: the live
     workers (of ``team`` when given), see :class:`~lattice_client.registry.WorkerInfo`;
-    ``parked`` / ``approvals``: the tool calls waiting for a person (oldest first).
+    ``parked`` / ``approvals``: the tool calls waiting for a person (oldest first);
+    ``rate_limited``: the model calls waiting for their turn under the shared
+    rate limits, per model and API key id, with the limit that made them wait
+    (:class:`~lattice_client.rate_limits.WaitingModelCalls`; deployment-wide,
+    also with ``team``).
     """
 
     team: str | None = None
@@ -38,6 +43,7 @@ class StatusReport(BaseModel):
     workers: list[WorkerInfo] = Field(default_factory=list)
     parked: list[ParkedCall] = Field(default_factory=list)
     approvals: list[PendingApproval] = Field(default_factory=list)
+    rate_limited: list[WaitingModelCalls] = Field(default_factory=list)
 
 
 class ViewsMixin:
@@ -79,8 +85,15 @@ class ViewsMixin:
         if team:
             workers = [w for w in workers if team in w.team_names()]
         parked, approvals = await self.parked(team), await self.approvals(team)
+        rate_limited = await waiting_calls(await self.runs.redis(), self.settings.key_prefix)
         return StatusReport(
-            team=team, mailboxes=counts, runs=runs, workers=workers, parked=parked, approvals=approvals
+            team=team,
+            mailboxes=counts,
+            runs=runs,
+            workers=workers,
+            parked=parked,
+            approvals=approvals,
+            rate_limited=rate_limited,
         )
 
     async def known_mailboxes(self, team: str | None = None) -> list[str]:

@@ -4,7 +4,7 @@ One module per role:
 
 * :mod:`.app` - the Typer app and the global options (``--broker-url``,
   ``--mailbox-url``, ``--key-prefix``, given before the command);
-* :mod:`.runs` - ``submit``, ``wait``, ``events``, ``cancel``;
+* :mod:`.runs` - ``submit``, ``wait``, ``events``, ``cancel``, ``budget``;
 * :mod:`.mailboxes` - ``status``, ``inbox``;
 * :mod:`.workers` - ``worker``, ``drain``, ``demo`` (they import
   ``lattice_worker`` lazily, when they run; without the ``worker`` extra they

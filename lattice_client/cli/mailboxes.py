@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from ..celery_config import queue_name
-from ..tables import inbox_table, mailboxes_table, runs_table, waits_table
+from ..tables import inbox_table, mailboxes_table, rate_limited_table, runs_table, waits_table
 from ..workers_view import workers_table
 from .app import client_for, command, options_of
 from .output import fail, guard, out
@@ -104,7 +104,9 @@ def status(
 
     Live workers per queue, counts per mailbox and status (pending, processing,
     done, ..., parked), the most recent runs, then any parked calls and
-    pending approvals.
+    pending approvals, and the model calls waiting for their turn under the
+    shared rate limits (per model and API key id, with the limit that made
+    them wait).
 
     Tables fit the terminal width; in a narrow one the least useful columns are
     hidden (a note says which), the widest text column is shortened with '…',
@@ -149,6 +151,9 @@ def status(
                 "pending approvals (lattice approve ID)", report.approvals, out.width, id_field="call_id"
             )
         )
+    if report.rate_limited:
+        title = "model calls waiting for their turn (LATTICE_MODEL_LIMITS)"
+        out.print(rate_limited_table(title, report.rate_limited, out.width))
 
 
 @command()

@@ -128,6 +128,15 @@ def submit(
             "a misspelt name then waits in Redis forever.",
         ),
     ] = False,
+    budget_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--budget-tokens",
+            metavar="N",
+            help="The run's token budget (input + output tokens of all its model calls); "
+            "it parks as budget_reached when spent (raise it with 'lattice budget').",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
     """Submit a run to a team's lead queue; print its run id (and, with --wait, its result).
@@ -162,7 +171,12 @@ def submit(
         client = client_for(options)
         try:
             handle = client.submit(
-                team, text, run_id=run_id, metadata=meta, require_registered=not allow_unregistered
+                team,
+                text,
+                run_id=run_id,
+                metadata=meta,
+                require_registered=not allow_unregistered,
+                budget={"tokens": budget_tokens} if budget_tokens is not None else None,
             )
             if not wait:
                 if as_json:
@@ -269,3 +283,41 @@ def cancel(
     out.print(f"run {run_id} cancelled; {cleaned} message(s) cancelled", markup=False)
     for message_id, reason in report.skipped_messages.items():
         out.print(f"  left {message_id}: {reason}", markup=False, style="dim")
+
+
+@command()
+def budget(
+    ctx: typer.Context,
+    run_id: Annotated[str, _RUN_ID],
+    tokens: Annotated[
+        int,
+        typer.Option(
+            "--tokens",
+            metavar="N",
+            help="The run's new total token budget (not an increment); above what it spent.",
+        ),
+    ],
+    as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
+) -> None:
+    """Raise a run's token budget to N tokens and resume it where it parked (status budget_reached).
+
+    N is the new total, not an increment. Refused, with nothing changed: a
+    run that is finished, has no budget, has not reached it, or an N not
+    above its spend.
+    """
+    with guard():
+        client = client_for(options_of(ctx))
+        try:
+            raised = client.raise_budget(run_id, tokens=tokens)
+        finally:
+            client.close()
+    if as_json:
+        out.print_json(raised.model_dump_json())
+        return
+    moved = ["the lead"] if raised.resumed_lead else []
+    moved += [f"message {m}" for m in raised.resumed_messages]
+    out.print(
+        f"run {run_id}: budget {raised.previous_tokens} -> {raised.budget_tokens} tokens "
+        f"({raised.spent_tokens} spent); resumed: {', '.join(moved) or 'nothing was parked'}",
+        markup=False,
+    )

@@ -227,6 +227,9 @@ def parse_record(raw: dict[str, str]) -> RunRecord:
         data["max_active"] = int(raw["max_active"])
     if raw.get("trace_carrier"):
         data["trace_carrier"] = json.loads(raw["trace_carrier"])
+    if raw.get("budget_tokens"):
+        data["budget_tokens"] = int(raw["budget_tokens"])
+        data["spent_tokens"] = int(raw.get("spent_tokens") or 0)
     return RunRecord.model_validate(data)
 
 

@@ -14,6 +14,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from lattice_mailbox.connections import read_again
 
 from ..models import RunParent, RunRecord, RunStatus
+from .budgets import check_tokens
 from .core import RunStoreCore
 from .records import as_text, dumps, now_ms, parse_record
 from .scripts import SCRIPTS, SHAS
@@ -31,8 +32,11 @@ class RunRecords(RunStoreCore):
         team_ref: str | None = None,
         metadata: dict[str, Any] | None = None,
         parent: RunParent | dict[str, Any] | None = None,
+        budget_tokens: int | None = None,
     ) -> RunRecord:
         """Create run ``run_id`` in status ``queued`` and index it.
+
+        ``budget_tokens``: the run's token budget (a positive int; ``None``: none).
 
         When the reply is lost (the connection drops after Redis ran it), the
         stored record decides: this call's own record means it was created (its
@@ -43,7 +47,9 @@ class RunRecords(RunStoreCore):
         metadata that is not a JSON object, or a malformed ``parent``
         (``{run_id, message_id, mailbox_id}``).
         """
-        commands, record = self._create_commands(run_id, team, prompt, team_ref, metadata, parent)
+        commands, record = self._create_commands(
+            run_id, team, prompt, team_ref, metadata, parent, budget_tokens
+        )
 
         def build(pipe: Any, scripts: dict[str, AsyncScript]) -> None:
             for command in commands:
@@ -93,10 +99,13 @@ class RunRecords(RunStoreCore):
         team_ref: str | None = None,
         metadata: dict[str, Any] | None = None,
         parent: RunParent | dict[str, Any] | None = None,
+        budget_tokens: int | None = None,
     ) -> RunRecord:
         """:meth:`create` through the blocking Redis client ``client`` (of the
         same server), for callers outside an event loop (the blocking client)."""
-        commands, record = self._create_commands(run_id, team, prompt, team_ref, metadata, parent)
+        commands, record = self._create_commands(
+            run_id, team, prompt, team_ref, metadata, parent, budget_tokens
+        )
         replies: list[Any] = []
         for attempt in range(2):  # as _pipeline: once more after loading the scripts
             with client.pipeline(transaction=False) as pipe:
@@ -129,6 +138,7 @@ class RunRecords(RunStoreCore):
         team_ref: str | None,
         metadata: dict[str, Any] | None,
         parent: RunParent | dict[str, Any] | None,
+        budget_tokens: int | None = None,
     ) -> tuple[list[tuple[Any, ...]], RunRecord]:
         # create's checks, its pipeline (the record, then its index entries: one
         # round trip; NX: an existing entry is never moved; the script and ZADD NX
@@ -144,11 +154,14 @@ class RunRecords(RunStoreCore):
             parent_model = RunParent.model_validate(parent) if parent is not None else None
         except ValidationError as exc:
             raise ValueError(f"invalid parent: {exc}") from None
+        if budget_tokens is not None:
+            check_tokens(budget_tokens)
         meta = dict(metadata or {})
         meta_json = dumps(meta, "metadata")
         parent_json = parent_model.model_dump_json() if parent_model is not None else ""
         created = now_ms()
-        args = [run_id, team, team_ref or "", prompt, created, meta_json, parent_json]
+        budget = str(budget_tokens) if budget_tokens is not None else ""
+        args = [run_id, team, team_ref or "", prompt, created, meta_json, parent_json, budget]
         commands: list[tuple[Any, ...]] = [
             ("EVALSHA", SHAS["create"], 1, keys.record, *args),
             ("ZADD", self.runs_index_key, "NX", created, run_id),
@@ -164,6 +177,8 @@ class RunRecords(RunStoreCore):
             updated_at=created,
             metadata=meta,
             parent=parent_model,
+            budget_tokens=budget_tokens,
+            spent_tokens=0 if budget_tokens is not None else None,
         )
         return commands, record
 
@@ -269,6 +284,7 @@ class RunRecords(RunStoreCore):
                 k.active,
                 k.calls,
                 self.result_key(run_id),
+                f"{k.record}:budget_waits",
             )
             pipe.zrem(self.runs_index_key, run_id)
             pipe.zrem(self.leases_key, run_id)

@@ -32,6 +32,11 @@ SCRIPT_NAMES = (
     "resolve_wait",
     "set_trace_carrier",
     "revoke_item_claim",
+    "spend_budget",
+    "park_budget_lead",
+    "park_budget_item",
+    "raise_budget",
+    "default_budget",
 )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .budgets import RunBudgets
 from .events import RunEvents
 from .items import RunItems
 from .journal import RunJournal
@@ -9,7 +10,7 @@ from .segments import RunSegments
 from .tool_calls import RunToolCalls
 
 
-class RunStore(RunSegments, RunItems, RunJournal, RunEvents, RunToolCalls):
+class RunStore(RunSegments, RunItems, RunJournal, RunEvents, RunToolCalls, RunBudgets):
     """Runs, their work items and their event streams in Redis.
 
     ``redis_url_or_client``: a ``redis://`` URL (a client is then created per

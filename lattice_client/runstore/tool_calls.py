@@ -189,8 +189,11 @@ class RunToolCalls(RunStoreCore):
 
     async def waits(self, *, kind: str | None = None) -> list[dict[str, Any]]:
         """Every open, undecided wait of runs that are not finished, oldest first;
-        only those of ``kind`` (``"parked"`` / ``"approval"``) when given. Runs
-        left with no wait are dropped from the listing index."""
+        only those of ``kind`` (``"parked"`` / ``"approval"``) when given.
+        Finished (or expired) runs are dropped from the listing index; a run
+        that is still going keeps its place even with no wait open now, since
+        its next wait may be written while this listing reads (dropping it then
+        would hide that wait from every later listing)."""
         client = self._conn().client
         run_ids = [as_text(r) for r in await client.zrange(self.waiting_index_key, 0, -1)]
         if not run_ids:
@@ -201,19 +204,19 @@ class RunToolCalls(RunStoreCore):
                 pipe.hget(self.keys(run_id).record, "status")
             replies = await pipe.execute()
         found: list[dict[str, Any]] = []
-        empty: list[str] = []
+        finished: list[str] = []
         for i, run_id in enumerate(run_ids):
             raw, status = replies[2 * i], replies[2 * i + 1]
             status = as_text(status) if status is not None else None
-            if not raw or status in (None, "completed", "failed", "cancelled"):
-                empty.append(run_id)
+            if status in (None, "completed", "failed", "cancelled"):
+                finished.append(run_id)
                 continue
             for value in raw.values():
                 wait = json.loads(as_text(value))
                 if wait.get("resolution") is None and (kind is None or wait.get("kind") == kind):
                     found.append(wait)
-        if empty:
-            await client.zrem(self.waiting_index_key, *empty)
+        if finished:
+            await client.zrem(self.waiting_index_key, *finished)
         found.sort(key=lambda w: (w.get("created_at") or 0, str(w.get("id"))))
         return found
 

@@ -66,6 +66,8 @@ class RunPage:
             rows.append(("parent run", record.parent.run_id))
         if record.max_active is not None:
             rows.append(("max concurrent work items", str(record.max_active)))
+        if record.budget_tokens is not None:
+            rows.append(("tokens spent / budget", f"{record.spent_tokens or 0} / {record.budget_tokens}"))
         if record.result is not None and record.result.usage:
             rows.append(("usage", json.dumps(record.result.usage)))
         if record.metadata:

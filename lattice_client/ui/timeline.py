@@ -31,7 +31,7 @@ from ..registry import WorkerInfo
 SUMMARY_CHARS = 240
 """Longest one-line summary of an event (characters)."""
 
-LEAD_ENDS = ("suspended", "parked", "awaiting_approval")
+LEAD_ENDS = ("suspended", "parked", "awaiting_approval", "budget_reached")
 """``run_status`` values that end a lead segment without ending the run."""
 
 

@@ -262,9 +262,7 @@ async def run_query(agent: LoopAgent, prompt: Any, q: QueryOptions) -> AsyncIter
                 yield await run.finish(Finish("error", error=RuntimeError("the model request was cancelled")))
                 return
             exc = task.exception()
-            if isinstance(
-                exc, SuspendQuery
-            ):  # the runtime ends the query before the call (its turn is later)
+            if isinstance(exc, SuspendQuery):  # the runtime ends the query before the call (budget, turn)
                 yield await run.finish(Finish("suspended"))
                 return
             message = task.result() if exc is None else None

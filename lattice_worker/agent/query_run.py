@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..errors import AbortError, MaxTurnsError
 from ..tracing.base import TraceContext, TraceEmitter
 from .abort import AbortSignal
+from .call_gate import current_call_gate
 from .compaction import CompactionError, choose_cut, compacted_history, summary_request_messages, summary_text
 from .events import ResultMessage, SystemMessage
 from .hooks import ModelRequestHookContext, ToolResultHookContext
@@ -259,11 +260,17 @@ class QueryRun:
             request.on_stream_event = lambda event: inbox.put_nowait(("event", event))
         agent = self.agent
 
+        gate = current_call_gate.get()
+
         async def call() -> AssistantModelMessage:
+            if gate is not None:
+                await gate.before_call()  # may raise SuspendQuery: no request is sent
             client = agent._model_client()
             out = client.create_message(request)
             if inspect.isawaitable(out):
                 out = await out
+            if gate is not None:
+                await gate.after_call(getattr(out, "usage", None))
             return out
 
         task = loop.create_task(call())

@@ -54,8 +54,11 @@ class Team:
         runner_options: RunnerOptions,
         expose_lead_mailbox_tools: bool,
         tracer: Any = None,
+        budget_tokens: int | None = None,
     ) -> None:
         self.name = name
+        self.budget_tokens = budget_tokens
+        """The default token budget of the team's distributed runs (``None``: none)."""
         self.lead = lead
         self.lead_spec = lead_spec
         self.members = members
@@ -220,6 +223,7 @@ def create_team(
     runner: RunnerOptions | dict[str, Any] | None = None,
     expose_lead_mailbox_tools: bool = False,
     tracer: Any = None,
+    budget: dict[str, int] | None = None,
     **unknown: Any,
 ) -> Team:
     """Create a mailbox team (docs/tutorial.md).
@@ -239,11 +243,16 @@ def create_team(
             every member's runs under it, as ``team.query(tracer=...)``), every
             drain, and every distributed run of the team (one trace across
             workers and segments; see the README, "Tracing").
+        budget: ``{"tokens": N}``, the default token budget of the team's
+            distributed runs (a run submitted with a ``budget`` of its own keeps
+            that one); a run parks as ``budget_reached`` when it spent it
+            (docs/operate.md, "Budgets"). Default: none.
 
     Raises :class:`ConfigError` on an unknown keyword, an invalid name, a lead
     that is not an Agent/AgentSpec, a tracer without a callable ``on_event``,
     duplicate member names, a member that is the
-    lead itself, a mailbox missing protocol methods, bad runner options, or a
+    lead itself, a mailbox missing protocol methods, bad runner options, a
+    ``budget`` other than ``{"tokens": positive int}``, or a
     tool name clash on the lead. Live ``Agent`` members get the mailbox tools now
     (clashes surface here).
     """
@@ -252,7 +261,7 @@ def create_team(
     for key in unknown:
         raise ConfigError(
             f'create_team: unknown option "{key}"; expected name, lead, members, mailbox, runner, '
-            "expose_lead_mailbox_tools, tracer"
+            "expose_lead_mailbox_tools, tracer, budget"
         )
     if not isinstance(name, str) or not _TEAM_NAME.match(name):
         raise ConfigError(
@@ -296,6 +305,7 @@ def create_team(
             f"{where}: tracer must be a ContextTracer (an object with on_event(event)), got {type(tracer).__name__}"
         )
     options = runner_options(runner)
+    budget_tokens = _budget_tokens(where, budget)
     if mailbox is None:
         from lattice_mailbox.memory import MemoryMailbox
 
@@ -311,6 +321,7 @@ def create_team(
         runner_options=options,
         expose_lead_mailbox_tools=expose_lead_mailbox_tools,
         tracer=tracer,
+        budget_tokens=budget_tokens,
     )
     lead_tools = make_lead_member_tools(team)
     if expose_lead_mailbox_tools:
@@ -323,6 +334,17 @@ def create_team(
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     return team
+
+
+def _budget_tokens(where: str, budget: Any) -> int | None:
+    if budget is None:
+        return None
+    tokens = budget.get("tokens") if isinstance(budget, dict) and set(budget) == {"tokens"} else None
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+        raise ConfigError(
+            f'{where}: budget must be {{"tokens": N}} with N a positive integer, got {budget!r}'
+        )
+    return tokens
 
 
 register_team_type(Team)

@@ -88,7 +88,11 @@ def format_validation_error(exc: ValidationError) -> str:
 
 def _positional_arity(fn: Callable[..., Any]) -> int | None:
     """How many positional arguments ``fn`` accepts (``None`` = any number)."""
-    if isinstance(fn, types.FunctionType) and not hasattr(fn, "__wrapped__") and not hasattr(fn, "__signature__"):
+    if (
+        isinstance(fn, types.FunctionType)
+        and not hasattr(fn, "__wrapped__")
+        and not hasattr(fn, "__signature__")
+    ):
         return _code_arity(fn.__code__)  # (the built-in tools' handlers: made per agent, one code object)
     try:
         sig = inspect.signature(fn)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -56,7 +55,7 @@ def test_kill9_of_a_worker_with_many_calls_in_flight_recovers_them_all(deploymen
 
 def test_cancel_stops_a_member_working_on_the_default_pool(deployment):
     d = deployment
-    d.worker("tests.e2e.teams:team")
+    worker = d.worker("tests.e2e.teams:team")
     handle = d.client.submit("e2e", plan(("worker", "handoff", "long sleep=40")))
     wait_for(lambda: "start:long sleep=40" in d.work_log(), 30, "the member to start")
     report = d.client.cancel(handle.run_id)
@@ -66,6 +65,9 @@ def test_cancel_stops_a_member_working_on_the_default_pool(deployment):
     wait_for(lambda: not d.client.inbox("e2e::worker", "processing"), 30, "the member to be stopped")
     assert "end:long sleep=40" not in d.work_log()
     assert [m.status.value for m in d.client.inbox("e2e::worker", "all")] == ["cancelled"]
+    # the tool ignores its signal: the step is cancelled soon after, not 40 s later, freeing its slot
+    worker.wait_log(r"lattice\.deliver\[[^\]]+\] succeeded in [0-9.]+s: '(lost|cancelled)'", timeout=20)
+    assert "end:long sleep=40" not in d.work_log()
 
 
 def test_a_blocking_tool_on_the_default_pool_stalls_no_other_step(deployment):
@@ -73,11 +75,9 @@ def test_a_blocking_tool_on_the_default_pool_stalls_no_other_step(deployment):
     d.worker("tests.e2e.teams:blocking_team")
     slow = d.client.submit("e2e_blocking", plan(("worker", "handoff", "slow sleep=6")))
     wait_for(lambda: "start:slow sleep=6" in d.work_log(), 30, "the blocking tool to start")
-    t0 = time.monotonic()
     quick = d.client.submit("e2e_blocking", plan(("worker", "handoff", "quick")))
     assert quick.wait(timeout=30).result == "final: done:worked[quick]"
     # the quick run's three steps went through the process while the handler blocked
-    assert time.monotonic() - t0 < 5
     assert "end:slow sleep=6" not in d.work_log()
     assert slow.wait(timeout=30).result == "final: done:worked[slow sleep=6]"
 

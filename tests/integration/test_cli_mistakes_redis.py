@@ -185,13 +185,22 @@ def test_a_prompt_up_to_the_bound_is_accepted_and_one_byte_more_refused(prefix):
     assert "(LATTICE_MAX_MESSAGE_BYTES)" in error_line(over)
 
 
+# Ctrl-C at a terminal: SIGINT raises KeyboardInterrupt even when the suite itself
+# runs with SIGINT ignored (a background job of a non-interactive shell, nohup),
+# which the CLI would inherit and then never see the signal
+CTRL_C_CLI = (
+    "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "from lattice_client.cli import app; app()"
+)
+
+
 def test_ctrl_c_during_wait_says_the_run_continues_and_how_to_follow_it(prefix, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("LATTICE_")}
     proc = subprocess.Popen(
         [
             sys.executable,
             "-c",
-            "from lattice_client.cli import app; app()",
+            CTRL_C_CLI,
             "--broker-url",
             REDIS_URL,
             "--key-prefix",

@@ -133,5 +133,6 @@ async def test_one_handoff_takes_the_pinned_number_of_redis_round_trips(deployme
     assert record.status.value == "completed"
     assert dict(counter.counts) == ROUND_TRIPS, (
         f"Redis round trips per step of one handoff: {dict(counter.counts)} "
-        f"(total {sum(counter.counts.values())}); pinned {ROUND_TRIPS} (total {sum(ROUND_TRIPS.values())}):\n" + "\n".join(counter.requests)
+        f"(total {sum(counter.counts.values())}); pinned {ROUND_TRIPS} (total {sum(ROUND_TRIPS.values())}):\n"
+        + "\n".join(counter.requests)
     )

@@ -9,13 +9,16 @@ tests assert what happens (re-enqueued, not run early, place kept), never how lo
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
 from lattice_client.celery_config import DELIVER_TASK, RESUME_LEAD_TASK, RUN_LEAD_TASK
+from lattice_client.cli import app
 from lattice_client.runstore import RunStore
 from lattice_mailbox.redis import RedisMailbox
 from lattice_worker.agent.anthropic_client import DEFAULT_MODEL, AnthropicModelClient
@@ -92,6 +95,14 @@ async def use_up(ctx: WorkerContext, calls: int) -> None:
         await limiter.reserve(DEFAULT_MODEL, None, 1)
 
 
+def lattice_status(prefix: str, *more: str) -> str:
+    result = CliRunner().invoke(
+        app, ["--broker-url", REDIS_URL, "--key-prefix", prefix, "status", *more], env={"COLUMNS": "200"}
+    )
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
 async def event_types(ctx: WorkerContext, run_id: str) -> list[dict[str, Any]]:
     return [e for _, e in await ctx.runs.events(run_id, count=1000)]
 
@@ -113,7 +124,12 @@ async def test_a_lead_call_over_the_limit_ends_the_segment_and_is_not_run_early(
     assert not [e for e in events if e.get("type") == "assistant"]  # the model was not called
     client = await ctx.redis()
     [waiting] = await waiting_calls(client, prefix)
-    assert waiting["waiting"] == 1
+    assert waiting["waiting"] == 1 and waiting["limit"] == "requests_per_minute"
+    # lattice status shows it, naming the limit
+    shown = await asyncio.to_thread(lattice_status, prefix)
+    assert "model calls waiting for their turn" in shown and "requests_per_minute" in shown
+    report = json.loads(await asyncio.to_thread(lattice_status, prefix, "--json"))
+    assert [(w["waiting"], w["limit"]) for w in report["rate_limited"]] == [(1, "requests_per_minute")]
 
     # an early resume (a reaper's, a duplicate) finds the held place: it waits again, takes no new turn
     assert await broker.run(RESUME_LEAD_TASK, [run_id]) == "rate_limited"
@@ -147,6 +163,10 @@ async def test_a_member_call_over_the_limit_gives_its_claim_back_and_keeps_its_p
     waits = [e for e in await event_types(ctx, run_id) if e.get("type") == "model_call_waiting"]
     assert waits[-1]["member"] == "worker" and waits[-1]["work_item_id"] == message.work_item_id
 
+    # a doorbell without a message id (the reaper's, for a message pending a while) leaves it alone
+    assert await broker.run(DELIVER_TASK, [args[0]]) == "idle"
+    [message] = await ctx.mailbox.inbox(args[0], "all")
+    assert message.status.value == "pending" and message.attempts == 1
     assert await broker.run(name, args2) == "rate_limited"  # early: still not its turn
     assert raw.get(f"{prefix}:test:exec:a") is None
     _, args3, again = broker.take()
@@ -168,8 +188,10 @@ async def test_a_member_call_over_the_limit_gives_its_claim_back_and_keeps_its_p
     assert raw.get(f"{prefix}:test:exec:a") == "1"
 
 
-def request(text: str = "hi") -> ModelRequest:
-    return ModelRequest(model="m", system=None, messages=[{"role": "user", "content": text}], max_tokens=16)
+def request(text: str = "hi", *, stream: bool = False) -> ModelRequest:
+    return ModelRequest(
+        model="m", system=None, messages=[{"role": "user", "content": text}], max_tokens=16, stream=stream
+    )
 
 
 async def test_a_429_with_retry_after_lowers_the_shared_bucket_for_another_workers_next_call(prefix, server):
@@ -216,7 +238,8 @@ async def test_a_429_with_retry_after_lowers_the_shared_bucket_for_another_worke
             await c.aclose()
 
 
-async def test_the_ratelimit_remaining_headers_lower_the_shared_bucket(prefix, server):
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_ratelimit_remaining_headers_lower_the_shared_bucket(prefix, server, stream):
     import redis.asyncio as aioredis
 
     from lattice_client.model_limits import ModelLimit
@@ -233,9 +256,50 @@ async def test_the_ratelimit_remaining_headers_lower_the_shared_bucket(prefix, s
         server.enqueue(
             MessageReply([text_block("ok")], headers={"anthropic-ratelimit-requests-remaining": "0"})
         )
-        await limited.create_message(request())
+        message = await limited.create_message(request(stream=stream))
+        assert message.content[0]["text"] == "ok" and server.requests[-1].stream is stream
         # configured: 60 a minute, one used; the provider says none is left: the next call waits
         nxt = await limiter.reserve("m", "key-2", 1)
         assert nxt.wait_seconds > 0.5 and nxt.limit == "requests_per_minute"
     finally:
+        await client.aclose()
+
+
+async def test_a_call_holding_its_turn_also_waits_out_a_later_429_of_its_key(prefix):
+    import redis.asyncio as aioredis
+
+    from lattice_client.model_limits import ModelLimit
+    from lattice_worker import AssistantModelMessage, ScriptedModelClient
+    from lattice_worker.runtime.limits.bucket import RateLimiter
+
+    client = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
+
+    async def redis() -> Any:
+        return client
+
+    calls: list[Any] = []
+
+    def model(req: Any) -> AssistantModelMessage:
+        calls.append(req)
+        return AssistantModelMessage(content=[{"type": "text", "text": "ok"}], stop_reason="end_turn")
+
+    limiter = RateLimiter(redis, prefix, {"m": ModelLimit(requests_per_minute=30)})  # one every 2 s
+    limited = LimitedModelClient(ScriptedModelClient(model), limiter, api_key="key-3")
+    scope = CallScope(run_id="r2", scope="lead", emit=None, suspendable=True)
+    token = current_scope.set(scope)
+    try:
+        for _ in range(30):  # another worker used the minute's turns
+            await limiter.reserve("m", "key-3", 1)
+        with pytest.raises(RateLimitWait) as first:
+            await limited.create_message(request())
+        assert first.value.wait.limit == "requests_per_minute"
+        # meanwhile the provider refuses another worker's call: the key is held for 30 s
+        await limiter.feed("m", "key-3", blocked_seconds=30)
+        with pytest.raises(RateLimitWait) as again:  # the same call's next attempt
+            await limited.create_message(request())
+        assert again.value.wait.limit == "retry_after"
+        assert again.value.wait.resume_at_ms > first.value.wait.resume_at_ms
+        assert calls == []  # nothing was sent early
+    finally:
+        current_scope.reset(token)
         await client.aclose()

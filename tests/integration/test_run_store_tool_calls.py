@@ -147,3 +147,21 @@ async def test_a_members_wait_stays_decided_until_its_next_claim_begins(store, r
     await store.begin_item("r1", "wi", 2, "tok2")  # the next claim closes it
     assert raw.hget(store.waits_key("r1"), "m1") is None
     assert raw.hget(journal, "~waiting") is None
+
+
+async def test_a_going_run_keeps_its_listing_place_between_waits_and_a_finished_one_loses_it(store, raw):
+    """A listing that reads a run with no wait open must not drop it from the
+    index: the run's next wait may be written meanwhile, and would then never
+    be listed (an approval card that never shows)."""
+    await store.create("r1", "team", "prompt")
+    client = await store.redis()
+    await client.zadd(store.waiting_index_key, {"r1": 1})  # it waited once; that wait is closed
+    assert await store.waits() == []
+    assert raw.zscore(store.waiting_index_key, "r1") is not None  # still indexed
+    await run_call(store, store.write_item_call("r1", "wi", 1, "tok1", []))
+    wait = {"id": "m2", "kind": "approval", "message_id": "m2", "work_item_id": "wi", "resolution": None}
+    await run_call(store, store.park_item_call("r1", "wi", 1, "tok1", "m2", wait))  # the next wait
+    assert [w["id"] for w in await store.waits()] == ["m2"]
+    await store.cancel("r1")
+    assert await store.waits() == []
+    assert raw.zscore(store.waiting_index_key, "r1") is None  # finished: dropped

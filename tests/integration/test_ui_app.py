@@ -170,7 +170,9 @@ def test_a_runs_events_stream_ends_after_its_result(page: TestClient, seeded: La
     assert '"kind": "run_result"' in body and body.rstrip().endswith("event: end\ndata: {}")
 
 
-def test_a_runs_events_stream_refuses_an_after_that_is_not_a_stream_id(page: TestClient, seeded: LatticeClient):
+def test_a_runs_events_stream_refuses_an_after_that_is_not_a_stream_id(
+    page: TestClient, seeded: LatticeClient
+):
     auth = ("ops", "s3cret")
     for after in ("garbage", "12-x", "-1"):
         response = page.get(f"/runs/run-evil/events?after={after}", auth=auth)
@@ -228,3 +230,10 @@ def test_bad_input_gets_a_clear_4xx_page_and_changes_nothing(page: TestClient, s
     )
     assert 400 <= garbage.status_code < 500, garbage.text[:300]
     assert seeded.get_run("run-evil").status.value == "queued"
+
+
+def test_a_run_page_shows_its_tokens_spent_against_its_budget(page: TestClient, seeded: LatticeClient):
+    seeded._call(seeded.aio.runs.create, "run-budget", "t", "p", budget_tokens=2_000)
+    html = page.get("/runs/run-budget", auth=("ops", "s3cret")).text
+    assert "tokens spent / budget" in html and "0 / 2000" in html
+    assert "tokens spent / budget" not in page.get("/runs/run-evil", auth=("ops", "s3cret")).text

@@ -8,6 +8,7 @@
 -- ARGV[5]  now, milliseconds since the epoch
 -- ARGV[6]  metadata JSON (an object)
 -- ARGV[7]  parent JSON ("" = none)
+-- ARGV[8]  token budget ("" or absent = none), a positive integer
 --
 -- returns  1 = created, 0 = a run with this id already exists (nothing written)
 -- errors   none
@@ -22,5 +23,8 @@ if ARGV[3] ~= '' then
 end
 if ARGV[7] ~= '' then
   redis.call('HSET', KEYS[1], 'parent', ARGV[7])
+end
+if ARGV[8] and ARGV[8] ~= '' then
+  redis.call('HSET', KEYS[1], 'budget_tokens', ARGV[8], 'spent_tokens', 0)
 end
 return 1

@@ -15,11 +15,13 @@ from lattice_client.runstore import RunStore
 from lattice_client.settings import is_cluster_url
 from lattice_mailbox.message import TeamMessage
 
+from ...agent.call_gate import current_call_gate
 from ...agent.loop import SuspendQuery
 from ...team.mailbox_state import MailboxToolState
 from ...team.member import TeamMember
 from ...team.team import Team
 from ...tools.tool import ToolContext
+from ..run.budget import BUDGET_METADATA_KEY
 from ..run.completion import apply_completion
 from ..run.context import WorkerContext
 from ..run.events import public_message
@@ -124,6 +126,8 @@ class RunLinkingMailbox:
             else:
                 await self.links.link(run_id, self.team_name, [work_item_id])
             metadata = {**(metadata or {}), "run_id": run_id}
+            if current_call_gate.get() is not None:  # a budgeted run: its members check the budget
+                metadata[BUDGET_METADATA_KEY] = True
             carrier = current_carrier.get()
             if carrier is not None:
                 metadata[TRACE_CARRIER_KEY] = dict(carrier)

@@ -38,11 +38,13 @@ from lattice_client.models import RunRecord, RunResult, RunStatus
 from lattice_client.runstore import SegmentStart
 
 from ...agent.agent import Agent
+from ...agent.call_gate import current_call_gate
 from ...errors import TeamNotServedError
 from ...team.depth import delegated, delegation_limit, metadata_depth, metadata_limit
 from ...team.reports import failed_work_items
 from ...team.team import Team
 from ..limits.hook import lead_scope, lead_waits
+from ..run.budget import lead_gate, with_team_budget
 from ..run.context import WorkerContext
 from ..run.events import FenceSource, current_fence
 from ..run.trace import RunTrace
@@ -64,7 +66,8 @@ async def run_lead(ctx: WorkerContext, run_id: str) -> str:
     until it suspends or ends. Returns what happened: ``"missing"`` (no such
     run), ``"skipped"`` (not ``queued``: a duplicate or redelivered task, or a
     cancelled run), ``"suspended"``, ``"parked"`` / ``"awaiting_approval"``
-    (suspended on a lead tool call that waits for a person), ``"completed"``,
+    (suspended on a lead tool call that waits for a person), ``"budget_reached"``
+    (parked on the run's token budget), ``"completed"``,
     ``"failed"``, ``"cancelled"``, ``"lost"`` (the lease was lost: another
     worker owns the run now), ``"refused"`` (the run names a team this worker
     does not serve: it fails with an error naming the team and the worker;
@@ -137,6 +140,8 @@ async def _guarded(
     try:
         async with lease:
             team = team_for_run(ctx, record)
+            if not resume:  # the team's default budget, for a run submitted without one
+                record = await with_team_budget(ctx, team, record)
             # the record begin_segment read names the parent: the event needs no read of it
             ctx.events.note_parent(record.run_id, record.parent)
             await ctx.events.emit(
@@ -244,6 +249,8 @@ async def drive(
         if trace is not None:
             options.update(trace.lead_options(team, agent))
         carrier_token = current_carrier.set(trace.carrier if trace is not None else None)
+        gate = lead_gate(ctx, record, lease)  # None: the run has no budget
+        gate_token = current_call_gate.set(gate)
         try:
             with lead_delegation(team, record), lead_scope(ctx, run_id, lease) as calls:
                 async for event in agent.query(prompt, **options):
@@ -254,6 +261,7 @@ async def drive(
                         continue
                     await ctx.events.emit(run_id, event)
         finally:
+            current_call_gate.reset(gate_token)
             current_carrier.reset(carrier_token)
             current_fence.reset(fence_token)
             current_lease.reset(lease_token)
@@ -277,6 +285,17 @@ async def drive(
             return await _lost(ctx, run_id)
         if final is None:  # pragma: no cover - the loop always ends with a result
             raise RuntimeError("the lead's query ended without a result")
+        if (
+            gate is not None
+            and gate.stopped is not None
+            and final.subtype == "suspended"
+            and runtime.suspended is None
+        ):
+            parked = await gate.park_segment(final, usage)  # the budget is spent: no worker waits
+            if parked is not None:
+                return parked
+            prompt = None  # raised meanwhile: the lead goes on
+            continue
         suspending = final.subtype == "suspended"
         if runtime.suspended is False:  # registered with its usage; the wait set was empty
             await prepare_resume(ctx, team, run_id, agent, lease=lease)

@@ -29,6 +29,8 @@ from importlib import resources
 from typing import Any
 
 from lattice_client.model_limits import DIMENSIONS, ModelLimit, api_key_id, limit_for
+from lattice_client.rate_limits import index_key
+from lattice_client.rate_limits import waiting_calls as read_waiting_calls
 
 _LUA = resources.files("lattice_worker.runtime.limits").joinpath("lua")
 TAKE_LUA = _LUA.joinpath("take.lua").read_text(encoding="utf-8")
@@ -62,11 +64,6 @@ class LimitKeys:
         return cls(bucket=f"{base}:bucket", waiting=f"{base}:waiting")
 
 
-def index_key(prefix: str) -> str:
-    """``<prefix>:ratelimit:index``: the set of bucket tags seen."""
-    return f"{prefix}:ratelimit:index"
-
-
 @dataclass(frozen=True)
 class Reservation:
     """A call's place in the buckets of ``model`` for API key ``key_id``.
@@ -74,7 +71,9 @@ class Reservation:
     ``wait_seconds`` (float, >= 0): how long after ``reserved_at_ms`` (server
     clock) its turn comes; ``limit``: the limit that made it wait
     (``"requests_per_minute"`` ...; ``None`` when it did not wait);
-    ``amounts``: ``(requests, input tokens, output tokens)`` taken."""
+    ``amounts``: ``(requests, input tokens, output tokens)`` taken; ``shift_ms``:
+    the key's shift when it was taken (a later 429 moves the turn by what the
+    shift grew since, ``feed.lua``)."""
 
     model: str
     key_id: str
@@ -83,6 +82,7 @@ class Reservation:
     limit: str | None
     amounts: tuple[int, int, int]
     reserved_at_ms: int
+    shift_ms: int = 0
 
 
 class RateLimiter:
@@ -131,7 +131,7 @@ class RateLimiter:
             self._indexed.add(tag)
         ticket = uuid.uuid4().hex
         amounts = (1, max(0, int(input_tokens)), max(0, int(output_tokens)))
-        wait_ms, dim, now = await client.eval(
+        wait_ms, dim, now, shift = await client.eval(
             TAKE_LUA, 2, keys.bucket, keys.waiting, *self._args(limit), *amounts, ticket
         )
         return Reservation(
@@ -142,6 +142,7 @@ class RateLimiter:
             limit=LIMIT_NAMES.get(int(dim)) if int(wait_ms) > 0 else None,
             amounts=amounts,
             reserved_at_ms=int(now),
+            shift_ms=int(shift),
         )
 
     async def settle(
@@ -201,23 +202,10 @@ class RateLimiter:
 
 
 async def waiting_calls(client: Any, prefix: str) -> list[dict[str, Any]]:
-    """``[{"model", "key_id", "waiting", "longest_seconds"}]``: the calls waiting for
-    their turn now, per (model, key) seen (``client``: a ``redis.asyncio`` client
-    with ``decode_responses=True``). Entries with no call waiting are left out."""
-    out = []
-    tags = sorted(await client.smembers(index_key(prefix)))
-    now_s, now_us = await client.time()
-    now = int(now_s) * 1000 + int(now_us) // 1000
-    for tag in tags:
-        keys = LimitKeys.of(prefix, tag)
-        entries = await client.zrangebyscore(keys.waiting, now, "+inf", withscores=True)
-        if entries:
-            model, _, key_id = tag.rpartition("|")
-            longest = max(score for _m, score in entries) - now
-            out.append(
-                {"model": model, "key_id": key_id, "waiting": len(entries), "longest_seconds": longest / 1000}
-            )
-    return out
+    """``[{"model", "key_id", "waiting", "longest_seconds", "limit"}]``: the calls
+    waiting for their turn now, per (model, key) seen
+    (:func:`lattice_client.rate_limits.waiting_calls` as dicts)."""
+    return [w.model_dump() for w in await read_waiting_calls(client, prefix)]
 
 
 __all__ = [

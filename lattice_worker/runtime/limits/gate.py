@@ -44,7 +44,7 @@ from ...agent.anthropic_client import DEFAULT_MODEL
 from ...agent.response_observer import ResponseObserver, current_observer
 from ...agent.suspend import SuspendQuery
 from ...errors import LatticeError
-from .bucket import RateLimiter, Reservation
+from .bucket import LimitKeys, RateLimiter, Reservation, bucket_tag
 
 logger = logging.getLogger("lattice_worker.runtime.limits")
 
@@ -63,6 +63,9 @@ REMAINING_HEADERS = {
     "output_tokens": "anthropic-ratelimit-output-tokens-remaining",
 }
 """The response headers that lower the buckets (the provider's remaining counts)."""
+
+RETRY_AFTER = "retry_after"
+"""The "limit" a call waits for when the provider's 429 holds its key (its ``retry-after``)."""
 
 DEFAULT_BLOCK_SECONDS = 1.0
 """How long a 429 without ``retry-after`` holds the calls of its key."""
@@ -124,7 +127,7 @@ def estimate_input_tokens(request: Any) -> int:
         getattr(request, "messages", None),
         getattr(request, "tools", None),
     ]
-    text = json.dumps(parts, ensure_ascii=False, default=str, separators=(",", ":"))
+    text = json.dumps(parts, ensure_ascii=False, default=str)
     return max(1, len(text) // 4)
 
 
@@ -192,8 +195,10 @@ class LimitedModelClient:
         estimate = estimate_input_tokens(request)
         refused = 0
         failures = 0
+        keep: Reservation | None = None
         while True:
-            reservation, wait = await self._turn(scope, model, api_key, estimate)
+            reservation, wait = await self._turn(scope, model, api_key, estimate, keep)
+            keep = None
             if wait.seconds > 0:
                 await self._waiting(scope, reservation, wait)
             observer = ResponseObserver(own_retries=True)
@@ -204,8 +209,9 @@ class LimitedModelClient:
                 status = getattr(exc, "status_code", None)
                 heard = observer.last[1] if observer.last is not None else {}
                 if status == 429 and refused < RATE_LIMIT_RETRIES:
-                    refused += 1
+                    refused += 1  # it keeps its reservation (its place) and goes after the retry-after
                     await self._refused(scope, reservation, api_key, heard)
+                    keep = reservation
                     continue
                 if _retryable(exc, status) and failures < _max_retries(inner):
                     failures += 1
@@ -228,29 +234,49 @@ class LimitedModelClient:
     # -- the turn ------------------------------------------------------------------------------
 
     async def _turn(
-        self, scope: CallScope | None, model: str, api_key: str | None, estimate: int
+        self,
+        scope: CallScope | None,
+        model: str,
+        api_key: str | None,
+        estimate: int,
+        keep: Reservation | None,
     ) -> tuple[Reservation, TurnWait]:
+        """The call's reservation and how long it waits: ``keep`` (a call the
+        provider refused: its place is kept), the one held for ``scope``, or a
+        new one; never before the key's ``blocked_until`` (a 429's retry-after)."""
         key_id = api_key_id(api_key)
         client = await self.limiter._redis()
-        if scope is not None:
-            key = hold_key(self.limiter.prefix, scope.run_id, scope.scope)
-            async with client.pipeline(transaction=False) as pipe:
+        bucket = LimitKeys.of(self.limiter.prefix, bucket_tag(model, key_id)).bucket
+        key = hold_key(self.limiter.prefix, scope.run_id, scope.scope) if scope is not None else None
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.time()
+            pipe.hmget(bucket, "blocked_until", "shift_ms")
+            if key is not None and keep is None:
                 pipe.get(key)
-                pipe.time()
-                raw, (now_s, now_us) = await pipe.execute()
-            held = _decode_hold(raw)
-            if held is not None:
-                reservation, resume_at, limit = held
-                if reservation.model == model and reservation.key_id == key_id:
-                    now = int(now_s) * 1000 + int(now_us) // 1000
-                    left = max(0, resume_at - now) / 1000.0
-                    return reservation, TurnWait(left, limit, model, key_id, resume_at)
-                await client.delete(key)  # another model or key now: that place is given up
-                await self.limiter.settle(reservation, None, None, used=False)
+            replies = await pipe.execute()
+        now = int(replies[0][0]) * 1000 + int(replies[0][1]) // 1000
+        blocked = int(float(replies[1][0])) if replies[1][0] else 0
+        shift = int(float(replies[1][1])) if replies[1][1] else 0
+        if keep is not None:
+            return keep, _wait_until(keep, model, key_id, max(blocked, now), now, RETRY_AFTER)
+        held = decode_hold(replies[2]) if key is not None else None
+        if held is not None:
+            reservation, resume_at, limit = held
+            if reservation.model == model and reservation.key_id == key_id:
+                if shift > reservation.shift_ms:  # a 429 since moved every turn handed out
+                    resume_at, limit = resume_at + shift - reservation.shift_ms, RETRY_AFTER
+                if blocked > resume_at:
+                    resume_at, limit = blocked, RETRY_AFTER
+                return reservation, _wait_until(reservation, model, key_id, max(resume_at, now), now, limit)
+            await client.delete(key)  # another model or key now: that place is given up
+            await self.limiter.settle(reservation, None, None, used=False)
         reservation = await self.limiter.reserve(model, api_key, estimate)
         assert reservation is not None  # limit_of said a limit applies
-        resume_at = reservation.reserved_at_ms + int(round(reservation.wait_seconds * 1000))
-        return reservation, TurnWait(reservation.wait_seconds, reservation.limit, model, key_id, resume_at)
+        now = reservation.reserved_at_ms
+        resume_at, limit = now + int(round(reservation.wait_seconds * 1000)), reservation.limit
+        if blocked > resume_at:
+            resume_at, limit = blocked, RETRY_AFTER
+        return reservation, _wait_until(reservation, model, key_id, resume_at, now, limit)
 
     async def _waiting(self, scope: CallScope | None, reservation: Reservation, wait: TurnWait) -> None:
         ends = scope is not None and scope.suspendable and wait.seconds > SHORT_WAIT_SECONDS
@@ -330,8 +356,6 @@ class LimitedModelClient:
     ) -> None:
         block = retry_after_seconds(headers)
         block = DEFAULT_BLOCK_SECONDS if block is None else block
-        await self._drop_hold(scope)
-        await self.limiter.settle(reservation, None, None, used=False)
         await self.limiter.feed(reservation.model, api_key, remaining_of(headers), blocked_seconds=block)
         logger.info(
             "model %s: the provider refused a call (429); its key waits %.1f s", reservation.model, block
@@ -357,7 +381,13 @@ class LimitedModelClient:
             logger.warning("could not emit %s for run %s", event.get("type"), scope.run_id, exc_info=True)
 
 
-def _decode_hold(raw: Any) -> tuple[Reservation, int, str | None] | None:
+def _wait_until(
+    reservation: Reservation, model: str, key_id: str, resume_at: int, now: int, limit: str | None
+) -> TurnWait:
+    return TurnWait(max(0, resume_at - now) / 1000.0, limit, model, key_id, resume_at)
+
+
+def decode_hold(raw: Any) -> tuple[Reservation, int, str | None] | None:
     if raw is None:
         return None
     try:
@@ -371,6 +401,7 @@ def _decode_hold(raw: Any) -> tuple[Reservation, int, str | None] | None:
             limit=r.get("limit"),
             amounts=tuple(int(a) for a in r["amounts"]),  # type: ignore[arg-type]
             reserved_at_ms=int(r["reserved_at_ms"]),
+            shift_ms=int(r.get("shift_ms") or 0),
         )
         return reservation, int(data["resume_at_ms"]), data.get("limit")
     except (ValueError, KeyError, TypeError):
@@ -396,6 +427,7 @@ __all__ = [
     "RateLimitWait",
     "TurnWait",
     "current_scope",
+    "decode_hold",
     "estimate_input_tokens",
     "hold_key",
     "remaining_of",

@@ -32,7 +32,15 @@ from lattice_client.runstore import now_ms
 
 from ..run.context import WorkerContext
 from .bucket import RateLimiter
-from .gate import CallScope, LimitedModelClient, TurnWait, current_scope
+from .gate import (
+    SHORT_WAIT_SECONDS,
+    CallScope,
+    LimitedModelClient,
+    TurnWait,
+    current_scope,
+    decode_hold,
+    hold_key,
+)
 
 LEAD_WAIT_LUA = (
     resources.files("lattice_worker.runtime.limits").joinpath("lua/lead_wait.lua").read_text("utf-8")
@@ -132,6 +140,35 @@ def item_scope(
         current_scope.reset(token)
 
 
+async def not_due(ctx: WorkerContext, messages: list[Any]) -> set[str]:
+    """Ids of the pending ``messages`` whose member call holds a turn that has
+    not come (a doorbell rung early -- the reaper's for a message pending
+    longer than a lease -- leaves them: claiming one would only give it back).
+    Empty without limits. One pipelined read."""
+    if limiter_for(ctx) is None:
+        return set()
+    linked = [
+        (m, m.metadata.get("run_id"))
+        for m in messages
+        if m.work_item_id and isinstance(m.metadata.get("run_id"), str) and m.metadata.get("run_id")
+    ]
+    if not linked:
+        return set()
+    client = await ctx.redis()
+    async with client.pipeline(transaction=False) as pipe:
+        pipe.time()
+        for m, run_id in linked:
+            pipe.get(hold_key(ctx.prefix, run_id, f"item:{m.work_item_id}"))
+        replies = await pipe.execute()
+    now = int(replies[0][0]) * 1000 + int(replies[0][1]) // 1000
+    out = set()
+    for (m, _), raw in zip(linked, replies[1:], strict=True):
+        held = decode_hold(raw)
+        if held is not None and held[1] > now + int(SHORT_WAIT_SECONDS * 1000):
+            out.add(m.id)
+    return out
+
+
 async def lead_waits(
     ctx: WorkerContext, team: str, run_id: str, lease: Any, wait: TurnWait, final: Any, usage: Any
 ) -> str:
@@ -182,6 +219,7 @@ __all__ = [
     "item_waits",
     "lead_scope",
     "lead_waits",
+    "not_due",
     "limit_agent",
     "limited_client",
     "limiter_for",

@@ -16,13 +16,14 @@ loss.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from lattice_mailbox.base import ClaimError
 
-from ...agent.abort import AbortController
+from ...agent.abort import AbortController, AbortSignal
 from ..run.renewal import LeaseLostError, RenewalLoop
 
 logger = logging.getLogger("lattice_worker.runtime.member.lease")
@@ -94,4 +95,65 @@ class LeaseKeeper(RenewalLoop):
         return True
 
 
-__all__ = ["LeaseKeeper"]
+T = TypeVar("T")
+
+ABORT_GRACE_SECONDS = 2.0
+"""How long (**seconds**) a member's work may go on after its signal was aborted
+(claim lost, run cancelled) before it is cancelled: a tool that watches its
+``signal`` ends by itself; one that does not (a long ``await``) would otherwise
+hold the worker's slot, and a warm shutdown, until it returns."""
+
+
+class WorkAbandoned(Exception):
+    """The work was cancelled :data:`ABORT_GRACE_SECONDS` after its signal was
+    aborted (:attr:`reason`: the abort's reason)."""
+
+    def __init__(self, reason: Any) -> None:
+        super().__init__(f"cancelled after its signal was aborted: {reason}")
+        self.reason = reason
+
+
+async def until_aborted(work: Awaitable[T], signal: AbortSignal, grace_s: float | None = None) -> T:
+    """Await ``work`` in the calling task; once ``signal`` is aborted, cancel
+    that task after ``grace_s`` seconds (default :data:`ABORT_GRACE_SECONDS`)
+    unless ``work`` ended by then. ``work`` runs in the caller's task, so what
+    it raises (``SystemExit`` included) reaches the caller as before.
+
+    Raises :class:`WorkAbandoned` when it was cancelled that way; the caller's
+    own cancellation propagates as ``CancelledError``."""
+    loop = asyncio.get_running_loop()
+    current = asyncio.current_task()
+    if current is None:
+        raise RuntimeError("until_aborted needs to run in a task")
+    grace = ABORT_GRACE_SECONDS if grace_s is None else grace_s
+    timers: list[asyncio.TimerHandle] = []
+    cut: list[Any] = []
+    finished = False
+
+    def cancel(reason: Any) -> None:
+        if not finished and not cut:
+            cut.append(reason)
+            current.cancel()
+
+    def aborted(reason: Any) -> None:  # may come from another thread
+        loop.call_soon_threadsafe(lambda: timers.append(loop.call_later(grace, cancel, reason)))
+
+    remove = signal.add_listener(aborted)
+    try:
+        result = await work
+        finished = True
+        return result
+    except asyncio.CancelledError:
+        finished = True
+        if cut and current.cancelling() == 1:  # ours alone: nobody else cancelled the caller
+            current.uncancel()
+            raise WorkAbandoned(cut[0]) from None
+        raise
+    finally:
+        finished = True
+        remove()
+        for timer in timers:
+            timer.cancel()
+
+
+__all__ = ["ABORT_GRACE_SECONDS", "LeaseKeeper", "WorkAbandoned", "until_aborted"]

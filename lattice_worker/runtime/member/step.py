@@ -48,6 +48,7 @@ from lattice_mailbox.message import MessageStatus, TeamMessage
 
 from ...agent.abort import AbortController
 from ...agent.agent import Agent
+from ...agent.call_gate import current_call_gate
 from ...agent.history_stores import RedisHistoryStore
 from ...team.events import TeamMessageEvent
 from ...team.ids import split_mailbox_id
@@ -55,14 +56,15 @@ from ...team.mailbox_state import set_message_status
 from ...team.member import TeamMember
 from ...team.team import Team
 from ...team.work import WorkItemOutcome, run_work_item
-from ..limits.hook import item_scope, item_waits, limit_agent, limited_client
+from ..limits.hook import item_scope, item_waits, limit_agent, limited_client, not_due
+from ..run.budget import member_gate
 from ..run.completion import complete_work_item
 from ..run.context import WorkerContext
 from ..run.events import current_fence, public_message
 from ..run.trace import member_trace
 from .child_runs import start_child_run
 from .journal import journaled_member
-from .lease import LeaseKeeper
+from .lease import ABORT_GRACE_SECONDS, LeaseKeeper, WorkAbandoned, until_aborted
 
 logger = logging.getLogger("lattice_worker.runtime")
 
@@ -96,7 +98,8 @@ async def deliver(ctx: WorkerContext, mailbox_id: str, message_id: str | None = 
     a duplicate doorbell), ``"cancelled"``, ``"child"`` (a nested team's run
     was started), ``"lost"`` (the claim was lost; outcome discarded),
     ``"parked"`` / ``"awaiting_approval"`` (a tool call waits for a person;
-    the message is parked, no worker waits), or the item's status
+    the message is parked, no worker waits), ``"budget_reached"`` (parked on
+    the run's token budget), or the item's status
     (``"done"``, ``"failed"``, ``"open"``)."""
     try:
         team_name, member_name = split_mailbox_id(mailbox_id)
@@ -130,8 +133,10 @@ async def startable(ctx: WorkerContext, mailbox_id: str, limit: int = 5) -> list
     """Ids of up to ``limit`` pending messages of ``mailbox_id``, oldest first,
     that their run lets start: all but the task messages whose work item the
     run still queues (state ``queued``: ``max_concurrent_work_items`` of its
-    items are running). Looks at the :data:`STARTABLE_SCAN` oldest (one read of
-    the mailbox, one pipelined read of the runs' item states)."""
+    items are running) and those whose member call holds a turn that has not
+    come (shared rate limits: :func:`~lattice_worker.runtime.limits.hook.not_due`).
+    Looks at the :data:`STARTABLE_SCAN` oldest (one read of the mailbox, one
+    pipelined read of the runs' item states, one of the held turns with limits)."""
     pending = await ctx.mailbox.inbox(mailbox_id, "pending", limit=STARTABLE_SCAN)
     linked = [(m, _run_link(m)) for m in pending]
     checks = [(m, link[0]) for m, link in linked if link is not None and m.work_item_id]
@@ -143,7 +148,8 @@ async def startable(ctx: WorkerContext, mailbox_id: str, limit: int = 5) -> list
                 pipe.hget(ctx.runs.keys(run_id).state, m.work_item_id)
             for (m, _), state in zip(checks, await pipe.execute(), strict=True):
                 states[m.id] = state.decode() if isinstance(state, bytes) else state
-    return [m.id for m in pending if states.get(m.id) != "queued"][:limit]
+    later = await not_due(ctx, pending)  # a member call whose turn has not come (rate limits)
+    return [m.id for m in pending if states.get(m.id) != "queued" and m.id not in later][:limit]
 
 
 async def claim_startable(
@@ -270,23 +276,38 @@ async def _process(
     if agent is None and member.kind == "spec":
         agent = limit_agent(ctx, member.agent)  # None without LATTICE_MODEL_LIMITS
     tracer, trace_context = member_trace(team, run_id, message)  # (None, None): an untraced run
-    with item_scope(ctx, run_id, member.name, message, journal) as calls:
-        async with renewing:
-            outcome = await run_work_item(
-                team,
-                member,
-                message,
-                mailbox=ctx.mailbox,
-                token=token,
-                signal=controller.signal,
-                emit=emit,
-                tracer=tracer,
-                trace_context=trace_context,
-                agent=agent,
-                stream_events=False,  # the event emitter does not store token-level events
-                journal=journal,
-                resume=resume,
-            )
+    gate_token = current_call_gate.set(member_gate(ctx, run_id, message, journal))  # None: no budget
+    try:
+        with item_scope(ctx, run_id, member.name, message, journal) as calls:
+            async with renewing:
+                work = run_work_item(
+                    team,
+                    member,
+                    message,
+                    mailbox=ctx.mailbox,
+                    token=token,
+                    signal=controller.signal,
+                    emit=emit,
+                    tracer=tracer,
+                    trace_context=trace_context,
+                    agent=agent,
+                    stream_events=False,  # the event emitter does not store token-level events
+                    journal=journal,
+                    resume=resume,
+                )
+                try:
+                    outcome = await until_aborted(work, controller.signal)
+                except WorkAbandoned as abandoned:  # a tool went on past the abort: its slot is freed
+                    logger.warning(
+                        "member %s: the work on %s was cancelled %.1f s after %s",
+                        member.name,
+                        message.id,
+                        ABORT_GRACE_SECONDS,
+                        abandoned.reason,
+                    )
+                    return "lost" if keeper.lost is not None else "cancelled"
+    finally:
+        current_call_gate.reset(gate_token)
     # Only a refused fenced write means the claim was lost: every other outcome was
     # written under this claim's token. The keeper also reports "missing" once the
     # member closed the message itself (team_reply) and went on working: not a loss.
@@ -296,8 +317,8 @@ async def _process(
     if outcome.status == "parked" and calls is not None and calls.wait is not None:
         return await item_waits(ctx, message, calls.wait)  # a model call waits for its turn
     if outcome.status == "parked":  # a call waits for a person; the work item stays open
-        waiting = journal.waiting if journal is not None else None
-        return "awaiting_approval" if waiting is not None and waiting["kind"] == "approval" else "parked"
+        kind = (journal.waiting or {}).get("kind") if journal is not None else None
+        return {"approval": "awaiting_approval", "budget": "budget_reached"}.get(kind or "", "parked")
     if link is not None:
         await complete_work_item(ctx, link[0], link[1], message.work_item_id or "", outcome)
     return outcome.status

@@ -232,6 +232,7 @@ class TeamRegistry:
             runner=team.runner_options,
             expose_lead_mailbox_tools=team.expose_lead_mailbox_tools,
             tracer=tracer,
+            budget={"tokens": team.budget_tokens} if team.budget_tokens is not None else None,
         )
         self._originals[team.name] = team
         self._teams[team.name] = rebound

@@ -16,8 +16,12 @@
 -- ARGV[7]  output tokens taken (0: a call only waits while that bucket is in debt)
 -- ARGV[8]  ticket (the call's id, listed in KEYS[2] while it waits)
 --
--- Returns  {wait_ms, dim, now_ms}: how long the call must wait (0: go now), which bucket made it
---          wait longest (1 requests, 2 input tokens, 3 output tokens, 0 none), the server's time
+-- A call that waits records which limit made it wait in KEYS[1] field "waiting:limit"
+-- (requests_per_minute | input_tokens_per_minute | output_tokens_per_minute; lattice status).
+--
+-- Returns  {wait_ms, dim, now_ms, shift_ms}: how long the call must wait (0: go now), which
+--          bucket made it wait longest (1 requests, 2 input tokens, 3 output tokens, 0 none), the
+--          server's time, and the key's shift so far (feed.lua: its turn moves by later shifts)
 local period = tonumber(ARGV[1])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -45,7 +49,9 @@ end
 redis.call('PEXPIRE', KEYS[1], 2 * period + wait)
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 if wait > 0 then
+  local limits = {'requests_per_minute', 'input_tokens_per_minute', 'output_tokens_per_minute'}
+  redis.call('HSET', KEYS[1], 'waiting:limit', limits[dim])
   redis.call('ZADD', KEYS[2], now + wait, ARGV[8])
   redis.call('PEXPIRE', KEYS[2], period + wait)
 end
-return {wait, dim, now}
+return {wait, dim, now, tonumber(redis.call('HGET', KEYS[1], 'shift_ms') or '0')}

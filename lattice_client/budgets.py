@@ -1,0 +1,132 @@
+"""Token budgets of runs (issue 22): ``submit(..., budget={"tokens": N})``,
+``raise_budget(run_id, tokens=N)`` and the CLI's ``lattice budget RUN --tokens N``.
+
+A run with a budget counts the input + output tokens of every model call of
+its lead and its members, on every worker, on its record (``spent_tokens``).
+Before each model call the step compares the spend with the budget; once the
+spend reaches it the run parks with status ``budget_reached``: the step ends,
+no worker and no lease holds it. The call in flight when the spend crossed the
+budget finishes, so a run spends at most one call past its budget per call
+running at that moment (one, when its calls run one after another).
+
+``raise_budget`` sets the **new total** budget (not an increment: a repeated
+call never adds more; once the run goes on it is refused, its budget no
+longer reached) and moves the run on from
+where it stopped: a parked lead resumes (``lattice.resume_lead``), parked
+members' messages go back to ``pending`` and their doorbells ring.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from lattice_mailbox import MessageStatus
+
+from .celery_config import DELIVER_TASK, RESUME_LEAD_TASK, queue_name
+from .errors import RunNotFoundError
+from .runstore import check_run_id
+from .runstore.budgets import BudgetError, check_tokens
+
+
+class RaisedBudget(BaseModel):
+    """What :meth:`BudgetsMixin.raise_budget` did: the run's new budget
+    (``budget_tokens``), the one before (``previous_tokens``), its spend
+    (``spent_tokens``), and what was moved on: ``resumed_lead`` (the parked
+    lead's resume was sent) and ``resumed_messages`` (members' message ids
+    put back to ``pending``)."""
+
+    run_id: str
+    budget_tokens: int
+    previous_tokens: int
+    spent_tokens: int
+    resumed_lead: bool = False
+    resumed_messages: list[str] = Field(default_factory=list)
+
+
+def parse_budget(budget: Any) -> int | None:
+    """The token count of a ``submit`` ``budget`` (``{"tokens": N}``, N a
+    positive int), ``None`` for no budget. Raises ``ValueError`` otherwise."""
+    if budget is None:
+        return None
+    if not isinstance(budget, dict) or set(budget) != {"tokens"}:
+        raise ValueError(f'budget must be {{"tokens": N}} with N a positive integer, got {budget!r}')
+    try:
+        return check_tokens(budget["tokens"])
+    except ValueError:
+        raise ValueError(f"budget tokens must be a positive integer, got {budget['tokens']!r}") from None
+
+
+class BudgetsMixin:
+    """The budget API of :class:`~lattice_client.client.AsyncLatticeClient`
+    (it gives ``runs``, ``mailbox``, ``celery`` and ``settings``)."""
+
+    runs: Any
+    mailbox: Any
+    celery: Any
+    settings: Any
+
+    async def raise_budget(self, run_id: str, *, tokens: int) -> RaisedBudget:
+        """Set run ``run_id``'s token budget to ``tokens`` -- the new total, not
+        an increment -- and resume what it parked (see the module doc).
+
+        Accepted when the run is ``budget_reached``, or not finished with its
+        spend at or over its budget. Raises ``ValueError`` for a malformed run
+        id or a ``tokens`` that is not a positive int, :class:`RunNotFoundError`
+        for an unknown run, :class:`~lattice_client.runstore.budgets.BudgetError`
+        (a ``ValueError``) when the run is finished, has no budget, has not
+        reached it, or ``tokens`` is not above its spend. Nothing changes then."""
+        check_run_id(run_id)
+        check_tokens(tokens)
+        record = await self.runs.get(run_id)
+        if record is None:
+            raise RunNotFoundError(run_id)
+        raised = await self.runs.raise_budget(run_id, tokens)
+        prefix = self.settings.key_prefix
+        sends: list[tuple[str, list[Any], str]] = []
+        if raised.resume_lead:
+            sends.append((RESUME_LEAD_TASK, [run_id], queue_name(prefix, record.team)))
+        resumed: list[str] = []
+        for wait in raised.waits:
+            message_id, mailbox_id = wait.get("message_id"), wait.get("mailbox_id")
+            try:
+                message = await self.mailbox.get(message_id)
+            except (TypeError, ValueError):
+                message = None
+            if message is not None and message.status == MessageStatus.PARKED:
+                await self.mailbox.update_status(message_id, MessageStatus.PENDING)
+                resumed.append(message_id)
+                queue = queue_name(prefix, wait["team"], wait["member"])
+                await asyncio.to_thread(
+                    self.celery.send_task, DELIVER_TASK, args=[mailbox_id, message_id], queue=queue
+                )
+            # (a message no longer parked was moved on by an earlier raise, or claimed again)
+            await self.runs.drop_budget_wait(run_id, str(wait.get("work_item_id")))
+        for task, args, queue in sends:
+            await asyncio.to_thread(self.celery.send_task, task, args=args, queue=queue)
+        return RaisedBudget(
+            run_id=run_id,
+            budget_tokens=tokens,
+            previous_tokens=raised.previous,
+            spent_tokens=raised.spent,
+            resumed_lead=raised.resume_lead,
+            resumed_messages=resumed,
+        )
+
+
+class SyncBudgetsMixin:
+    """The blocking form of :class:`BudgetsMixin` for :class:`~lattice_client.client.LatticeClient`."""
+
+    aio: Any
+
+    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError  # LatticeClient's runs it on its loop thread
+
+    def raise_budget(self, run_id: str, *, tokens: int) -> RaisedBudget:
+        """See :meth:`BudgetsMixin.raise_budget`."""
+        return self._call(self.aio.raise_budget, run_id, tokens=tokens)
+
+
+__all__ = ["BudgetError", "BudgetsMixin", "RaisedBudget", "SyncBudgetsMixin", "parse_budget"]

@@ -1,0 +1,149 @@
+"""Token budgets of runs (issue 22): the spend, the parks and the raise.
+
+A run with a budget holds on its record ``budget_tokens`` (the budget, a
+positive integer) and ``spent_tokens`` (input + output tokens of every model
+call of the run so far, lead and members, from every worker: ``HINCRBY`` in
+``spend_budget.lua``). Before each model call the step reads both; once the
+spend reaches the budget the step parks instead of calling:
+
+* a lead segment: ``park_budget_lead.lua`` -- the run becomes
+  ``budget_reached`` (``budget_parked = "lead"``), its lead lease is removed;
+* a member on a work item: ``park_budget_item.lua`` -- the item goes into the
+  run's budget waits (hash ``R:budget_waits``, work_item_id -> JSON) and its
+  message to ``parked``; a run ``suspended`` on its items becomes ``budget_reached``.
+
+:meth:`RunBudgets.raise_budget` (``raise_budget.lua``) sets a new total and
+says what to move on: the lead to resume, the members' messages to put back.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from ..errors import RunNotFoundError
+from .core import RunStoreCore
+from .records import as_text, dumps, now_ms
+
+
+class BudgetError(ValueError):
+    """A budget raise was refused and nothing changed: the run is finished,
+    has no budget, has not reached it, or the new total is not above its spend
+    (the message says which)."""
+
+
+class BudgetRaise:
+    """What :meth:`RunBudgets.raise_budget` did: ``resume_lead`` (the lead was
+    parked: the run is ``resuming`` now, the caller sends ``lattice.resume_lead``),
+    ``previous`` (the budget before, tokens), ``spent`` (tokens) and
+    ``waits`` (the members' parked items: dicts with ``message_id``,
+    ``mailbox_id``, ``team``, ``member``, ``work_item_id``; the caller moves
+    their messages back to ``pending``, rings their doorbells, then drops each
+    wait with :meth:`RunBudgets.drop_budget_wait`)."""
+
+    def __init__(self, resume_lead: bool, previous: int, spent: int, waits: list[dict[str, Any]]) -> None:
+        self.resume_lead = resume_lead
+        self.previous = previous
+        self.spent = spent
+        self.waits = waits
+
+
+class RunBudgets(RunStoreCore):
+    """Token budgets (part of :class:`~lattice_client.runstore.RunStore`)."""
+
+    def budget_waits_key(self, run_id: str) -> str:
+        """The hash of the run's work items parked on its budget."""
+        return f"{self.keys(run_id).record}:budget_waits"
+
+    def budget_read_command(self, run_id: str) -> tuple[Any, ...]:
+        """``HMGET`` of the record's ``budget_tokens``, ``spent_tokens`` (see :func:`budget_reply`)."""
+        return ("hmget", self.keys(run_id).record, ["budget_tokens", "spent_tokens"])
+
+    def spend_call(self, run_id: str, tokens: int) -> tuple[tuple[Any, ...], str]:
+        """``(command, source)`` of ``spend_budget.lua``: add ``tokens`` to the run's spend."""
+        return self._call("spend_budget", [self.keys(run_id).record], [int(tokens)])
+
+    def park_budget_lead_call(self, run_id: str, token: str) -> tuple[tuple[Any, ...], str]:
+        """``(command, source)`` of ``park_budget_lead.lua`` under the lead lease ``token``."""
+        return self._call("park_budget_lead", [self.keys(run_id).record], [token, now_ms()])
+
+    def park_budget_item_call(
+        self, run_id: str, work_item_id: str, wait: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], str]:
+        """``(command, source)`` of ``park_budget_item.lua``: park a member's item on the budget."""
+        keys = [self.keys(run_id).record, self.budget_waits_key(run_id)]
+        return self._call("park_budget_item", keys, [work_item_id, dumps(wait, "wait"), now_ms()])
+
+    def default_budget_call(self, run_id: str, tokens: int) -> tuple[tuple[Any, ...], str]:
+        """``(command, source)`` of ``default_budget.lua``: the team's default
+        budget ``tokens`` unless the run has its own (reply: the run's budget, 0 = no run)."""
+        return self._call("default_budget", [self.keys(run_id).record], [int(tokens)])
+
+    async def drop_budget_wait(self, run_id: str, work_item_id: str) -> None:
+        """Remove a member's budget wait once its message was moved on (see ``raise_budget.lua``)."""
+        await self._conn().client.hdel(self.budget_waits_key(run_id), work_item_id)
+
+    async def budget(self, run_id: str) -> tuple[int | None, int]:
+        """``(budget tokens or None, spent tokens)`` of the run (``(None, 0)`` for an unknown run)."""
+        raw = await self._conn().client.hmget(self.keys(run_id).record, ["budget_tokens", "spent_tokens"])
+        return budget_reply(raw)
+
+    async def raise_budget(self, run_id: str, tokens: int) -> BudgetRaise:
+        """Set run ``run_id``'s token budget to ``tokens`` (the new total, a
+        positive int above the spend) and move on what it parked (see
+        :class:`BudgetRaise`). Raises :class:`RunNotFoundError` for an unknown
+        run, :class:`BudgetError` when refused (finished run, no budget, budget
+        not reached, ``tokens`` not above the spend) and ``ValueError`` for a
+        ``tokens`` that is not a positive int; nothing changes then."""
+        check_tokens(tokens)
+        keys = [self.keys(run_id).record, self.budget_waits_key(run_id)]
+        try:
+            reply = await self._conn().scripts["raise_budget"](keys=keys, args=[tokens, now_ms()])
+        except ResponseError as exc:
+            raise _raise_error(exc, run_id, tokens) from None
+        resume, previous, spent, *waits = reply
+        return BudgetRaise(
+            bool(int(resume)), int(previous), int(spent), [json.loads(as_text(w)) for w in waits]
+        )
+
+
+def check_tokens(tokens: Any) -> int:
+    """``tokens`` when it is a positive int (not a bool), else ``ValueError``."""
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+        raise ValueError(f"tokens must be a positive integer, got {tokens!r}")
+    return tokens
+
+
+def budget_reply(raw: list[Any]) -> tuple[int | None, int]:
+    """``(budget or None, spent)`` from the reply of :meth:`RunBudgets.budget_read_command`."""
+    budget, spent = (as_text(v) if v is not None else None for v in raw)
+    return (int(budget) if budget else None), (int(spent) if spent else 0)
+
+
+def _raise_error(exc: ResponseError, run_id: str, tokens: int) -> Exception:
+    message = str(exc)
+    if message.startswith("NORUN"):
+        return RunNotFoundError(run_id)
+    if message.startswith("BADSTATE"):
+        status = message.split(" ", 1)[1] if " " in message else "finished"
+        return BudgetError(f"run {run_id} is {status}: its budget cannot be raised")
+    if message.startswith("NOBUDGET"):
+        return BudgetError(f"run {run_id} has no budget (submit it with budget={{'tokens': N}})")
+    if message.startswith("NOTREACHED"):
+        _, spent, budget = message.split()
+        return BudgetError(
+            f"run {run_id} has not reached its budget ({spent} of {budget} tokens spent): "
+            "a budget is raised once the run reached it"
+        )
+    if message.startswith("TOOLOW"):
+        spent = message.split()[1]
+        return BudgetError(
+            f"tokens={tokens} is not above run {run_id}'s spend ({spent} tokens): "
+            "tokens is the new total budget, not an increment"
+        )
+    return exc
+
+
+__all__ = ["BudgetError", "BudgetRaise", "RunBudgets", "budget_reply", "check_tokens"]

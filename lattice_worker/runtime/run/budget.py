@@ -1,0 +1,233 @@
+"""A run's token budget in the steps (issue 22; the client side is :mod:`lattice_client.budgets`).
+
+The steps of a run with a budget (``budget_tokens`` on its record) run their
+queries under a :class:`BudgetGate` (:data:`~lattice_worker.agent.call_gate.current_call_gate`):
+
+* after each model call its input + output tokens are added to the run's
+  ``spent_tokens`` (``spend_budget.lua``; queued, so it goes in the same
+  round trip as the next write -- at the latest the next call's check);
+* before each model call the run's spend and budget are read; once the spend
+  reaches the budget the step parks instead of calling (``SuspendQuery``):
+  a lead segment, once its query ended, through ``park_budget_lead.lua``
+  (the run becomes ``budget_reached``, its lease is dropped:
+  :class:`LeadBudgetGate`, called by ``lead.segment.drive``), a
+  member on a work item through ``park_budget_item.lua`` (its message
+  becomes ``parked``: :class:`ItemBudgetGate`). Either emits a
+  ``budget_reached`` event naming the budget and the spend.
+
+The lead marks the task messages of a budgeted run (``metadata["lattice_budget"]``),
+so a member step reads nothing more for runs without a budget. A member run
+without a tool journal (a session member) counts its spend but finishes its
+item; the lead parks before its next call. ``raise_budget`` moves parked
+steps on (:mod:`lattice_client.budgets`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from lattice_client.errors import RunLeaseLostError
+from lattice_client.runstore.budgets import budget_reply
+from lattice_mailbox.message import MessageStatus
+
+from ...agent.model import TokenUsage
+from ...agent.suspend import SuspendQuery
+from .context import WorkerContext
+
+logger = logging.getLogger("lattice_worker.runtime")
+
+BUDGET_METADATA_KEY = "lattice_budget"
+"""Task-message metadata key the lead sets (``True``) when its run has a budget."""
+
+
+def call_tokens(usage: Any) -> int:
+    """Input + output tokens of one model call's ``usage`` (``TokenUsage``, dict or ``None``)."""
+    counted = TokenUsage.from_any(usage if isinstance(usage, TokenUsage | dict) else None)
+    return max(counted.input_tokens, 0) + max(counted.output_tokens, 0)
+
+
+class BudgetGate:
+    """Counts a step's model calls against run ``run_id``'s budget and checks
+    it before each call (the :class:`~lattice_worker.agent.call_gate.CallGate`
+    of the step's queries). This base class never parks (a step that cannot
+    park: it counts only); :attr:`parked` is set by the subclasses."""
+
+    def __init__(self, ctx: WorkerContext, run_id: str) -> None:
+        self.ctx = ctx
+        self.run_id = run_id
+        self.parked: dict[str, Any] | None = None
+        """``{"budget_tokens", "spent_tokens"}`` once this step parked on the budget."""
+        self.stopped: str | None = None
+        """Why the step's queries make no more calls (set when it stopped on the
+        budget): every later call is refused at once -- a compaction summary
+        swallows the ``SuspendQuery``, the query's next call must not park twice."""
+
+    async def after_call(self, usage: Any) -> None:
+        tokens = call_tokens(usage)
+        if tokens <= 0:
+            return
+        call, source = self.ctx.runs.spend_call(self.run_id, tokens)
+        self.ctx.writer.queue_write([call], scripts=(source,))
+
+    async def before_call(self) -> None:
+        if self.stopped is not None:  # a call after the stop (a summary swallowed its SuspendQuery)
+            raise SuspendQuery(self.stopped)
+        replies = await self.ctx.writer.write([self.ctx.runs.budget_read_command(self.run_id)])
+        budget, spent = budget_reply(replies[0])
+        if budget is None or spent < budget:
+            return
+        if await self.park(spent, budget):
+            self.stopped = f"run {self.run_id} reached its budget ({spent} of {budget} tokens)"
+            raise SuspendQuery(self.stopped)
+
+    async def park(self, spent: int, budget: int) -> bool:
+        """Park the step (the spend reached the budget); False: it goes on."""
+        return False
+
+    async def _parked(self, spent: int, budget: int, **extra: Any) -> None:
+        self.parked = {"budget_tokens": budget, "spent_tokens": spent}
+        await self.ctx.events.emit(
+            self.run_id,
+            {
+                "type": "run_status",
+                "status": "budget_reached",
+                "run_id": self.run_id,
+                "budget": {"tokens": budget},
+                "spent_tokens": spent,
+                **extra,
+            },
+        )
+        logger.info("run %s reached its budget (%d of %d tokens): parked", self.run_id, spent, budget)
+
+
+class LeadBudgetGate(BudgetGate):
+    """The gate of a lead segment under ``lease`` (a
+    :class:`~lattice_worker.runtime.lead.lease.LeadLease`). A reached budget
+    stops the lead's query before the call; the segment then parks the run
+    (:meth:`park_segment`: ``budget_reached``, the lease dropped) once the
+    query has ended -- not from inside it, where a tool batch may still
+    register its work items under the lease (a compaction summary between
+    the batch and its registration is a call too)."""
+
+    def __init__(self, ctx: WorkerContext, run_id: str, lease: Any) -> None:
+        super().__init__(ctx, run_id)
+        self.lease = lease
+
+    async def park(self, spent: int, budget: int) -> bool:
+        return True  # the query stops; park_segment writes the park after it
+
+    async def park_segment(self, final: Any, usage: dict[str, int] | None) -> str | None:
+        """After the query the gate stopped: count its usage (the run's usage
+        hash, as a suspension does), park the run and say so
+        (``"budget_reached"``), or ``None`` when the budget was raised
+        meanwhile (the run stays running: the lead goes on). Raises
+        ``RunLeaseLostError`` when the lease was lost (nothing written)."""
+        lease = self.lease
+
+        def failed(exc: BaseException) -> BaseException:
+            error = self.ctx.runs.script_error(exc, self.run_id, "park_budget_lead")
+            if isinstance(error, RunLeaseLostError):
+                lease.mark_lost()
+            return error
+
+        await self.ctx.usage.add(self.run_id, getattr(final, "usage", None), known=usage, fence=lease.token)
+        call, source = self.ctx.runs.park_budget_lead_call(self.run_id, lease.token)
+        # the queued usage, history and events go first, in the same round trip
+        replies = await self.ctx.writer.write([call], scripts=(source,), on_error=failed)
+        parked, spent, budget = (int(v) for v in replies[0])
+        await self.ctx.writer.sync(lease.token)  # a failed history write of the segment is raised here
+        if not parked:
+            return None
+        lease.end()  # the run is parked: renewals stop quietly
+        self.ctx.writer.queue_write([("zrem", self.ctx.runs.leases_key, self.run_id)])
+        await self._parked(spent, budget, member="lead")
+        return "budget_reached"
+
+
+class ItemBudgetGate(BudgetGate):
+    """The gate of a member step on a work item, with its ``journal`` (an
+    :class:`~lattice_worker.runtime.run.journal.ItemJournal`): parking puts
+    the item in the run's budget waits and its message to ``parked`` (the
+    work item stays open), and sets ``journal.waiting`` (kind ``"budget"``)
+    so the step ends as parked."""
+
+    def __init__(self, ctx: WorkerContext, run_id: str, journal: Any) -> None:
+        super().__init__(ctx, run_id)
+        self.journal = journal
+
+    async def park(self, spent: int, budget: int) -> bool:
+        journal = self.journal
+        message = journal.message
+        current = await self.ctx.mailbox.get(message.id)
+        if current is None or current.status != MessageStatus.PROCESSING:
+            # the member closed its message already (team_reply): the item is
+            # answered; the query stops without the call and the item ends as it is
+            return True
+        wait = {
+            "kind": "budget",
+            "id": message.id,
+            "run_id": self.run_id,
+            "team": journal.team,
+            "member": journal.member,
+            "message_id": message.id,
+            "mailbox_id": message.to,
+            "work_item_id": journal.work_item_id,
+            "reason": f"the run's budget is spent ({spent} of {budget} tokens)",
+        }
+        call, source = self.ctx.runs.park_budget_item_call(self.run_id, journal.work_item_id, wait)
+        # the item's queued history goes first, in the same round trip
+        replies = await self.ctx.writer.write(
+            [call], scripts=(source,), on_error=lambda e: self.ctx.runs.script_error(e, self.run_id, "park")
+        )
+        parked, spent, budget = (int(v) for v in replies[0])
+        await self.ctx.writer.sync(journal.token)
+        if not parked:
+            return False
+        await self.ctx.mailbox.complete(message.id, journal.token, "parked")
+        journal.waiting = wait
+        await self._parked(spent, budget, member=journal.member, message_id=message.id)
+        return True
+
+
+async def with_team_budget(ctx: WorkerContext, team: Any, record: Any) -> Any:
+    """``record`` with its team's default budget (``create_team(budget=...)``)
+    applied when it has none of its own (written to the run record; the first
+    segment of a run does it). ``record`` itself when nothing applies."""
+    tokens = getattr(team, "budget_tokens", None)
+    if tokens is None or record.budget_tokens is not None:
+        return record
+    call, source = ctx.runs.default_budget_call(record.run_id, tokens)
+    [budget] = await ctx.writer.write([call], scripts=(source,))
+    if not int(budget):
+        return record  # deleted meanwhile: the segment finds out at its next write
+    return record.model_copy(update={"budget_tokens": int(budget), "spent_tokens": record.spent_tokens or 0})
+
+
+def lead_gate(ctx: WorkerContext, record: Any, lease: Any) -> LeadBudgetGate | None:
+    """The gate of a lead segment of ``record`` (``None``: the run has no budget, or no lease)."""
+    if lease is None or getattr(record, "budget_tokens", None) is None:
+        return None
+    return LeadBudgetGate(ctx, record.run_id, lease)
+
+
+def member_gate(ctx: WorkerContext, run_id: str | None, message: Any, journal: Any) -> BudgetGate | None:
+    """The gate of a member step on ``message`` of run ``run_id`` (``None``:
+    not a budgeted run's task message). Without a ``journal`` it counts only."""
+    if not run_id or not (message.metadata or {}).get(BUDGET_METADATA_KEY):
+        return None
+    if journal is None:
+        return BudgetGate(ctx, run_id)
+    return ItemBudgetGate(ctx, run_id, journal)
+
+
+__all__ = [
+    "BUDGET_METADATA_KEY",
+    "BudgetGate",
+    "ItemBudgetGate",
+    "LeadBudgetGate",
+    "call_tokens",
+    "lead_gate",
+    "member_gate",
+    "with_team_budget",
+]

@@ -1,0 +1,369 @@
+"""Token budgets (issue 22), in-process against the real Redis: the task bodies
+run in the test's loop on several worker contexts; the tasks they send are
+run by the test. A run parks as ``budget_reached`` (no lease, no step
+running), spends at most one call past its budget, and completes after
+``raise_budget``; bad raises change nothing."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from lattice_client import AsyncLatticeClient, BudgetError, RunNotFoundError
+from lattice_client.celery_config import DELIVER_TASK, RESUME_LEAD_TASK, RUN_LEAD_TASK
+from lattice_client.runstore import RunStore
+from lattice_mailbox.redis import RedisMailbox
+from lattice_worker.runtime.lead import segment as lead_segment
+from lattice_worker.runtime.member import step as member_step
+from lattice_worker.runtime.run.context import WorkerContext
+from lattice_worker.runtime.worker.registry import TeamRegistry
+from tests.e2e.budget_teams import CALL_TOKENS, run_tokens
+from tests.support.services import REDIS_URL, settings_for
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(90)]
+
+TEAM = "e2e_budget"
+
+
+class Env:
+    """``workers`` contexts sharing one prefix; tasks go to ``queue`` and run round-robin."""
+
+    def __init__(self, prefix: str, workers: int) -> None:
+        self.queue: list[tuple[str, list[Any]]] = []
+        self.ctxs: list[WorkerContext] = []
+        self.outcomes: list[str] = []
+        self._turn = 0
+        for _ in range(workers):
+            mailbox = RedisMailbox(REDIS_URL, prefix=prefix)
+            registry = TeamRegistry(mailbox)
+            registry.load("tests.e2e.budget_teams:team")
+            registry.load("tests.e2e.budget_teams:default_team")
+            registry.load("tests.e2e.budget_teams:compact_team")
+            self.ctxs.append(
+                WorkerContext(
+                    settings=settings_for(prefix, lease_seconds=30),
+                    registry=registry,
+                    mailbox=mailbox,
+                    runs=RunStore(REDIS_URL, prefix),
+                    send_task=lambda name, args, queue: self.queue.append((name, list(args))),
+                )
+            )
+        self.client = AsyncLatticeClient(broker_url=REDIS_URL, key_prefix=prefix)
+        env = self
+
+        class FakeCelery:  # the client's task sends land in the test's queue
+            def send_task(self, name: str, args: list[Any], queue: str) -> None:
+                env.queue.append((name, list(args)))
+
+            def close(self) -> None:
+                pass
+
+        self.client._celery = FakeCelery()  # noqa: SLF001 - the test stands in for the broker
+
+    async def drain(self) -> list[str]:
+        outs: list[str] = []
+        for _ in range(200):
+            if not self.queue:
+                self.outcomes += outs
+                return outs
+            name, args = self.queue.pop(0)
+            ctx = self.ctxs[self._turn % len(self.ctxs)]
+            self._turn += 1
+            body = {
+                RUN_LEAD_TASK: lead_segment.run_lead,
+                DELIVER_TASK: member_step.deliver,
+                RESUME_LEAD_TASK: lead_segment.resume_lead,
+            }[name]
+            outs.append(await body(ctx, *args))
+            await ctx.writer.flush()
+        raise AssertionError("tasks kept coming")
+
+    async def submit(self, asks: int, budget: int | None, team: str = TEAM) -> str:
+        run_id = f"run_{uuid.uuid4().hex[:10]}"
+        await self.client.runs.create(run_id, team, str(asks), budget_tokens=budget)
+        self.queue.append((RUN_LEAD_TASK, [run_id]))
+        return run_id
+
+    async def close(self) -> None:
+        for ctx in self.ctxs:
+            await ctx.writer.aclose()
+            await ctx.runs.aclose()
+            await ctx.mailbox.aclose()
+        await self.client.aclose()
+
+
+@pytest.fixture
+async def make_env(prefix):
+    made: list[Env] = []
+
+    def make(workers: int = 1) -> Env:
+        env = Env(prefix, workers)
+        made.append(env)
+        return env
+
+    yield make
+    for env in made:
+        await env.close()
+
+
+async def test_a_run_parks_at_its_budget_and_completes_after_raise_budget(make_env, raw, prefix):
+    e = make_env(1)
+    run_id = await e.submit(3, 2_000)
+    outs = await e.drain()
+    record = await e.client.get_run(run_id)
+    assert record.status.value == "budget_reached", (record, outs)
+    # parked: no lease, not in the lease index, no task left, no message in flight
+    assert "budget_reached" in outs
+    assert not raw.hget(record_key(prefix, run_id), "lease_token")
+    assert raw.zscore(f"{prefix}:runs:leased", run_id) is None
+    assert e.queue == []
+    # never more than the one call in flight past the budget
+    assert 2_000 <= record.spent_tokens < 2_000 + CALL_TOKENS
+    assert record.budget_tokens == 2_000
+    spent_at_park = record.spent_tokens
+
+    # the events name the budget and the spend
+    events = [ev for _, ev in await e.client.runs.events(run_id, count=1000)]
+    parks = [ev for ev in events if ev.get("status") == "budget_reached"]
+    assert parks and parks[-1]["budget"] == {"tokens": 2_000}
+    assert parks[-1]["spent_tokens"] == spent_at_park
+
+    raised = await e.client.raise_budget(run_id, tokens=10_000)
+    assert raised.budget_tokens == 10_000 and raised.previous_tokens == 2_000
+    assert raised.spent_tokens == spent_at_park
+    assert raised.resumed_lead or raised.resumed_messages
+    await e.drain()
+    record = await e.client.get_run(run_id)
+    assert record.status.value == "completed", record
+    assert record.result.result == "final: answer0 | answer1 | answer2"
+    assert record.spent_tokens == run_tokens(3)
+
+
+async def test_the_lead_parks_and_resumes_from_where_it_stopped(make_env):
+    # calls: lead 350, member 700, 1050, lead 1400, member 1750, 2100 -> the lead's next call parks
+    e = make_env(1)
+    run_id = await e.submit(3, 2_000)
+    await e.drain()
+    record = await e.client.get_run(run_id)
+    assert record.status.value == "budget_reached"
+    assert record.spent_tokens == 6 * CALL_TOKENS
+    raised = await e.client.raise_budget(run_id, tokens=5_000)
+    assert raised.resumed_lead and raised.resumed_messages == []
+    assert e.queue == [(RESUME_LEAD_TASK, [run_id])]
+    await e.drain()
+    record = await e.client.get_run(run_id)
+    assert record.status.value == "completed"
+    assert record.spent_tokens == run_tokens(3)
+
+
+async def test_a_member_parks_with_its_message_and_resumes_on_the_raise(make_env):
+    # budget 1_700: the member's second call of item 1 (spend 1_750 before it) parks
+    e = make_env(1)
+    run_id = await e.submit(3, 1_700)
+    outs = await e.drain()
+    assert outs[-1] == "budget_reached", outs
+    record = await e.client.get_run(run_id)
+    assert record.status.value == "budget_reached"
+    assert record.spent_tokens == 5 * CALL_TOKENS
+    raised = await e.client.raise_budget(run_id, tokens=20_000)
+    assert not raised.resumed_lead and len(raised.resumed_messages) == 1
+    [(name, args)] = e.queue
+    assert name == DELIVER_TASK and args[1] == raised.resumed_messages[0]
+    assert (await e.client.get_run(run_id)).status.value == "suspended"
+    await e.drain()
+    record = await e.client.get_run(run_id)
+    assert record.status.value == "completed", record
+    assert record.result.result == "final: answer0 | answer1 | answer2"
+    assert record.spent_tokens == run_tokens(3)
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+async def test_the_spend_is_the_same_on_one_worker_and_on_three(make_env, workers):
+    e = make_env(workers)
+    run_id = await e.submit(4, 2_000)
+    await e.drain()
+    parked = await e.client.get_run(run_id)
+    assert parked.status.value == "budget_reached"
+    assert parked.spent_tokens == 6 * CALL_TOKENS
+    await e.client.raise_budget(run_id, tokens=100_000)
+    await e.drain()
+    record = await e.client.get_run(run_id)
+    assert record.status.value == "completed"
+    assert record.spent_tokens == run_tokens(4)
+
+
+async def test_a_run_without_a_budget_counts_nothing_and_never_parks(make_env):
+    e = make_env(1)
+    run_id = await e.submit(2, None)
+    await e.drain()
+    record = await e.client.get_run(run_id)
+    assert record.status.value == "completed"
+    assert record.budget_tokens is None and record.spent_tokens is None
+
+
+async def test_bad_raises_are_refused_and_change_nothing(make_env, raw, prefix):
+    e = make_env(1)
+    with pytest.raises(RunNotFoundError):
+        await e.client.raise_budget("run_nope", tokens=5_000)
+    for bad in (0, -5, "100", 1.5, True):
+        with pytest.raises(ValueError, match="positive integer"):
+            await e.client.raise_budget("run_nope", tokens=bad)
+    # not reached yet: refused
+    waiting = await e.submit(3, 50_000)
+    with pytest.raises(BudgetError, match="has not reached its budget"):
+        await e.client.raise_budget(waiting, tokens=60_000)
+    assert raw.hget(record_key(prefix, waiting), "budget_tokens") == "50000"
+    # no budget at all
+    plain = await e.submit(1, None)
+    with pytest.raises(BudgetError, match="has no budget"):
+        await e.client.raise_budget(plain, tokens=60_000)
+    e.queue.clear()
+    # parked: a total not above the spend is refused, the run stays parked
+    parked = await e.submit(3, 2_000)
+    await e.drain()
+    before = raw.hgetall(record_key(prefix, parked))
+    assert before["status"] == "budget_reached"
+    with pytest.raises(BudgetError, match="not above"):
+        await e.client.raise_budget(parked, tokens=int(before["spent_tokens"]))
+    assert raw.hgetall(record_key(prefix, parked)) == before
+    assert e.queue == []
+    # finished: refused
+    await e.client.raise_budget(parked, tokens=100_000)
+    await e.drain()
+    assert (await e.client.get_run(parked)).status.value == "completed"
+    with pytest.raises(BudgetError, match="completed"):
+        await e.client.raise_budget(parked, tokens=200_000)
+
+
+async def test_a_team_default_budget_applies_unless_the_run_has_its_own(make_env):
+    e = make_env(1)
+    defaulted = await e.submit(3, None, team="e2e_budget_default")
+    own = await e.submit(3, 50_000, team="e2e_budget_default")
+    await e.drain()
+    record = await e.client.get_run(defaulted)
+    assert record.status.value == "budget_reached"
+    assert record.budget_tokens == 2_000 and record.spent_tokens == 6 * CALL_TOKENS
+    other = await e.client.get_run(own)
+    assert other.status.value == "completed" and other.budget_tokens == 50_000
+    assert other.spent_tokens == run_tokens(3)
+    await e.client.raise_budget(defaulted, tokens=4_000)
+    await e.drain()
+    record = await e.client.get_run(defaulted)
+    assert record.status.value == "completed" and record.budget_tokens == 4_000
+
+
+def test_create_team_refuses_a_bad_budget():
+    from lattice_worker.errors import ConfigError
+    from tests.e2e.budget_teams import build_team
+
+    for bad in ({"tokens": 0}, {"tokens": "5"}, {"usd": 1}, 5):
+        with pytest.raises(ConfigError, match="budget"):
+            build_team("e2e_bad", bad)
+
+
+async def test_submit_checks_the_budget(prefix):
+    client = AsyncLatticeClient(broker_url=REDIS_URL, key_prefix=prefix)
+    try:
+        for bad in ({"tokens": 0}, {"tokens": "5"}, {"dollars": 5}, {"tokens": 5, "x": 1}, 5):
+            with pytest.raises(ValueError, match="budget"):
+                await client.submit(TEAM, "1", budget=bad, require_registered=False)
+        assert await client.runs.list_runs() == []
+    finally:
+        await client.aclose()
+
+
+def record_key(prefix: str, run_id: str) -> str:
+    return f"{prefix}:run:{{run:{run_id}}}"
+
+
+async def test_the_cli_shows_the_spend_and_raises_the_budget(make_env, prefix):
+    from typer.testing import CliRunner
+
+    from lattice_client.cli import EXIT_ERROR, app
+
+    def lattice(*args: str) -> Any:
+        result = CliRunner().invoke(
+            app, ["--broker-url", REDIS_URL, "--key-prefix", prefix, *args], env={"COLUMNS": "200"}
+        )
+        assert "Traceback" not in result.output, result.output
+        return result
+
+    e = make_env(1)
+    run_id = await e.submit(3, 2_000)
+    await e.drain()
+    shown = lattice("status")
+    assert shown.exit_code == 0, shown.output
+    row = next(line for line in shown.output.splitlines() if run_id in line)
+    assert "budget_reached" in row and f"{6 * CALL_TOKENS}/2000" in row
+    refused = lattice("budget", run_id, "--tokens", "2000")
+    assert refused.exit_code == EXIT_ERROR
+    assert "not above" in refused.output and "new total" in refused.output
+    assert lattice("budget", "run_nope", "--tokens", "5000").exit_code == EXIT_ERROR
+    assert (await e.client.get_run(run_id)).status.value == "budget_reached"  # nothing changed
+    raised = lattice("budget", run_id, "--tokens", "9000")
+    assert raised.exit_code == 0, raised.output
+    assert f"budget 2000 -> 9000 tokens ({6 * CALL_TOKENS} spent); resumed: the lead" in raised.output
+    # the CLI sent resume_lead through the broker; this in-process worker runs it
+    assert await lead_segment.resume_lead(e.ctxs[0], run_id) in ("suspended", "completed")
+    await e.drain()
+    record = await e.client.get_run(run_id)
+    assert record.status.value == "completed" and record.spent_tokens == run_tokens(3)
+
+
+async def test_a_run_parked_on_its_budget_can_be_cancelled(make_env):
+    e = make_env(1)
+    lead_parked = await e.submit(3, 2_000)
+    member_parked = await e.submit(3, 1_700)
+    await e.drain()
+    for run_id in (lead_parked, member_parked):
+        assert (await e.client.get_run(run_id)).status.value == "budget_reached"
+        report = await e.client.cancel(run_id)
+        assert report.status.value == "cancelled"
+        assert (await e.client.wait(run_id, timeout=5)).status == "cancelled"
+    # the member's parked message was cancelled with its run; nothing is left to raise
+    assert [m.status.value for m in await e.client.inbox("e2e_budget::worker", "parked")] == []
+    with pytest.raises(BudgetError, match="cancelled"):
+        await e.client.raise_budget(member_parked, tokens=50_000)
+    assert e.queue == []
+
+
+async def test_a_raise_that_stopped_half_way_is_finished_by_the_next(make_env):
+    e = make_env(1)
+    run_id = await e.submit(3, 1_700)  # a member parks
+    await e.drain()
+    # the first raise's script ran, then its caller died before moving the message on
+    first = await e.client.runs.raise_budget(run_id, 20_000)
+    assert not first.resume_lead and len(first.waits) == 1
+    assert (await e.client.get_run(run_id)).status.value == "suspended"
+    assert [m.status.value for m in await e.client.inbox("e2e_budget::worker", "parked")] == ["parked"]
+    again = await e.client.raise_budget(run_id, tokens=20_000)
+    assert again.resumed_messages == [first.waits[0]["message_id"]]
+    # nothing is left to move on: a raise is refused again (not reached)
+    with pytest.raises(BudgetError, match="has not reached"):
+        await e.client.raise_budget(run_id, tokens=30_000)
+    await e.drain()
+    record = await e.client.get_run(run_id)
+    assert record.status.value == "completed" and record.spent_tokens == run_tokens(3)
+
+
+async def test_a_lead_stopped_in_a_compaction_summary_still_registers_its_batch(make_env, caplog):
+    # the first lead call spends 350 >= 300; the compaction after its tool batch is a
+    # call too: the gate refuses it (the summary fails quietly), the batch's ask is
+    # registered under the lead's lease and the run suspends; the member parks
+    e = make_env(1)
+    run_id = await e.submit(1, 300, team="e2e_budget_compact")
+    with caplog.at_level("WARNING", logger="lattice_worker.agent"):
+        outs = await e.drain()
+    assert outs == ["suspended", "budget_reached"], outs
+    assert "the summary request failed" in caplog.text  # the gate refused the summary call
+    record = await e.client.get_run(run_id)
+    assert record.status.value == "budget_reached" and record.spent_tokens == CALL_TOKENS
+    raised = await e.client.raise_budget(run_id, tokens=10_000)
+    assert len(raised.resumed_messages) == 1
+    await e.drain()
+    record = await e.client.get_run(run_id)
+    assert record.status.value == "completed", record
+    assert record.result.result == "final: answer0"
+    assert record.spent_tokens == run_tokens(1)
