@@ -11,7 +11,9 @@ running at that moment (one, when its calls run one after another).
 
 ``raise_budget`` sets the **new total** budget (not an increment: a repeated
 call never adds more; once the run goes on it is refused, its budget no
-longer reached) and moves the run on from
+longer reached; while a raise's parked members are still being moved on,
+only the same total is accepted -- it finishes a raise that stopped half-way --
+so a concurrent raise to another total is refused) and moves the run on from
 where it stopped: a parked lead resumes (``lattice.resume_lead``), parked
 members' messages go back to ``pending`` and their doorbells ring.
 """
@@ -77,7 +79,10 @@ class BudgetsMixin:
         id or a ``tokens`` that is not a positive int, :class:`RunNotFoundError`
         for an unknown run, :class:`~lattice_client.runstore.budgets.BudgetError`
         (a ``ValueError``) when the run is finished, has no budget, has not
-        reached it, or ``tokens`` is not above its spend. Nothing changes then."""
+        reached it, ``tokens`` is not above its spend, or its parked members
+        are still being moved on by a raise to another total (a concurrent
+        raise, or one that stopped half-way: repeat that total). Nothing
+        changes then."""
         check_run_id(run_id)
         check_tokens(tokens)
         record = await self.runs.get(run_id)

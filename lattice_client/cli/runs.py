@@ -302,8 +302,8 @@ def budget(
     """Raise a run's token budget to N tokens and resume it where it parked (status budget_reached).
 
     N is the new total, not an increment. Refused, with nothing changed: a
-    run that is finished, has no budget, has not reached it, or an N not
-    above its spend.
+    run that is finished, has no budget, has not reached it, an N not
+    above its spend, or another N than a raise still resuming its members.
     """
     with guard():
         client = client_for(options_of(ctx))

@@ -30,7 +30,8 @@ from .records import as_text, dumps, now_ms
 
 class BudgetError(ValueError):
     """A budget raise was refused and nothing changed: the run is finished,
-    has no budget, has not reached it, or the new total is not above its spend
+    has no budget, has not reached it, the new total is not above its spend,
+    or another total than that of a raise still moving its parked members on
     (the message says which)."""
 
 
@@ -95,8 +96,9 @@ class RunBudgets(RunStoreCore):
         positive int above the spend) and move on what it parked (see
         :class:`BudgetRaise`). Raises :class:`RunNotFoundError` for an unknown
         run, :class:`BudgetError` when refused (finished run, no budget, budget
-        not reached, ``tokens`` not above the spend) and ``ValueError`` for a
-        ``tokens`` that is not a positive int; nothing changes then."""
+        not reached, ``tokens`` not above the spend, members' waits left by a
+        raise to another total) and ``ValueError`` for a ``tokens`` that is
+        not a positive int; nothing changes then."""
         check_tokens(tokens)
         keys = [self.keys(run_id).record, self.budget_waits_key(run_id)]
         try:
@@ -136,6 +138,13 @@ def _raise_error(exc: ResponseError, run_id: str, tokens: int) -> Exception:
         return BudgetError(
             f"run {run_id} has not reached its budget ({spent} of {budget} tokens spent): "
             "a budget is raised once the run reached it"
+        )
+    if message.startswith("MOVING"):
+        budget = message.split()[1]
+        return BudgetError(
+            f"run {run_id}'s budget was raised to {budget} tokens and its parked members are "
+            f"still being moved on (by that raise, or left by one that stopped): tokens={tokens} "
+            f"would replace that total; repeat the raise with tokens={budget} to finish it"
         )
     if message.startswith("TOOLOW"):
         spent = message.split()[1]

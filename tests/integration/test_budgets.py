@@ -6,6 +6,7 @@ running), spends at most one call past its budget, and completes after
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -367,3 +368,43 @@ async def test_a_lead_stopped_in_a_compaction_summary_still_registers_its_batch(
     assert record.status.value == "completed", record
     assert record.result.result == "final: answer0"
     assert record.spent_tokens == run_tokens(1)
+
+
+async def test_of_two_concurrent_raises_to_different_totals_one_is_refused(make_env, raw, prefix):
+    # a member parked; two raises at once: the second ran its script while the
+    # first was still moving the member's message on. It used to be accepted
+    # and replace the total the first had just reported (both "succeeded").
+    e = make_env(1)
+    run_id = await e.submit(3, 1_700)
+    await e.drain()
+    results = await asyncio.gather(
+        e.client.raise_budget(run_id, tokens=20_000),
+        e.client.raise_budget(run_id, tokens=5_000),
+        return_exceptions=True,
+    )
+    raised = [r for r in results if not isinstance(r, BaseException)]
+    refused = [r for r in results if isinstance(r, BaseException)]
+    assert len(raised) == 1 and len(refused) == 1, results
+    # refused while the first moves the message on, or (had it finished) as not reached
+    assert isinstance(refused[0], BudgetError), refused
+    assert "being moved on" in str(refused[0]) or "has not reached" in str(refused[0])
+    [winner] = raised
+    assert raw.hget(record_key(prefix, run_id), "budget_tokens") == str(winner.budget_tokens)
+    assert len(winner.resumed_messages) == 1
+    assert e.queue == [(DELIVER_TASK, ["e2e_budget::worker", winner.resumed_messages[0]])]
+    await e.drain()
+    record = await e.client.get_run(run_id)
+    assert record.status.value == "completed" and record.budget_tokens == winner.budget_tokens
+    assert record.spent_tokens == run_tokens(3)
+
+
+async def test_a_raise_left_half_way_refuses_another_total_and_changes_nothing(make_env, raw, prefix):
+    e = make_env(1)
+    run_id = await e.submit(3, 1_700)
+    await e.drain()
+    await e.client.runs.raise_budget(run_id, 20_000)  # its caller stopped before moving the message
+    before = raw.hgetall(record_key(prefix, run_id))
+    with pytest.raises(BudgetError, match="tokens=20000 to finish it"):
+        await e.client.raise_budget(run_id, tokens=30_000)
+    assert raw.hgetall(record_key(prefix, run_id)) == before and e.queue == []
+    assert (await e.client.raise_budget(run_id, tokens=20_000)).resumed_messages

@@ -299,6 +299,9 @@ async def test_a_call_holding_its_turn_also_waits_out_a_later_429_of_its_key(pre
             await limited.create_message(request())
         assert again.value.wait.limit == "retry_after"
         assert again.value.wait.resume_at_ms > first.value.wait.resume_at_ms
+        with pytest.raises(RateLimitWait) as third:  # once more: the block moved the turn once
+            await limited.create_message(request())
+        assert third.value.wait.resume_at_ms == again.value.wait.resume_at_ms
         assert calls == []  # nothing was sent early
     finally:
         current_scope.reset(token)

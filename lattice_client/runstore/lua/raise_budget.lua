@@ -3,14 +3,17 @@
 --
 -- KEYS[1]  run record hash          <prefix>:run:{run:<id>}
 -- KEYS[2]  the run's budget waits   ...:budget_waits   work_item_id -> JSON
--- ARGV[1]  the new budget, tokens (an integer, checked > 0 by the caller; a
---          total already set is accepted again: the waits are returned again)
+-- ARGV[1]  the new budget, tokens (an integer, checked > 0 by the caller; the
+--          total already set is accepted again while waits are left: the
+--          waits are returned again)
 -- ARGV[2]  now, milliseconds since the epoch
 --
 -- Accepted when the run is "budget_reached", or not finished with its spend at
 -- or over its budget (reached, not parked yet), or with members' budget waits
--- left (an earlier raise whose caller stopped before moving them on). The new
--- total must be above the spend. A lead parked on the budget ("budget_parked" =
+-- left and the same total as the raise that left them (a raise whose caller
+-- stopped before moving them on, or one still moving them: a different total
+-- then would silently replace the one that raise reported). The new total
+-- must be above the spend. A lead parked on the budget ("budget_parked" =
 -- "lead") moves to "resuming" (the caller sends lattice.resume_lead); a run
 -- whose members parked moves back to "suspended". The members' waits are
 -- returned, not removed: the caller moves each message back to "pending",
@@ -22,6 +25,8 @@
 --          "BADSTATE <status>"      the run is finished; nothing changed
 --          "NOBUDGET"               the run has no budget; nothing changed
 --          "NOTREACHED <spent> <budget>"  the budget is not reached; nothing changed
+--          "MOVING <budget>"        waits are left from a raise to <budget> and
+--                                   ARGV[1] is another total; nothing changed
 --          "TOOLOW <spent>"         the new total is not above the spend; nothing changed
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then
@@ -36,8 +41,13 @@ if not raw then
 end
 local budget = tonumber(raw)
 local spent = tonumber(redis.call('HGET', KEYS[1], 'spent_tokens') or '0')
-if status ~= 'budget_reached' and spent < budget and redis.call('HLEN', KEYS[2]) == 0 then
-  return redis.error_reply('NOTREACHED ' .. spent .. ' ' .. budget)
+if status ~= 'budget_reached' and spent < budget then
+  if redis.call('HLEN', KEYS[2]) == 0 then
+    return redis.error_reply('NOTREACHED ' .. spent .. ' ' .. budget)
+  end
+  if ARGV[1] ~= raw then
+    return redis.error_reply('MOVING ' .. raw)
+  end
 end
 if tonumber(ARGV[1]) <= spent then
   return redis.error_reply('TOOLOW ' .. spent)

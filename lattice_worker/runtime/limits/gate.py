@@ -33,7 +33,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import anthropic
@@ -196,8 +196,11 @@ class LimitedModelClient:
         refused = 0
         failures = 0
         keep: Reservation | None = None
+        held: CallScope | None = None  # the scope whose held reservation this call uses (dropped after it)
         while True:
-            reservation, wait = await self._turn(scope, model, api_key, estimate, keep)
+            reservation, wait, from_hold = await self._turn(scope, model, api_key, estimate, keep)
+            if keep is None:
+                held = scope if from_hold else None
             keep = None
             if wait.seconds > 0:
                 await self._waiting(scope, reservation, wait)
@@ -216,19 +219,19 @@ class LimitedModelClient:
                 if _retryable(exc, status) and failures < _max_retries(inner):
                     failures += 1
                     await self.limiter.settle(reservation, None, None, used=status is not None)
-                    await self._drop_hold(scope)
+                    await self._drop_hold(held)
                     await asyncio.sleep(min(8.0, 0.5 * 2 ** (failures - 1)))
                     continue
-                await self._settled(scope, reservation, None, api_key, used=status is not None, headers=heard)
+                await self._settled(held, reservation, None, api_key, used=status is not None, headers=heard)
                 raise
             except BaseException:
-                await asyncio.shield(self._settled(scope, reservation, None, api_key, used=False, headers={}))
+                await asyncio.shield(self._settled(held, reservation, None, api_key, used=False, headers={}))
                 raise
             finally:
                 current_observer.reset(reset)
             heard = observer.last[1] if observer.last is not None else {}
             usage = getattr(message, "usage", None)
-            await self._settled(scope, reservation, usage, api_key, used=True, headers=heard)
+            await self._settled(held, reservation, usage, api_key, used=True, headers=heard)
             return message
 
     # -- the turn ------------------------------------------------------------------------------
@@ -240,10 +243,11 @@ class LimitedModelClient:
         api_key: str | None,
         estimate: int,
         keep: Reservation | None,
-    ) -> tuple[Reservation, TurnWait]:
-        """The call's reservation and how long it waits: ``keep`` (a call the
-        provider refused: its place is kept), the one held for ``scope``, or a
-        new one; never before the key's ``blocked_until`` (a 429's retry-after)."""
+    ) -> tuple[Reservation, TurnWait, bool]:
+        """The call's reservation, how long it waits, and whether it is the one
+        held for ``scope``: ``keep`` (a call the provider refused: its place is
+        kept), the held one, or a new one; never before the key's
+        ``blocked_until`` (a 429's retry-after)."""
         key_id = api_key_id(api_key)
         client = await self.limiter._redis()
         bucket = LimitKeys.of(self.limiter.prefix, bucket_tag(model, key_id)).bucket
@@ -258,16 +262,19 @@ class LimitedModelClient:
         blocked = int(float(replies[1][0])) if replies[1][0] else 0
         shift = int(float(replies[1][1])) if replies[1][1] else 0
         if keep is not None:
-            return keep, _wait_until(keep, model, key_id, max(blocked, now), now, RETRY_AFTER)
+            keep = replace(keep, shift_ms=shift)  # its turn is now: after the block, not a later shift
+            return keep, _wait_until(keep, model, key_id, max(blocked, now), now, RETRY_AFTER), False
         held = decode_hold(replies[2]) if key is not None else None
         if held is not None:
             reservation, resume_at, limit = held
             if reservation.model == model and reservation.key_id == key_id:
                 if shift > reservation.shift_ms:  # a 429 since moved every turn handed out
                     resume_at, limit = resume_at + shift - reservation.shift_ms, RETRY_AFTER
+                    reservation = replace(reservation, shift_ms=shift)  # held again: moved once
                 if blocked > resume_at:
                     resume_at, limit = blocked, RETRY_AFTER
-                return reservation, _wait_until(reservation, model, key_id, max(resume_at, now), now, limit)
+                wait = _wait_until(reservation, model, key_id, max(resume_at, now), now, limit)
+                return reservation, wait, True
             await client.delete(key)  # another model or key now: that place is given up
             await self.limiter.settle(reservation, None, None, used=False)
         reservation = await self.limiter.reserve(model, api_key, estimate)
@@ -276,7 +283,7 @@ class LimitedModelClient:
         resume_at, limit = now + int(round(reservation.wait_seconds * 1000)), reservation.limit
         if blocked > resume_at:
             resume_at, limit = blocked, RETRY_AFTER
-        return reservation, _wait_until(reservation, model, key_id, resume_at, now, limit)
+        return reservation, _wait_until(reservation, model, key_id, resume_at, now, limit), False
 
     async def _waiting(self, scope: CallScope | None, reservation: Reservation, wait: TurnWait) -> None:
         ends = scope is not None and scope.suspendable and wait.seconds > SHORT_WAIT_SECONDS
@@ -328,7 +335,7 @@ class LimitedModelClient:
 
     async def _settled(
         self,
-        scope: CallScope | None,
+        held: CallScope | None,
         reservation: Reservation,
         usage: Any,
         api_key: str | None,
@@ -336,8 +343,9 @@ class LimitedModelClient:
         used: bool,
         headers: dict[str, str],
     ) -> None:
+        # held: the scope whose held reservation the call used (dropped now), else None
         try:
-            await self._drop_hold(scope)
+            await self._drop_hold(held)
             input_tokens = output_tokens = None
             if usage is not None:
                 input_tokens = int(getattr(usage, "input_tokens", 0) or 0) + int(
