@@ -142,10 +142,14 @@ class _AsyncPolicy:
         # polls it the same way).
         if self.is_connected and _closed_by_peer(getattr(self, "_writer", None)):  # type: ignore[attr-defined]
             await self.disconnect()  # type: ignore[attr-defined]
+        return await super().connect()  # type: ignore[misc]
+
+    async def connect_check_health(self, *args: Any, **kwargs: Any) -> None:
+        # where redis-py connects (``connect`` calls it; a cluster pipeline calls it directly)
         failures = 0
         while True:
             try:
-                return await super().connect()  # type: ignore[misc]
+                return await super().connect_check_health(*args, **kwargs)  # type: ignore[misc]
             except _NOT_RETRIED:
                 raise
             except _FAILED as exc:
@@ -165,11 +169,12 @@ class _AsyncPolicy:
 class _SyncPolicy:
     """Mixed into redis-py's blocking connection classes (see the module doc)."""
 
-    def connect(self) -> None:
+    def connect_check_health(self, *args: Any, **kwargs: Any) -> None:
+        # where redis-py connects (``connect`` calls it, and so does a command sent unconnected)
         failures = 0
         while True:
             try:
-                return super().connect()  # type: ignore[misc]
+                return super().connect_check_health(*args, **kwargs)  # type: ignore[misc]
             except _NOT_RETRIED:
                 raise
             except _FAILED as exc:

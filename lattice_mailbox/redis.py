@@ -48,8 +48,10 @@ found and replaced before a command goes on it, and no command is blindly resent
 (a resend of ``claim_next`` would claim a second message). A call whose
 connection is lost mid-call is decided by its own ids: ``send`` is sent again
 with the same message id (the script refuses an id it holds, so one copy is
-stored), ``claim_next`` finds the claim its token holds; the other operations
-surface :class:`redis.exceptions.ConnectionError` and the caller decides.
+stored), ``claim_next`` finds the claim its token holds, ``complete`` /
+``finish_claim`` and ``extend_lease`` are sent again (the same token again
+replays a finish that happened; a second extension is harmless); the other
+operations surface :class:`redis.exceptions.ConnectionError` and the caller decides.
 Each script is atomic, so a failed call never leaves a half-written message.
 Scripts are called with redis-py's own ``Redis.evalsha`` (connections held
 between calls, below redis-py's command path, were measured at about 1% of the
@@ -174,6 +176,9 @@ class RedisMailbox(CheckedSend):
             self._clients[loop] = client
         return client
 
+    def _on_cluster(self) -> bool:
+        return isinstance(self.client(), AsyncRedisCluster)
+
     def _keys(self, tag: str) -> _Keys:
         keys = self._tag_keys.get(tag)
         if keys is None:
@@ -292,13 +297,23 @@ class RedisMailbox(CheckedSend):
                 result = await self._evalsha(_SCRIPTS["send"].sha, keys.send, args)
             except NoScriptError:
                 result = await self._eval("send", keys.send, args)
+        elif self._on_cluster():
+            # the registry entry first (idempotent), so requeue_expired always finds the mailbox:
+            # on a cluster in a command of its own (it lies in another slot), so that each of the
+            # two is sent again while the cluster did not run it (a failover), as one command is
+            await self.client().sadd(self._registry, to)
+            result = await self._eval("send", keys.send, args)
+            self._remember_registered(to)
         else:
             # the registry entry first (idempotent), so requeue_expired always finds the mailbox
             (result,) = await self._eval_many("send", [(keys.send, args)], first=("SADD", self._registry, to))
-            if len(self._registered_ids) > 50_000:
-                self._registered_ids.clear()
-            self._registered_ids.add(to)
+            self._remember_registered(to)
         return result
+
+    def _remember_registered(self, mailbox_id: str) -> None:
+        if len(self._registered_ids) > 50_000:
+            self._registered_ids.clear()
+        self._registered_ids.add(mailbox_id)
 
     async def inbox(
         self, mailbox_id: str, status: MessageStatus | str = "pending", *, limit: int | None = None
@@ -422,7 +437,10 @@ class RedisMailbox(CheckedSend):
         if tag is None:
             raise ClaimMissingError(message_id)
         keys = self._keys(tag)
-        result = await self._eval("extend_lease", [keys.state, keys.leases], [message_id, token, ms])
+        # sent again when its reply is lost: a second extension from the server clock is harmless
+        result = await read_again(
+            lambda: self._eval("extend_lease", [keys.state, keys.leases], [message_id, token, ms])
+        )
         code = _text(result[0])
         if code == "TAKEN":
             raise ClaimTakenError(message_id)
@@ -449,10 +467,17 @@ class RedisMailbox(CheckedSend):
         if tag is None:
             raise ClaimMissingError(message_id)
         keys = self._keys(tag)
-        result = await self._eval(
-            "complete",
-            (keys.state, keys.leases, keys.body, keys.queues["processing"], keys.queues[target.value]),
-            (message_id, target.value, token),
+        script_keys = (
+            keys.state,
+            keys.leases,
+            keys.body,
+            keys.queues["processing"],
+            keys.queues[target.value],
+        )
+        # sent again when its reply is lost: the same token and status again is a REPLAY of the
+        # finish that did happen (or the finish itself, when the lost call never ran)
+        result = await read_again(
+            lambda: self._eval("complete", script_keys, (message_id, target.value, token))
         )
         code = _text(result[0])
         if code == "TAKEN":

@@ -32,6 +32,7 @@ import redis
 
 from lattice_client import LatticeClient
 from lattice_client.settings import LatticeSettings, get_settings, is_amqp_url
+from lattice_mailbox.connections import sync_redis
 from tests.support import rabbitmq
 from tests.support.services import REDIS_URL
 
@@ -118,12 +119,17 @@ class Proc:
 class Deployment:
     """One isolated deployment (key prefix) with its workers and a client."""
 
-    def __init__(self, tmp_path: Path, broker_url: str = REDIS_URL, **settings: Any) -> None:
+    def __init__(
+        self, tmp_path: Path, broker_url: str = REDIS_URL, cluster_url: str | None = None, **settings: Any
+    ) -> None:
         self.prefix = f"test-{uuid.uuid4().hex[:12]}"
         self.broker_url = broker_url
         self.amqp = is_amqp_url(broker_url)
-        # with RabbitMQ the mailboxes, runs and registry stay on the tests' Redis
-        self._mailbox = {"mailbox_url": REDIS_URL} if self.amqp else {}
+        self.cluster_url = cluster_url
+        # with RabbitMQ the mailboxes, runs and registry stay on the tests' Redis; with a
+        # cluster URL they go to that Redis Cluster (the broker and the test tools' records
+        # stay on the tests' Redis)
+        self._mailbox = {"mailbox_url": cluster_url or REDIS_URL} if self.amqp or cluster_url else {}
         self.tmp_path = tmp_path
         self.env = {
             k: v for k, v in os.environ.items() if not k.startswith(("LATTICE_", "ANTHROPIC_", "DEEPSEEK_"))
@@ -142,6 +148,8 @@ class Deployment:
         self.env.update({f"LATTICE_{k.upper()}": str(v) for k, v in settings.items()})
         self.procs: list[Proc] = []
         self.redis = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+        self.state = sync_redis(cluster_url, decode_responses=True) if cluster_url else self.redis
+        """A blocking client of the Redis holding the runs and mailboxes (:attr:`state_url`)."""
         self._client: LatticeClient | None = None
 
     @property
@@ -157,8 +165,9 @@ class Deployment:
 
     @property
     def state_url(self) -> str:
-        """The Redis of the deployment's runs and registry (the tests' Redis on either broker)."""
-        return REDIS_URL
+        """The Redis of the deployment's runs and registry (the tests' Redis on either
+        broker, or the Redis Cluster the deployment was given)."""
+        return self.cluster_url or REDIS_URL
 
     def start(self, argv: list[str], name: str, env: dict[str, str] | None = None) -> Proc:
         proc = Proc(argv, {**self.env, **(env or {})}, self.tmp_path / f"{name}-{len(self.procs)}.log")
@@ -206,6 +215,10 @@ class Deployment:
         if keys:
             self.redis.delete(*keys)
         self.redis.close()
+        if self.state is not self.redis:  # a cluster: its keys lie in many slots, one DEL each
+            for key in list(self.state.scan_iter(match=f"{self.prefix}:*", count=1000)):
+                self.state.delete(key)
+            self.state.close()
 
 
 @pytest.fixture
@@ -220,8 +233,18 @@ def e2e_broker_url(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 @pytest.fixture
-def deployment(tmp_path: Path, e2e_broker_url: str) -> Iterator[Deployment]:
-    d = Deployment(tmp_path, e2e_broker_url)
+def e2e_cluster_url(request: pytest.FixtureRequest) -> str | None:
+    """The Redis Cluster of the deployments' mailboxes, runs and registry (the
+    session's ``redis_cluster``) in a module that sets ``E2E_STATE = "cluster"``
+    (e.g. tests/e2e/test_workers_cluster.py), else ``None`` (they stay on the broker's Redis)."""
+    if getattr(request.module, "E2E_STATE", "redis") == "cluster":
+        return str(request.getfixturevalue("redis_cluster").url)
+    return None
+
+
+@pytest.fixture
+def deployment(tmp_path: Path, e2e_broker_url: str, e2e_cluster_url: str | None) -> Iterator[Deployment]:
+    d = Deployment(tmp_path, e2e_broker_url, e2e_cluster_url)
     try:
         yield d
     finally:
@@ -229,11 +252,13 @@ def deployment(tmp_path: Path, e2e_broker_url: str) -> Iterator[Deployment]:
 
 
 @pytest.fixture
-def deployment_factory(tmp_path: Path, e2e_broker_url: str) -> Iterator[Callable[..., Deployment]]:
+def deployment_factory(
+    tmp_path: Path, e2e_broker_url: str, e2e_cluster_url: str | None
+) -> Iterator[Callable[..., Deployment]]:
     made: list[Deployment] = []
 
     def make(**settings: Any) -> Deployment:
-        d = Deployment(tmp_path, e2e_broker_url, **settings)
+        d = Deployment(tmp_path, e2e_broker_url, e2e_cluster_url, **settings)
         made.append(d)
         return d
 

@@ -195,5 +195,5 @@ def test_f_a_pickled_task_message_is_refused_and_nothing_runs(deployment):
     finally:
         plain.close()
     assert d.client.wait(run_id, timeout=30).result == "direct: hello"
-    payload = json.loads(d.redis.hget(f"{d.prefix}:run:{{run:{run_id}}}", "result"))
+    payload = json.loads(d.state.hget(f"{d.prefix}:run:{{run:{run_id}}}", "result"))
     assert payload["status"] == "completed"

@@ -18,19 +18,7 @@ import pytest
 
 from lattice_client.celery_config import queue_name
 from tests.e2e.teams import plan
-from tests.e2e.test_default_pool import (  # noqa: F401 (collected again here, on RabbitMQ)
-    test_cancel_stops_a_member_working_on_the_default_pool,
-    test_kill9_of_a_worker_with_many_calls_in_flight_recovers_them_all,
-)
-from tests.e2e.test_workers import (  # noqa: F401 (collected again here, on RabbitMQ)
-    corpus,
-    test_a_example_team_completes_on_one_worker_process_consuming_every_queue,
-    test_b_two_workers_on_one_member_queue_overlap_that_members_work_items,
-    test_c_kill9_while_a_member_works_recovers_after_the_lease,
-    test_d_duplicated_doorbell_and_redelivered_messages_execute_once,
-    test_e_cancel_with_no_worker_online_then_the_work_never_runs,
-    test_f_a_pickled_task_message_is_refused_and_nothing_runs,
-)
+from tests.e2e.worker_suite import *  # noqa: F403 (collected again here, on RabbitMQ)
 from tests.support.rabbitmq import queue_types
 
 E2E_BROKER = "amqp"
