@@ -92,7 +92,7 @@ from typing import Any
 
 from distributed_ceiling import figure_o
 from distributed_handoff import VARIANTS, Deployment, round_trips, trace_one_handoff
-from distributed_procs import Bench
+from distributed_procs import Bench, run_batch
 from distributed_teams import STOCK_TRANSPORT_ENV, TOOL_TEAM_REF
 
 
@@ -335,13 +335,7 @@ def throughput(bench: Bench, workers: int, runs: int, latency: float) -> float:
     client = LatticeClient(broker_url=bench.broker, key_prefix=bench.prefix)
     try:
         client.submit("bench", "warm-up").wait(timeout=60)
-        t0 = time.perf_counter()
-        handles = [client.submit("bench", f"run {i}") for i in range(runs)]
-        for handle in handles:
-            result = handle.wait(timeout=600)
-            if result.result != "answer: echoed":
-                raise RuntimeError(f"unexpected result {result}")
-        elapsed = time.perf_counter() - t0
+        elapsed = run_batch(client, runs)
     finally:
         client.close()
         bench.stop_all()

@@ -28,12 +28,11 @@ take their share of the hash tags.
 from __future__ import annotations
 
 import argparse
-import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from distributed_procs import Bench
+from distributed_procs import Bench, run_batch
 
 BASELINE_GETS = 50_000
 """``GET`` s of the baseline flood."""
@@ -75,13 +74,7 @@ def _batch(bench: Bench, runs: int, workers: int) -> dict[str, Any]:
     try:
         client.submit("bench", "warm-up").wait(timeout=120)
         cpu0, calls0 = _cpu_seconds(info), _command_calls(info)
-        t0 = time.perf_counter()
-        handles = [client.submit("bench", f"run {i}") for i in range(runs)]
-        for handle in handles:
-            result = handle.wait(timeout=600)
-            if result.result != "answer: echoed":
-                raise RuntimeError(f"unexpected result {result}")
-        elapsed = time.perf_counter() - t0
+        elapsed = run_batch(client, runs)
         cpu, calls = _cpu_seconds(info) - cpu0, _command_calls(info) - calls0
     finally:
         client.close()
