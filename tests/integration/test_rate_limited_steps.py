@@ -265,44 +265,81 @@ async def test_the_ratelimit_remaining_headers_lower_the_shared_bucket(prefix, s
         await client.aclose()
 
 
-async def test_a_call_holding_its_turn_also_waits_out_a_later_429_of_its_key(prefix):
+class Scripted:
+    """A LimitedModelClient over a ScriptedModelClient (its requests in ``calls``),
+    30 requests a minute for model ``m`` under ``key``, on the test's Redis."""
+
+    def __init__(self, client: Any, prefix: str, key: str) -> None:
+        from lattice_client.model_limits import ModelLimit
+        from lattice_worker import AssistantModelMessage, ScriptedModelClient
+        from lattice_worker.runtime.limits.bucket import RateLimiter
+
+        async def redis() -> Any:
+            return client
+
+        self.calls: list[Any] = []
+
+        def model(req: Any) -> Any:
+            self.calls.append(req)
+            return AssistantModelMessage(content=[{"type": "text", "text": "ok"}], stop_reason="end_turn")
+
+        self.key = key
+        self.limiter = RateLimiter(redis, prefix, {"m": ModelLimit(requests_per_minute=30)})  # one every 2 s
+        self.client = LimitedModelClient(ScriptedModelClient(model), self.limiter, api_key=key)
+
+    async def use_up(self) -> None:
+        """Another worker used the minute's 30 turns."""
+        for _ in range(30):
+            await self.limiter.reserve("m", self.key, 1)
+
+
+@pytest.fixture
+async def scripted(prefix):
     import redis.asyncio as aioredis
 
-    from lattice_client.model_limits import ModelLimit
-    from lattice_worker import AssistantModelMessage, ScriptedModelClient
-    from lattice_worker.runtime.limits.bucket import RateLimiter
-
     client = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        yield lambda key: Scripted(client, prefix, key)
+    finally:
+        await client.aclose()
 
-    async def redis() -> Any:
-        return client
 
-    calls: list[Any] = []
-
-    def model(req: Any) -> AssistantModelMessage:
-        calls.append(req)
-        return AssistantModelMessage(content=[{"type": "text", "text": "ok"}], stop_reason="end_turn")
-
-    limiter = RateLimiter(redis, prefix, {"m": ModelLimit(requests_per_minute=30)})  # one every 2 s
-    limited = LimitedModelClient(ScriptedModelClient(model), limiter, api_key="key-3")
+async def test_a_call_holding_its_turn_also_waits_out_a_later_429_of_its_key(scripted):
+    s = scripted("key-3")
     scope = CallScope(run_id="r2", scope="lead", emit=None, suspendable=True)
     token = current_scope.set(scope)
     try:
-        for _ in range(30):  # another worker used the minute's turns
-            await limiter.reserve("m", "key-3", 1)
+        await s.use_up()
         with pytest.raises(RateLimitWait) as first:
-            await limited.create_message(request())
+            await s.client.create_message(request())
         assert first.value.wait.limit == "requests_per_minute"
         # meanwhile the provider refuses another worker's call: the key is held for 30 s
-        await limiter.feed("m", "key-3", blocked_seconds=30)
+        await s.limiter.feed("m", "key-3", blocked_seconds=30)
         with pytest.raises(RateLimitWait) as again:  # the same call's next attempt
-            await limited.create_message(request())
+            await s.client.create_message(request())
         assert again.value.wait.limit == "retry_after"
         assert again.value.wait.resume_at_ms > first.value.wait.resume_at_ms
         with pytest.raises(RateLimitWait) as third:  # once more: the block moved the turn once
-            await limited.create_message(request())
+            await s.client.create_message(request())
         assert third.value.wait.resume_at_ms == again.value.wait.resume_at_ms
-        assert calls == []  # nothing was sent early
+        assert s.calls == []  # nothing was sent early
     finally:
         current_scope.reset(token)
-        await client.aclose()
+
+
+async def test_a_step_whose_waiting_call_goes_after_all_is_no_longer_marked_waiting(scripted):
+    s = scripted("key-4")
+    noted: list[Any] = []
+    scope = CallScope(run_id="r3", scope="lead", emit=None, suspendable=True, on_wait=noted.append)
+    token = current_scope.set(scope)
+    try:
+        await s.use_up()
+        with pytest.raises(RateLimitWait) as waited:  # e.g. a compaction's summary request
+            await s.client.create_message(request())
+        assert scope.wait is not None
+        await asyncio.sleep(waited.value.wait.seconds)
+        await s.client.create_message(request())  # the step's next call: its turn has come
+        assert len(s.calls) == 1
+        assert scope.wait is None and noted[-1] is None  # the step is not ended as waiting
+    finally:
+        current_scope.reset(token)

@@ -268,7 +268,8 @@ async def drive(
             current_run.reset(token)
         if trace is not None:
             trace.final = final
-        if calls.wait is not None and lease is not None:  # a model call waits for its turn: no worker waits
+        if calls.wait is not None and lease is not None and getattr(final, "subtype", None) == "suspended":
+            # a model call waits for its turn: the segment ends, no worker waits
             return await lead_waits(ctx, team.name, run_id, lease, calls.wait, final, usage)
         if journal is not None and journal.waiting is not None:  # suspended on a call that waits for a person
             return await _parked(ctx, run_id, journal.waiting, final, usage)

@@ -99,14 +99,16 @@ class CallScope:
     ``"item:<work item id>"``), ``who`` (fields naming it in events: ``member``,
     ``work_item_id``), ``emit`` (an async callable taking a run event dict), and
     ``suspendable``: the step may end to wait. ``wait`` is set when a call made
-    it end; ``on_wait`` is called with it first (a member's journal notes it)."""
+    it end; ``on_wait`` is called with it first (a member's journal notes it),
+    and with ``None`` when a later call of the step goes ahead after all (a
+    compaction's summary request waited, then the turn came: the step goes on)."""
 
     run_id: str
     scope: str
     emit: Callable[[dict[str, Any]], Awaitable[Any]] | None
     suspendable: bool
     who: dict[str, Any] = field(default_factory=dict)
-    on_wait: Callable[[TurnWait], None] | None = None
+    on_wait: Callable[[TurnWait | None], None] | None = None
     wait: TurnWait | None = None
 
 
@@ -204,6 +206,12 @@ class LimitedModelClient:
             keep = None
             if wait.seconds > 0:
                 await self._waiting(scope, reservation, wait)
+            if (
+                scope is not None and scope.wait is not None
+            ):  # an earlier call of the step waited; this one goes
+                scope.wait = None
+                if scope.on_wait is not None:
+                    scope.on_wait(None)
             observer = ResponseObserver(own_retries=True)
             reset = current_observer.set(observer)
             try:

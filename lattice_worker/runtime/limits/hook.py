@@ -117,7 +117,11 @@ def item_scope(
         return
     item = str(message.work_item_id or message.id)
 
-    def noted(wait: TurnWait) -> None:
+    def noted(wait: TurnWait | None) -> None:
+        if wait is None:  # the step goes on after all
+            if isinstance(journal.waiting, dict) and journal.waiting.get("kind") == "rate_limit":
+                journal.waiting = None
+            return
         journal.waiting = {
             "id": f"{message.id}/ratelimit",
             "kind": "rate_limit",
