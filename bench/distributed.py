@@ -55,6 +55,12 @@
     (a) on two deployments side by side, paired run by run: broker Redis, and
     broker RabbitMQ (``--amqp-url``, quorum queues) with the mailboxes, runs
     and registry on the same Redis. Printed: medians and RabbitMQ / Redis.
+(o) **One Redis's ceiling** (``--figures o``; ``distributed_ceiling.py``).
+    ``--runs-o`` handoffs (400) at zero model latency on ``--workers-o``
+    worker processes (2): handoffs/s, the Redis server's CPU per handoff
+    (``INFO cpu`` deltas) beside its CPU per pipelined ``GET`` in the same
+    run, the commands per handoff (``INFO commandstats`` deltas), and the
+    handoffs/s one Redis serves at 100% of its command thread.
 (c) **Throughput scaling** (target >= 0.8 of linear). ``--runs-c`` runs (200),
     100 ms per model call, all submitted at once, on 1, 2 and 4 worker
     processes (``--concurrency 1`` each): runs/s and
@@ -84,8 +90,9 @@ import sys
 import time
 from typing import Any
 
+from distributed_ceiling import figure_o
 from distributed_handoff import VARIANTS, Deployment, round_trips, trace_one_handoff
-from distributed_procs import Bench
+from distributed_procs import Bench, run_batch
 from distributed_teams import STOCK_TRANSPORT_ENV, TOOL_TEAM_REF
 
 
@@ -328,13 +335,7 @@ def throughput(bench: Bench, workers: int, runs: int, latency: float) -> float:
     client = LatticeClient(broker_url=bench.broker, key_prefix=bench.prefix)
     try:
         client.submit("bench", "warm-up").wait(timeout=60)
-        t0 = time.perf_counter()
-        handles = [client.submit("bench", f"run {i}") for i in range(runs)]
-        for handle in handles:
-            result = handle.wait(timeout=600)
-            if result.result != "answer: echoed":
-                raise RuntimeError(f"unexpected result {result}")
-        elapsed = time.perf_counter() - t0
+        elapsed = run_batch(client, runs)
     finally:
         client.close()
         bench.stop_all()
@@ -362,7 +363,11 @@ def figure_c(bench: Bench, args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--figures", default="a,d,b,c", help="which figures (default a,d,b,c; r: RabbitMQ)")
+    parser.add_argument(
+        "--figures",
+        default="a,d,b,c",
+        help="which figures (default a,d,b,c; r: RabbitMQ, o: one Redis's ceiling)",
+    )
     parser.add_argument(
         "--amqp-url", default="amqp://guest:guest@127.0.0.1:5672//", help="(r) the RabbitMQ broker"
     )
@@ -399,6 +404,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-c", type=float, default=0.1, help="(c) seconds per model call (0.1)")
     parser.add_argument("--workers", default="1,2,4", help="(c) worker process counts (1,2,4)")
     parser.add_argument("--repeats-c", type=int, default=1, help="(c) repetitions (1)")
+    parser.add_argument("--runs-o", type=int, default=400, help="(o) handoffs per batch (400)")
+    parser.add_argument("--workers-o", type=int, default=2, help="(o) worker processes (2)")
+    parser.add_argument("--repeats-o", type=int, default=3, help="(o) repetitions (3)")
     args = parser.parse_args(argv)
     figures = {f.strip() for f in args.figures.split(",")}
 
@@ -415,6 +423,8 @@ def main(argv: list[str] | None = None) -> int:
             figure_b(bench, args)
         if "c" in figures:
             figure_c(bench, args)
+        if "o" in figures:
+            figure_o(bench, args, load)
     finally:
         bench.cleanup()
     return 0

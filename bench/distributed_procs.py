@@ -91,6 +91,18 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def run_batch(client: Any, runs: int, timeout: float = 600) -> float:
+    """Submit ``runs`` runs of the bench team at once and wait for each (every
+    answer checked); returns the seconds from the first submit to the last result."""
+    t0 = time.perf_counter()
+    handles = [client.submit("bench", f"run {i}") for i in range(runs)]
+    for handle in handles:
+        result = handle.wait(timeout=timeout)
+        if result.result != "answer: echoed":
+            raise RuntimeError(f"unexpected result {result}")
+    return time.perf_counter() - t0
+
+
 class Bench:
     def __init__(self, broker_url: str | None) -> None:
         self.prefix = f"bench-{uuid.uuid4().hex[:10]}"

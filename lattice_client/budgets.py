@@ -100,6 +100,11 @@ class BudgetsMixin:
                 message = await self.mailbox.get(message_id)
             except (TypeError, ValueError):
                 message = None
+            if message is not None and message.status == MessageStatus.PROCESSING:
+                # its member ran the park script but has not parked the message yet:
+                # the member sees the raise once it has, and moves it back itself
+                # (the wait stays until then; a member that claims it again drops it)
+                continue
             if message is not None and message.status == MessageStatus.PARKED:
                 await self.mailbox.update_status(message_id, MessageStatus.PENDING)
                 resumed.append(message_id)
@@ -107,7 +112,7 @@ class BudgetsMixin:
                 await asyncio.to_thread(
                     self.celery.send_task, DELIVER_TASK, args=[mailbox_id, message_id], queue=queue
                 )
-            # (a message no longer parked was moved on by an earlier raise, or claimed again)
+            # (a message pending or finished was moved on by an earlier raise)
             await self.runs.drop_budget_wait(run_id, str(wait.get("work_item_id")))
         for task, args, queue in sends:
             await asyncio.to_thread(self.celery.send_task, task, args=args, queue=queue)

@@ -408,3 +408,31 @@ async def test_a_raise_left_half_way_refuses_another_total_and_changes_nothing(m
         await e.client.raise_budget(run_id, tokens=30_000)
     assert raw.hgetall(record_key(prefix, run_id)) == before and e.queue == []
     assert (await e.client.raise_budget(run_id, tokens=20_000)).resumed_messages
+
+
+async def test_a_raise_between_the_members_park_and_its_message_park_resumes_it(make_env, raw, prefix):
+    # the member's park script ran (the run is budget_reached, a watcher sees it)
+    # and a raise ran before the member moved its message to "parked": the raise
+    # saw the message still processing. It used to drop the wait and move
+    # nothing: the message parked with no wait, the run suspended under its new
+    # budget, every later raise refused ("not reached") -- stuck until cancelled.
+    e = make_env(1)
+    run_id = await e.submit(3, 1_700)
+    mailbox = e.ctxs[0].mailbox
+    real_complete = mailbox.complete
+    raised: list[Any] = []
+
+    async def complete(message_id: str, token: str, status: Any) -> Any:
+        if str(status) == "parked" and not raised:
+            assert (await e.client.get_run(run_id)).status.value == "budget_reached"
+            raised.append(await e.client.raise_budget(run_id, tokens=20_000))
+        return await real_complete(message_id, token, status)
+
+    mailbox.complete = complete  # the raise runs in the gap, against the real stores
+    await e.drain()
+    assert raised and raised[0].resumed_messages == []  # it found the message still processing
+    record = await e.client.get_run(run_id)
+    assert record.status.value == "completed", record
+    assert record.result.result == "final: answer0 | answer1 | answer2"
+    assert record.spent_tokens == run_tokens(3)
+    assert raw.hlen(record_key(prefix, run_id) + ":budget_waits") == 0

@@ -155,6 +155,9 @@ class ItemBudgetGate(BudgetGate):
     def __init__(self, ctx: WorkerContext, run_id: str, journal: Any) -> None:
         super().__init__(ctx, run_id)
         self.journal = journal
+        # a budget wait of this item left from an earlier park is over: its message
+        # was claimed again (queued: it goes before this step's first check)
+        ctx.writer.queue_write([("hdel", ctx.runs.budget_waits_key(run_id), journal.work_item_id)])
 
     async def park(self, spent: int, budget: int) -> bool:
         journal = self.journal
@@ -187,7 +190,27 @@ class ItemBudgetGate(BudgetGate):
         await self.ctx.mailbox.complete(message.id, journal.token, "parked")
         journal.waiting = wait
         await self._parked(spent, budget, member=journal.member, message_id=message.id)
+        await self._raised_meanwhile()
         return True
+
+    async def _raised_meanwhile(self) -> None:
+        """A raise that ran between the park script and the message's park
+        found the message still processing and left it (and its wait) to this
+        step: once the budget is no longer reached, move the parked message
+        back to ``pending``, ring its doorbell and drop the wait, as the raise does."""
+        replies = await self.ctx.writer.write([self.ctx.runs.budget_read_command(self.run_id)])
+        budget, spent = budget_reply(replies[0])
+        if budget is not None and spent >= budget:
+            return  # still reached: a later raise moves it on
+        message = self.journal.message
+        current = await self.ctx.mailbox.get(message.id)
+        if current is not None and current.status == MessageStatus.PARKED:
+            await self.ctx.mailbox.update_status(message.id, MessageStatus.PENDING)
+            self.ctx.steps.ring(message.to, message.id)
+            logger.info("run %s: its budget was raised while %s parked; moved back", self.run_id, message.id)
+        await self.ctx.writer.write(
+            [("hdel", self.ctx.runs.budget_waits_key(self.run_id), self.journal.work_item_id)]
+        )
 
 
 async def with_team_budget(ctx: WorkerContext, team: Any, record: Any) -> Any:
