@@ -136,7 +136,10 @@ def test_d_duplicated_doorbell_and_redelivered_messages_execute_once(deployment)
     assert handle.wait(timeout=60).result == "final: done:worked[dup]"
     members.wait_log(r"lattice\.deliver\[.*succeeded.*'(done|idle)'", count=3)
     outcomes = sorted(re.findall(r"lattice\.deliver\[.*succeeded.*'(\w+)'", members.log()))
-    assert outcomes == ["done", "idle", "idle"]
+    # the three doorbells: one does the work, the duplicates find nothing to claim. On a
+    # slow machine the reaper may ring once more for a message pending over a lease
+    # (docs/architecture.md): another no-op, never a second execution
+    assert outcomes[0] == "done" and set(outcomes[1:]) == {"idle"} and len(outcomes) >= 3, outcomes
     assert d.executions("dup") == 1
     leads.wait_log(r"lattice\.resume_lead\[.*succeeded.*'completed'")
 
