@@ -58,28 +58,56 @@ async def small_mailbox(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
         yield store
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A module that sets ``STATE_STORES = ("redis", "cluster")`` runs each of its
+    tests that use ``state_url`` once per store (``cluster``: the session's Redis Cluster)."""
+    stores = getattr(metafunc.module, "STATE_STORES", None)
+    if stores and "state_url" in metafunc.fixturenames:
+        marks = {"cluster": [pytest.mark.cluster]}
+        metafunc.parametrize(
+            "state_url", [pytest.param(s, id=s, marks=marks.get(s, [])) for s in stores], indirect=True
+        )
+
+
 @pytest.fixture
-def prefix():
-    """A unique Redis key prefix for one test (``test-<12 hex>``); its keys are deleted afterwards."""
+def state_url(request: pytest.FixtureRequest) -> str:
+    """The Redis URL of the test's runs and registry: the tests' Redis, or (in a
+    module with ``STATE_STORES``, see :func:`pytest_generate_tests`) the session's
+    Redis Cluster (``redis+cluster://...``)."""
+    if getattr(request, "param", "redis") == "cluster":
+        return str(request.getfixturevalue("redis_cluster").url)
+    return REDIS_URL
+
+
+def _state_client(url: str, **kwargs: Any) -> Any:
+    """A blocking client of ``url`` (a cluster client for a cluster URL)."""
     import redis
 
+    from lattice_mailbox.connections import is_cluster_url, sync_redis
+
+    return sync_redis(url, **kwargs) if is_cluster_url(url) else redis.Redis.from_url(url, **kwargs)
+
+
+@pytest.fixture
+def prefix(state_url: str):
+    """A unique Redis key prefix for one test (``test-<12 hex>``); its keys are deleted afterwards."""
     name = f"test-{uuid.uuid4().hex[:12]}"
     yield name
-    sync = redis.Redis.from_url(REDIS_URL)
+    sync = _state_client(state_url)
     try:
         keys = list(sync.scan_iter(match=f"{name}:*", count=1000))
-        if keys:
+        if keys and state_url == REDIS_URL:
             sync.delete(*keys)
+        for key in keys if state_url != REDIS_URL else []:
+            sync.delete(key)  # one DEL per key: on a cluster they lie in many slots
     finally:
         sync.close()
 
 
 @pytest.fixture
-def raw():
-    """A synchronous Redis client (decoded responses) for inspecting raw keys."""
-    import redis
-
-    sync = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+def raw(state_url: str):
+    """A synchronous Redis client (decoded responses) for inspecting raw keys (of ``state_url``)."""
+    sync = _state_client(state_url, decode_responses=True)
     yield sync
     sync.close()
 

@@ -10,15 +10,17 @@ import pytest
 from lattice_client.registry import LiveRegistry, read_workers_blocking, worker_key, workers_key
 from lattice_worker.runtime.worker.heartbeat import Heartbeat, pool_name, worker_info
 from tests.e2e.conftest import free_port
-from tests.integration.conftest import REDIS_URL
 from tests.support.registry import publish_fake_worker
+
+STATE_STORES = ("redis", "cluster")
+"""Every test runs on the tests' Redis and on the session's Redis Cluster (tests/integration/conftest.py)."""
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
 
-def test_a_heartbeat_keeps_an_expiring_entry_and_removes_it_on_stop(prefix, raw):
+def test_a_heartbeat_keeps_an_expiring_entry_and_removes_it_on_stop(prefix, raw, state_url):
     info = worker_info("w1@host", {"pkg.mod:team": "t", "t": "t"}, [f"{prefix}.t.lead"], "threads", 200, 0.2)
-    beat = Heartbeat(info, REDIS_URL, prefix, 0.2)
+    beat = Heartbeat(info, state_url, prefix, 0.2)
     beat.start()
     try:
         ttl_ms = raw.pttl(worker_key(prefix, "w1@host"))
@@ -52,8 +54,8 @@ def test_a_failing_heartbeat_logs_one_line_per_attempt_and_keeps_going(prefix, c
 
 
 def test_readers_drop_expired_entries_from_the_index(prefix, raw):
-    publish_fake_worker(prefix, {"a": "a"}, node="gone@test", ttl_seconds=0.1)
-    publish_fake_worker(prefix, {"b": "b"}, node="alive@test")
+    publish_fake_worker(prefix, {"a": "a"}, node="gone@test", ttl_seconds=0.1, client=raw)
+    publish_fake_worker(prefix, {"b": "b"}, node="alive@test", client=raw)
     time.sleep(0.25)
     assert [w.node for w in read_workers_blocking(raw, prefix)] == ["alive@test"]
     assert raw.smembers(workers_key(prefix)) == {"alive@test"}

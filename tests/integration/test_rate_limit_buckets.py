@@ -6,12 +6,14 @@ API key never in clear (issue 22)."""
 from __future__ import annotations
 
 import pytest
-import redis.asyncio as aioredis
 from redis.cluster import key_slot
 
 from lattice_client.model_limits import ModelLimit, api_key_id
+from lattice_mailbox.connections import async_redis
 from lattice_worker.runtime.limits.bucket import LimitKeys, RateLimiter, bucket_tag, index_key, waiting_calls
-from tests.support.services import REDIS_URL
+
+STATE_STORES = ("redis", "cluster")
+"""Every test runs on the tests' Redis and on the session's Redis Cluster (tests/integration/conftest.py)."""
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
@@ -19,8 +21,8 @@ KEY = "sk-ant-test-secret-key"
 
 
 @pytest.fixture
-async def client():
-    c = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
+async def client(state_url):
+    c = async_redis(state_url, decode_responses=True)
     yield c
     await c.aclose()
 

@@ -17,14 +17,17 @@ from redis.asyncio import Redis
 from lattice_client.errors import RunNotFoundError, RunStateError
 from lattice_client.models import RunResult, RunStatus
 from lattice_client.runstore import CompleteResult, RunStore
-from tests.support.services import REDIS_URL
+from lattice_mailbox.connections import async_redis
+
+STATE_STORES = ("redis", "cluster")
+"""Every test runs on the tests' Redis and on the session's Redis Cluster (tests/integration/conftest.py)."""
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(90)]
 
 
 @pytest.fixture
-async def store(prefix):
-    s = RunStore(REDIS_URL, prefix=prefix)
+async def store(prefix, state_url):
+    s = RunStore(state_url, prefix=prefix)
     yield s
     await s.aclose()
 
@@ -106,11 +109,11 @@ async def test_bad_create_input_writes_nothing(store, raw, prefix):
     assert list(raw.scan_iter(match=f"{prefix}:*")) == []
 
 
-async def test_prefix_is_validated():
+async def test_prefix_is_validated(state_url):
     with pytest.raises(ValueError, match="key prefix"):
-        RunStore(REDIS_URL, prefix="bad prefix")
+        RunStore(state_url, prefix="bad prefix")
     with pytest.raises(ValueError, match="key prefix"):
-        RunStore(REDIS_URL, prefix="")
+        RunStore(state_url, prefix="")
 
 
 async def test_set_status_compare_and_set(store):
@@ -212,8 +215,8 @@ async def test_complete_item_is_idempotent_and_keeps_the_first_outcome(store):
     assert (await store.items(run_id))[1]["state"] == "dispatched"
 
 
-async def test_concurrent_duplicate_completions_record_exactly_once(prefix):
-    stores = [RunStore(REDIS_URL, prefix=prefix) for _ in range(2)]
+async def test_concurrent_duplicate_completions_record_exactly_once(prefix, state_url):
+    stores = [RunStore(state_url, prefix=prefix) for _ in range(2)]
     try:
         run_id = await running_run(stores[0])
         await stores[0].add_items(run_id, [item(1), item(2)], max_active=1)
@@ -276,11 +279,11 @@ async def test_suspend_refuses_runs_that_are_not_running(store):
         await store.suspend("missing")
 
 
-async def test_race_between_suspend_and_last_completion_never_loses_or_doubles_a_wakeup(prefix):
+async def test_race_between_suspend_and_last_completion_never_loses_or_doubles_a_wakeup(prefix, state_url):
     """Suspend and the completions run concurrently on separate connections; in
     every round exactly one side continues the run: either suspend sees an empty
     wait set (False) or exactly one completion reports resume=True."""
-    lead_side, member_side = RunStore(REDIS_URL, prefix=prefix), RunStore(REDIS_URL, prefix=prefix)
+    lead_side, member_side = RunStore(state_url, prefix=prefix), RunStore(state_url, prefix=prefix)
     rng = random.Random(1234)
     paths = {"suspend_saw_empty": 0, "completion_resumed": 0}
 
@@ -315,8 +318,8 @@ async def test_race_between_suspend_and_last_completion_never_loses_or_doubles_a
         await member_side.aclose()
 
 
-async def test_concurrent_workers_under_max_active_dispatch_each_item_exactly_once(prefix):
-    stores = [RunStore(REDIS_URL, prefix=prefix) for _ in range(4)]
+async def test_concurrent_workers_under_max_active_dispatch_each_item_exactly_once(prefix, state_url):
+    stores = [RunStore(state_url, prefix=prefix) for _ in range(4)]
     try:
         run_id = await running_run(stores[0])
         n = 40
@@ -386,8 +389,8 @@ async def test_events_are_appended_in_order_and_read_after_an_id(store):
     assert await store.events(run_id, ids[-1], block_ms=50) == []
 
 
-async def test_blocking_event_read_wakes_up_on_append(prefix):
-    reader, writer = RunStore(REDIS_URL, prefix=prefix), RunStore(REDIS_URL, prefix=prefix)
+async def test_blocking_event_read_wakes_up_on_append(prefix, state_url):
+    reader, writer = RunStore(state_url, prefix=prefix), RunStore(state_url, prefix=prefix)
     try:
         run_id = await running_run(writer)
         read = asyncio.create_task(reader.events(run_id, "0-0", block_ms=10_000))
@@ -412,8 +415,8 @@ async def test_append_event_refuses_unknown_runs_and_bad_events(store, raw, pref
     assert await store.events(run_id) == []
 
 
-async def test_event_stream_length_is_bounded(prefix, raw):
-    store = RunStore(REDIS_URL, prefix=prefix, max_events=10)
+async def test_event_stream_length_is_bounded(prefix, raw, state_url):
+    store = RunStore(state_url, prefix=prefix, max_events=10)
     try:
         run_id = await running_run(store)
         for n in range(400):
@@ -532,8 +535,9 @@ async def test_one_store_serves_several_event_loops(store):
     assert [e["type"] for _, e in await store.events(run_id)] == ["from-thread"]
 
 
-async def test_a_passed_in_client_is_used_and_left_open(prefix):
-    client = Redis.from_url(REDIS_URL)  # bytes replies: the store decodes them itself
+async def test_a_passed_in_client_is_used_and_left_open(prefix, state_url):
+    # bytes replies: the store decodes them itself (a cluster client on the cluster)
+    client = async_redis(state_url) if "cluster" in state_url else Redis.from_url(state_url)
     try:
         store = RunStore(client, prefix=prefix)
         run_id = await running_run(store)

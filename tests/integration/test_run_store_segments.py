@@ -13,19 +13,21 @@ import json
 import uuid
 
 import pytest
-from redis.asyncio import Redis
 
 from lattice_client.errors import RunLeaseLostError
 from lattice_client.models import RunStatus
 from lattice_client.runstore import RunStore
-from tests.support.services import REDIS_URL
+from lattice_mailbox.connections import async_redis
+
+STATE_STORES = ("redis", "cluster")
+"""Every test runs on the tests' Redis and on the session's Redis Cluster (tests/integration/conftest.py)."""
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
 
 @pytest.fixture
-async def store(prefix):
-    s = RunStore(REDIS_URL, prefix=prefix)
+async def store(prefix, state_url):
+    s = RunStore(state_url, prefix=prefix)
     yield s
     await s.aclose()
 
@@ -74,13 +76,13 @@ async def test_begin_segment_refusals_and_bad_history_keys(store):
     assert await store.begin_segment("r1", expect=RunStatus.QUEUED, lease_s=30) is None  # exactly once
 
 
-async def test_a_refused_start_says_the_status_it_found(store, raw):
+async def test_a_refused_start_says_the_status_it_found(store, raw, state_url):
     """The refusal carries the status seen in the same atomic step (a later read may see
     another: a log line built from one said "run ... is queued, not queued")."""
 
     async def refusal(run_id: str, expect: RunStatus) -> tuple[bool, str | None]:
         commands, source = store.begin_segment_call(run_id, expect=expect, lease_s=30)
-        client = Redis.from_url(REDIS_URL)
+        client = async_redis(state_url)
         try:
             async with client.pipeline(transaction=False) as pipe:
                 pipe.zadd(*commands[0][1:3], gt=True)

@@ -11,14 +11,16 @@ import pytest
 
 from lattice_client.errors import RunLeaseLostError
 from lattice_client.runstore import RunStore, WaitStateError
-from tests.support.services import REDIS_URL
+
+STATE_STORES = ("redis", "cluster")
+"""Every test runs on the tests' Redis and on the session's Redis Cluster (tests/integration/conftest.py)."""
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
 
 @pytest.fixture
-async def store(prefix):
-    s = RunStore(REDIS_URL, prefix=prefix)
+async def store(prefix, state_url):
+    s = RunStore(state_url, prefix=prefix)
     yield s
     await s.aclose()
 
