@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+import time
 from collections.abc import Iterator
 from typing import Annotated, Any, BinaryIO
 
@@ -71,6 +72,39 @@ def interruptible(options: Options, run_id: str) -> Iterator[None]:
         err.print(f"interrupted: run {run_id} continues on the workers.", markup=False)
         err.print(follow_up_commands(options, run_id), markup=False)
         raise typer.Exit(EXIT_INTERRUPTED) from None
+
+
+HINT_POLL_SECONDS = 5.0
+"""How often (seconds) ``wait`` / ``submit --wait`` look at a run that has not
+finished, to say once when it parked at its budget (it waits for a person then)."""
+
+
+def wait_telling(client: Any, options: Options, run_id: str, timeout: float | None) -> Any:
+    """``client.wait(run_id, timeout)``, saying once on stderr when the run sits at
+    ``budget_reached`` (``wait`` does not return then) and how to move it on.
+    Raises ``TimeoutError`` as ``client.wait`` does."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    told = False
+    while True:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        chunk = HINT_POLL_SECONDS if left is None else min(HINT_POLL_SECONDS, left)
+        try:  # (a finished or unknown run answers at once, whatever the timeout)
+            return client.wait(run_id, timeout=chunk)
+        except TimeoutError:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"run {run_id!r} did not finish within {timeout} s") from None
+        record = client.get_run(run_id)
+        if record is None or record.status.value != "budget_reached":
+            told = False  # raised meanwhile: say it again if it parks again
+            continue
+        if not told:
+            told = True
+            base = " ".join(["lattice", *options.argv()])
+            err.print(
+                f"run {run_id} is parked at its budget ({record.spent_tokens} of {record.budget_tokens} "
+                f"tokens spent) and waits until it is raised: {base} budget {run_id} --tokens N",
+                markup=False,
+            )
 
 
 @command()
@@ -191,7 +225,7 @@ def submit(
                     markup=False,
                 )
             with interruptible(options, handle.run_id):
-                code = print_result(handle.wait(timeout=timeout), as_json)
+                code = print_result(wait_telling(client, options, handle.run_id, timeout), as_json)
         finally:
             client.close()
     if code:
@@ -226,7 +260,7 @@ def wait_cmd(
         client = client_for(options)
         try:
             with interruptible(options, run_id):
-                code = print_result(client.wait(run_id, timeout=timeout), as_json)
+                code = print_result(wait_telling(client, options, run_id, timeout), as_json)
         finally:
             client.close()
     if code:

@@ -436,3 +436,30 @@ async def test_a_raise_between_the_members_park_and_its_message_park_resumes_it(
     assert record.result.result == "final: answer0 | answer1 | answer2"
     assert record.spent_tokens == run_tokens(3)
     assert raw.hlen(record_key(prefix, run_id) + ":budget_waits") == 0
+
+
+async def test_lattice_wait_says_once_that_the_run_waits_at_its_budget(make_env, prefix, monkeypatch):
+    from typer.testing import CliRunner
+
+    from lattice_client.cli import app
+    from lattice_client.cli import runs as cli_runs
+
+    monkeypatch.setattr(cli_runs, "HINT_POLL_SECONDS", 0.2)
+    e = make_env(1)
+    run_id = await e.submit(3, 2_000)
+    await e.drain()
+    assert (await e.client.get_run(run_id)).status.value == "budget_reached"
+    waited = await asyncio.to_thread(
+        CliRunner().invoke,
+        app,
+        ["--broker-url", REDIS_URL, "--key-prefix", prefix, "wait", run_id, "--timeout", "1.5"],
+        env={"COLUMNS": "300"},
+    )
+    assert waited.exit_code == 3, waited.output  # it timed out: the run still waits
+    hint = f"run {run_id} is parked at its budget ({6 * CALL_TOKENS} of 2000 tokens spent)"
+    assert waited.output.count(hint) == 1, waited.output
+    assert (
+        f"lattice --broker-url {REDIS_URL} --key-prefix {prefix} budget {run_id} --tokens N" in waited.output
+    )
+    assert "did not finish within 1.5 s" in waited.output
+    assert (await e.client.get_run(run_id)).status.value == "budget_reached"  # nothing changed

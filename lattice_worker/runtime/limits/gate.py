@@ -36,11 +36,8 @@ from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-import anthropic
-
 from lattice_client.model_limits import api_key_id
 
-from ...agent.anthropic_client import DEFAULT_MODEL
 from ...agent.response_observer import ResponseObserver, current_observer
 from ...agent.suspend import SuspendQuery
 from ...errors import LatticeError
@@ -189,7 +186,7 @@ class LimitedModelClient:
 
     async def create_message(self, request: Any) -> Any:
         inner = self.inner
-        model = getattr(request, "model", None) or getattr(inner, "default_model", None) or DEFAULT_MODEL
+        model = getattr(request, "model", None) or getattr(inner, "default_model", None) or _default_model()
         api_key = getattr(inner, "api_key", None) or self._api_key
         if self.limiter.limit_of(model, api_key) is None:
             return await inner.create_message(request)
@@ -427,7 +424,17 @@ def decode_hold(raw: Any) -> tuple[Reservation, int, str | None] | None:
 def _retryable(exc: BaseException, status: int | None) -> bool:
     if status in RETRY_STATUSES:
         return True
-    return status is None and isinstance(exc.__cause__, anthropic.APIConnectionError)
+    if status is not None or exc.__cause__ is None:
+        return False
+    import anthropic  # only a call of the Anthropic client has one as its cause
+
+    return isinstance(exc.__cause__, anthropic.APIConnectionError)
+
+
+def _default_model() -> str:
+    from ...agent.anthropic_client import DEFAULT_MODEL  # lazily: scripted clients need no SDK
+
+    return DEFAULT_MODEL
 
 
 def _max_retries(inner: Any) -> int:
