@@ -188,6 +188,25 @@ async def test_a_member_call_over_the_limit_gives_its_claim_back_and_keeps_its_p
     assert raw.get(f"{prefix}:test:exec:a") == "1"
 
 
+async def test_under_drain_a_member_call_over_the_limit_waits_in_place(env, raw, prefix):
+    from lattice_worker.runtime.limits.hook import waits_in_place
+
+    ctx, broker = env
+    run_id = await submit(ctx, broker, plan(("worker", "handoff", "d")))
+    assert await broker.run(*broker.take()[:2]) == "suspended"
+    await use_up(ctx, 2)
+    _, args, _ = broker.take()
+    team = ctx.registry.get("e2e")
+    member = ctx.registry.member("e2e", "worker")
+    message = await member_step.claim_startable(ctx, args[0], member_step.member_mode(member))
+    with waits_in_place():  # lattice drain: no worker comes back for it
+        assert await member_step.process_claimed(ctx, team, member, message) == "done"
+    assert raw.get(f"{prefix}:test:exec:d") == "1"
+    assert not [q for q in broker.queue if q[0] == DELIVER_TASK]  # nothing re-enqueued
+    waits = [e for e in await event_types(ctx, run_id) if e.get("type") == "model_call_waiting"]
+    assert waits and not any(w["requeued"] for w in waits)
+
+
 def request(text: str = "hi", *, stream: bool = False) -> ModelRequest:
     return ModelRequest(
         model="m", system=None, messages=[{"role": "user", "content": text}], max_tokens=16, stream=stream

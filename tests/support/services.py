@@ -64,12 +64,14 @@ def settings_for(key_prefix: str, **overrides: Any) -> Any:
 def deployment_redis_url() -> str:
     """The Redis of the deployment a worker-side test tool runs in (its runs and
     registry, where the tools keep their records): ``LATTICE_BROKER_URL`` when
-    it is Redis, ``LATTICE_MAILBOX_URL`` with a RabbitMQ broker, else the tests' Redis."""
-    from lattice_client.settings import is_amqp_url  # lazily, as settings_for
+    it is Redis, ``LATTICE_MAILBOX_URL`` with a RabbitMQ broker, else the tests' Redis
+    (also when the mailboxes are on a Redis Cluster: the tools' records stay on one Redis)."""
+    from lattice_client.settings import is_amqp_url, is_cluster_url  # lazily, as settings_for
 
     broker = os.environ.get("LATTICE_BROKER_URL") or REDIS_URL
     if is_amqp_url(broker):
-        return os.environ.get("LATTICE_MAILBOX_URL") or REDIS_URL
+        mailbox = os.environ.get("LATTICE_MAILBOX_URL") or REDIS_URL
+        return REDIS_URL if is_cluster_url(mailbox) else mailbox
     return broker
 
 

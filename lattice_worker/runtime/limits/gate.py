@@ -329,7 +329,11 @@ class LimitedModelClient:
             {"reservation": asdict(reservation), "resume_at_ms": wait.resume_at_ms, "limit": wait.limit}
         )
         ttl = max(1000, int(wait.seconds * 1000) + 2 * period_ms)
-        await client.set(hold_key(self.limiter.prefix, scope.run_id, scope.scope), value, px=ttl)
+        waiting = LimitKeys.of(self.limiter.prefix, bucket_tag(reservation.model, reservation.key_id)).waiting
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.set(hold_key(self.limiter.prefix, scope.run_id, scope.scope), value, px=ttl)
+            pipe.zadd(waiting, {reservation.ticket: wait.resume_at_ms})  # listed (lattice status) until then
+            await pipe.execute()
 
     async def _drop_hold(self, scope: CallScope | None) -> None:
         if scope is not None:

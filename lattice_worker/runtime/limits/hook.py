@@ -9,6 +9,7 @@
   history and events written (fenced by its lease), the run ``resuming``
   without a lease (``lua/lead_wait.lua``), ``resume_lead`` enqueued with a
   Celery countdown for the turn;
+* :func:`waits_in_place` -- ``lattice drain``'s steps wait in place instead;
 * :func:`item_waits` -- a member's attempt whose call waits ends: its history
   and journal written (fenced by its claim), the message released to
   ``pending`` (it keeps its FIFO place), its doorbell rung with a countdown.
@@ -24,6 +25,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from importlib import resources
 from typing import Any
 
@@ -47,6 +49,22 @@ LEAD_WAIT_LUA = (
 )
 """End a lead segment that waits for its turn (see the script's header)."""
 _LEAD_WAIT_SHA = hashlib.sha1(LEAD_WAIT_LUA.encode("utf-8")).hexdigest()  # noqa: S324 - Redis names scripts so
+
+
+steps_may_end: ContextVar[bool] = ContextVar("lattice_steps_may_end", default=True)
+"""Whether a step whose call waits may end and come back at its turn (False:
+``lattice drain``, which does a member's work by hand with no worker to come
+back to: its calls wait in place)."""
+
+
+@contextmanager
+def waits_in_place() -> Iterator[None]:
+    """Within it, the steps' calls wait for their turn in place (see :data:`steps_may_end`)."""
+    token = steps_may_end.set(False)
+    try:
+        yield
+    finally:
+        steps_may_end.reset(token)
 
 
 def limiter_for(ctx: WorkerContext) -> RateLimiter | None:
@@ -93,7 +111,7 @@ def lead_scope(ctx: WorkerContext, run_id: str, lease: Any) -> Iterator[CallScop
         run_id=run_id,
         scope="lead",
         emit=lambda event: ctx.events.emit(run_id, event),
-        suspendable=lease is not None and limiter_for(ctx) is not None,
+        suspendable=lease is not None and limiter_for(ctx) is not None and steps_may_end.get(),
         who={"member": "lead"},
     )
     token = current_scope.set(scope)
@@ -133,7 +151,10 @@ def item_scope(
         run_id=run_id,
         scope=f"item:{item}",
         emit=lambda event: ctx.events.emit(run_id, event),
-        suspendable=journal is not None and bool(message.claim_token) and limiter_for(ctx) is not None,
+        suspendable=journal is not None
+        and bool(message.claim_token)
+        and limiter_for(ctx) is not None
+        and steps_may_end.get(),
         who={"member": member, "work_item_id": message.work_item_id, "message_id": message.id},
         on_wait=noted if journal is not None else None,
     )
@@ -224,6 +245,8 @@ __all__ = [
     "lead_scope",
     "lead_waits",
     "not_due",
+    "steps_may_end",
+    "waits_in_place",
     "limit_agent",
     "limited_client",
     "limiter_for",

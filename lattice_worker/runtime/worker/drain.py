@@ -35,6 +35,7 @@ from ...errors import ConfigError
 from ...team.drain import DrainResult
 from ...team.member import TeamMember
 from ...team.team import Team
+from ..limits.hook import waits_in_place
 from ..member.step import claim_startable, member_mode, process_claimed
 from ..run.context import WorkerContext, default_worker_id
 from .process import make_mailbox
@@ -101,7 +102,8 @@ async def drain_async(
                     continue
                 found = True
                 progress.update(bar, last=f"{target.mailbox_id}: {message.id}")
-                status = await process_claimed(ctx, target.team, target.member, message)
+                with waits_in_place():  # no worker comes back for a step drain ends: its calls wait here
+                    status = await process_claimed(ctx, target.team, target.member, message)
                 processed += 1
                 if status in ("failed", "lost", "cancelled"):
                     failed += 1
