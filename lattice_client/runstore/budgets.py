@@ -3,8 +3,12 @@
 A run with a budget holds on its record ``budget_tokens`` (the budget, a
 positive integer) and ``spent_tokens`` (input + output tokens of every model
 call of the run so far, lead and members, from every worker: ``HINCRBY`` in
-``spend_budget.lua``). Before each model call the step reads both; once the
-spend reaches the budget the step parks instead of calling:
+``spend_budget.lua``). Before each model call the step checks both and
+reserves the call's estimated tokens (``reserve_budget.lua``: the zset
+``R:budget_calls`` of the calls in flight, each reservation with an expiry),
+so calls in flight at once cannot together go past the budget: a call that
+does not fit waits for those in flight to land, and only a call alone may go
+past it. Once the spend reaches the budget the step parks instead of calling:
 
 * a lead segment: ``park_budget_lead.lua`` -- the run becomes
   ``budget_reached`` (``budget_parked = "lead"``), its lead lease is removed;
@@ -62,9 +66,26 @@ class RunBudgets(RunStoreCore):
         """``HMGET`` of the record's ``budget_tokens``, ``spent_tokens`` (see :func:`budget_reply`)."""
         return ("hmget", self.keys(run_id).record, ["budget_tokens", "spent_tokens"])
 
-    def spend_call(self, run_id: str, tokens: int) -> tuple[tuple[Any, ...], str]:
-        """``(command, source)`` of ``spend_budget.lua``: add ``tokens`` to the run's spend."""
-        return self._call("spend_budget", [self.keys(run_id).record], [int(tokens)])
+    def budget_calls_key(self, run_id: str) -> str:
+        """The zset of the run's model calls in flight with a reservation
+        (``"<call id>|<tokens>"`` scored by the reservation's expiry, ms)."""
+        return f"{self.keys(run_id).record}:budget_calls"
+
+    def reserve_call(
+        self, run_id: str, call_id: str, estimate: int, hold_ms: int
+    ) -> tuple[tuple[Any, ...], str]:
+        """``(command, source)`` of ``reserve_budget.lua``: check the run's
+        spend and reserve a call's tokens (``estimate``: the request's own, an
+        int >= 0; ``hold_ms``: the reservation's lifetime, ms). Reply: see
+        :func:`reserve_reply`."""
+        keys = [self.keys(run_id).record, self.budget_calls_key(run_id)]
+        return self._call("reserve_budget", keys, [call_id, max(int(estimate), 0), int(hold_ms)])
+
+    def spend_call(self, run_id: str, tokens: int, reservation: str = "") -> tuple[tuple[Any, ...], str]:
+        """``(command, source)`` of ``spend_budget.lua``: add ``tokens`` to the
+        run's spend and release ``reservation`` (from :meth:`reserve_call`; ``""``: none)."""
+        keys = [self.keys(run_id).record, self.budget_calls_key(run_id)]
+        return self._call("spend_budget", keys, [int(tokens), reservation])
 
     def park_budget_lead_call(self, run_id: str, token: str) -> tuple[tuple[Any, ...], str]:
         """``(command, source)`` of ``park_budget_lead.lua`` under the lead lease ``token``."""
@@ -124,6 +145,17 @@ def budget_reply(raw: list[Any]) -> tuple[int | None, int]:
     return (int(budget) if budget else None), (int(spent) if spent else 0)
 
 
+def reserve_reply(raw: list[Any]) -> tuple[str, int, int, str | int]:
+    """``(outcome, spent, budget, detail)`` of a ``reserve_budget.lua`` reply:
+    outcome ``"go"`` (detail: the reservation to release, ``""`` for none),
+    ``"reached"`` or ``"wait"`` (detail: ms until the earliest reservation
+    lapses); ``budget`` -1: the run has no budget."""
+    outcome, spent, budget, detail = raw
+    outcome = as_text(outcome)
+    detail = int(detail) if outcome == "wait" else as_text(detail)
+    return outcome, int(spent), int(budget), detail
+
+
 def _raise_error(exc: ResponseError, run_id: str, tokens: int) -> Exception:
     message = str(exc)
     if message.startswith("NORUN"):
@@ -155,4 +187,4 @@ def _raise_error(exc: ResponseError, run_id: str, tokens: int) -> Exception:
     return exc
 
 
-__all__ = ["BudgetError", "BudgetRaise", "RunBudgets", "budget_reply", "check_tokens"]
+__all__ = ["BudgetError", "BudgetRaise", "RunBudgets", "budget_reply", "check_tokens", "reserve_reply"]

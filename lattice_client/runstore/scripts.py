@@ -32,6 +32,7 @@ SCRIPT_NAMES = (
     "resolve_wait",
     "set_trace_carrier",
     "revoke_item_claim",
+    "reserve_budget",
     "spend_budget",
     "park_budget_lead",
     "park_budget_item",

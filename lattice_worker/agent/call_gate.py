@@ -1,9 +1,11 @@
 """The model-call gate: a runtime's hook around each model call of a query (docs/contracts.md).
 
 A runtime sets :data:`current_call_gate` (a ``ContextVar``) around a query;
-the loop then awaits ``gate.before_call()`` before each model request and
-``gate.after_call(usage)`` after each reply (``usage``: the reply's
-``TokenUsage`` / dict, or ``None``). ``before_call`` may raise
+the loop then awaits ``ticket = gate.before_call(request)`` before each model
+request (``request``: the ``ModelRequest`` about to be sent; ``ticket``:
+anything, handed back) and ``gate.after_call(usage, ticket)`` after it, in a
+``finally`` -- also when the call failed or was abandoned (``usage``: the
+reply's ``TokenUsage`` / dict, ``None`` without a reply). ``before_call`` may raise
 :class:`~lattice_worker.agent.suspend.SuspendQuery`: no request is sent and the
 query ends with subtype ``"suspended"``, its history intact (it ends with the
 user message the request would have answered: continue with
@@ -21,9 +23,9 @@ from typing import Any, Protocol
 class CallGate(Protocol):
     """What the loop calls around each model call (see the module doc)."""
 
-    async def before_call(self) -> None: ...
+    async def before_call(self, request: Any) -> Any: ...
 
-    async def after_call(self, usage: Any) -> None: ...
+    async def after_call(self, usage: Any, ticket: Any) -> None: ...
 
 
 current_call_gate: ContextVar[CallGate | None] = ContextVar("lattice_call_gate", default=None)

@@ -104,6 +104,13 @@ def text_of(content: Any) -> str:
     return ""
 
 
+async def _create(agent: Any, request: ModelRequest) -> AssistantModelMessage:
+    out = agent._model_client().create_message(request)
+    if inspect.isawaitable(out):
+        out = await out
+    return out
+
+
 def _swallow(task: asyncio.Task[Any]) -> None:
     if not task.cancelled():
         task.exception()
@@ -263,15 +270,16 @@ class QueryRun:
         gate = current_call_gate.get()
 
         async def call() -> AssistantModelMessage:
-            if gate is not None:
-                await gate.before_call()  # may raise SuspendQuery: no request is sent
-            client = agent._model_client()
-            out = client.create_message(request)
-            if inspect.isawaitable(out):
-                out = await out
-            if gate is not None:
-                await gate.after_call(getattr(out, "usage", None))
-            return out
+            if gate is None:
+                return await _create(agent, request)
+            ticket = await gate.before_call(request)  # may raise SuspendQuery: no request is sent
+            usage = None
+            try:
+                out = await _create(agent, request)
+                usage = getattr(out, "usage", None)
+                return out
+            finally:  # a failed or abandoned call too: its ticket is released
+                await gate.after_call(usage, ticket)
 
         task = loop.create_task(call())
         task.add_done_callback(lambda t: inbox.put_nowait(("done", t)))

@@ -8,6 +8,11 @@ answers. Each lead call and each member call reports
 takes two calls (its ``jot`` tool, then ``team_reply``, which ends its turn). So a run of ``N`` asks
 spends ``(N + 1 + 2 * N) * CALL_TOKENS`` tokens, one call after another.
 
+Team "e2e_budget_parallel": the lead asks ``worker`` ``N`` times at once
+(``N`` tool calls in its first turn: ``N`` work items in flight together),
+then answers; its member's calls take a moment (:data:`MEMBER_CALL_SECONDS`),
+so the items' calls overlap. A run spends :func:`parallel_run_tokens`.
+
 Agents are bare (``workspace=False``: no built-in tools, no workspace
 directory). Models are stateless callables of the request (docs/testing.md): a step can
 park in one process and resume in another.
@@ -15,6 +20,7 @@ park in one process and resume in another.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from lattice_worker import AssistantModelMessage, ScriptedModelClient, define_agent, tool
@@ -71,6 +77,41 @@ def member_model(request: Any) -> AssistantModelMessage:
     return _reply([call], "tool_use")
 
 
+def parallel_run_tokens(asks: int) -> int:
+    """What a run of team "e2e_budget_parallel" with ``asks`` asks spends in all."""
+    return (2 + 2 * asks) * CALL_TOKENS
+
+
+MEMBER_CALL_SECONDS = 0.05
+"""How long a model call of the parallel team's member takes."""
+
+
+def parallel_lead_model(request: Any) -> AssistantModelMessage:
+    """Ask ``worker`` for ``task0`` .. ``task<N-1>`` in one turn, then answer."""
+    messages = request.messages
+    if any(m.get("role") == "assistant" for m in messages):  # the tool results are in
+        results = [b for m in messages if isinstance(m.get("content"), list) for b in m["content"]]
+        answers = [str(b.get("content")) for b in results if b.get("type") == "tool_result"]
+        return _reply([{"type": "text", "text": "final: " + " | ".join(answers)}], "end_turn")
+    asks = int(_first_text(messages[0]).strip() or "0")
+    calls = [
+        {
+            "type": "tool_use",
+            "id": f"toolu_ask_{k}",
+            "name": "worker",
+            "input": {"mode": "ask", "task": f"task{k}"},
+        }
+        for k in range(asks)
+    ]
+    return _reply(calls, "tool_use")
+
+
+async def slow_member_model(request: Any) -> AssistantModelMessage:
+    """:func:`member_model` after :data:`MEMBER_CALL_SECONDS`."""
+    await asyncio.sleep(MEMBER_CALL_SECONDS)
+    return member_model(request)
+
+
 @tool(effect="read_only")
 async def jot(note: str) -> str:
     """Write a note down (does nothing; a member's first tool call)."""
@@ -78,26 +119,31 @@ async def jot(note: str) -> str:
 
 
 def build_team(
-    name: str = "e2e_budget", budget: dict[str, int] | None = None, auto_compact: Any = None
+    name: str = "e2e_budget",
+    budget: dict[str, int] | None = None,
+    auto_compact: Any = None,
+    parallel: bool = False,
 ) -> Any:
     """The "e2e_budget" team (see the module doc); ``budget``: its default
-    budget; ``auto_compact``: the lead's (off by default)."""
+    budget; ``auto_compact``: the lead's (off by default); ``parallel``: the
+    lead asks all at once and the member's calls take a moment."""
     lead = define_agent(
         name="lead",
-        model_client=ScriptedModelClient(lead_model),
+        model_client=ScriptedModelClient(parallel_lead_model if parallel else lead_model),
         max_turns=20,
         workspace=False,
         auto_compact=auto_compact,
     )
     worker = define_agent(
         name="worker",
-        model_client=ScriptedModelClient(member_model),
+        model_client=ScriptedModelClient(slow_member_model if parallel else member_model),
         tools=[jot],
         max_turns=8,
         workspace=False,
     )
     members = [team_member(name="worker", agent=worker)]
-    return create_team(name=name, lead=lead, members=members, budget=budget)
+    runner = {"max_concurrent_work_items": 8} if parallel else None
+    return create_team(name=name, lead=lead, members=members, budget=budget, runner=runner)
 
 
 team = build_team()
@@ -107,3 +153,5 @@ compact_team = build_team(
     "e2e_budget_compact", auto_compact={"threshold_tokens": 100, "keep_recent_messages": 2}
 )
 """The same team whose lead compacts after every tool batch (its context is past 100 tokens)."""
+parallel_team = build_team("e2e_budget_parallel", parallel=True)
+"""The team whose lead asks all at once (see the module doc)."""

@@ -20,12 +20,18 @@ from lattice_worker.runtime.lead import segment as lead_segment
 from lattice_worker.runtime.member import step as member_step
 from lattice_worker.runtime.run.context import WorkerContext
 from lattice_worker.runtime.worker.registry import TeamRegistry
-from tests.e2e.budget_teams import CALL_TOKENS, run_tokens
+from tests.e2e.budget_teams import CALL_TOKENS, parallel_run_tokens, run_tokens
 from tests.support.services import REDIS_URL, settings_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(90)]
 
 TEAM = "e2e_budget"
+
+TASK_BODIES = {
+    RUN_LEAD_TASK: lead_segment.run_lead,
+    DELIVER_TASK: member_step.deliver,
+    RESUME_LEAD_TASK: lead_segment.resume_lead,
+}
 
 
 class Env:
@@ -42,6 +48,7 @@ class Env:
             registry.load("tests.e2e.budget_teams:team")
             registry.load("tests.e2e.budget_teams:default_team")
             registry.load("tests.e2e.budget_teams:compact_team")
+            registry.load("tests.e2e.budget_teams:parallel_team")
             self.ctxs.append(
                 WorkerContext(
                     settings=settings_for(prefix, lease_seconds=30),
@@ -72,13 +79,27 @@ class Env:
             name, args = self.queue.pop(0)
             ctx = self.ctxs[self._turn % len(self.ctxs)]
             self._turn += 1
-            body = {
-                RUN_LEAD_TASK: lead_segment.run_lead,
-                DELIVER_TASK: member_step.deliver,
-                RESUME_LEAD_TASK: lead_segment.resume_lead,
-            }[name]
-            outs.append(await body(ctx, *args))
+            outs.append(await TASK_BODIES[name](ctx, *args))
             await ctx.writer.flush()
+        raise AssertionError("tasks kept coming")
+
+    async def drain_parallel(self) -> list[str]:
+        """:meth:`drain`, but the tasks queued at each round run at once (one per
+        context in turn), so work items sent together are worked on together."""
+        outs: list[str] = []
+        for _ in range(50):
+            if not self.queue:
+                self.outcomes += outs
+                return outs
+            batch, self.queue = self.queue, []
+            bodies = []
+            for name, args in batch:
+                ctx = self.ctxs[self._turn % len(self.ctxs)]
+                self._turn += 1
+                bodies.append(TASK_BODIES[name](ctx, *args))
+            outs += await asyncio.gather(*bodies)
+            for ctx in self.ctxs:
+                await ctx.writer.flush()
         raise AssertionError("tasks kept coming")
 
     async def submit(self, asks: int, budget: int | None, team: str = TEAM) -> str:
@@ -193,6 +214,35 @@ async def test_the_spend_is_the_same_on_one_worker_and_on_three(make_env, worker
     record = await e.client.get_run(run_id)
     assert record.status.value == "completed"
     assert record.spent_tokens == run_tokens(4)
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+async def test_parallel_members_never_spend_more_than_one_call_past_the_budget(
+    make_env, raw, prefix, workers
+):
+    # the lead asks six items at once (350 tokens); their twelve calls (350 each)
+    # overlap. Checked only before each call, all six first calls went at once
+    # (spend 2_450 > 2_000 + one call). Reserved, four fit (1_750), one more
+    # goes alone past the budget (2_100), the others wait for it and park.
+    e = make_env(workers)
+    run_id = await e.submit(6, 2_000, team="e2e_budget_parallel")
+    outs = await e.drain_parallel()
+    assert outs.count("budget_reached") >= 1, outs
+    record = await e.client.get_run(run_id)
+    assert record.status.value == "budget_reached", (record, outs)
+    assert 2_000 <= record.spent_tokens < 2_000 + CALL_TOKENS, record
+    assert raw.zcard(record_key(prefix, run_id) + ":budget_calls") == 0  # every reservation released
+    events = [ev for _, ev in await e.client.runs.events(run_id, count=1000)]
+    waits = [ev for ev in events if ev.get("type") == "model_call_waiting"]
+    assert waits and all(w["limit"] == "budget" and w["budget"] == {"tokens": 2_000} for w in waits)
+
+    raised = await e.client.raise_budget(run_id, tokens=100_000)
+    assert raised.resumed_messages and not raised.resumed_lead
+    await e.drain_parallel()
+    record = await e.client.get_run(run_id)
+    assert record.status.value == "completed", record
+    assert record.result.result == "final: " + " | ".join(f"answer{k}" for k in range(6))
+    assert record.spent_tokens == parallel_run_tokens(6)
 
 
 async def test_a_run_without_a_budget_counts_nothing_and_never_parks(make_env):

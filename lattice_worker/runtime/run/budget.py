@@ -3,11 +3,22 @@
 The steps of a run with a budget (``budget_tokens`` on its record) run their
 queries under a :class:`BudgetGate` (:data:`~lattice_worker.agent.call_gate.current_call_gate`):
 
-* after each model call its input + output tokens are added to the run's
-  ``spent_tokens`` (``spend_budget.lua``; queued, so it goes in the same
-  round trip as the next write -- at the latest the next call's check);
-* before each model call the run's spend and budget are read; once the spend
-  reaches the budget the step parks instead of calling (``SuspendQuery``):
+* before each model call the run's spend is checked and the call's
+  estimated tokens are reserved (``reserve_budget.lua``, one round trip:
+  the estimate is the larger of the request's estimated input tokens and the
+  run's largest call so far). A call that does not fit beside the calls in
+  flight (spend + their reservations + its estimate over the budget) waits
+  for them to land -- a re-check every :data:`WAIT_POLL_SECONDS`, bounded by
+  the reservations' expiry (:data:`RESERVATION_SECONDS`: a crashed worker's
+  lapses) -- and emits one ``model_call_waiting`` event (``limit``
+  ``"budget"``); only a call with none in flight may go past the budget. So
+  a run spends at most one call past its budget with calls in parallel too
+  (while no call is larger than its estimate);
+* after each model call (in a ``finally``: a failed call too) its input +
+  output tokens are added to the run's ``spent_tokens`` and its reservation
+  released in the same script (``spend_budget.lua``);
+* once the spend reaches the budget the step parks instead of calling
+  (``SuspendQuery``):
   a lead segment, once its query ended, through ``park_budget_lead.lua``
   (the run becomes ``budget_reached``, its lease is dropped:
   :class:`LeadBudgetGate`, called by ``lead.segment.drive``), a
@@ -24,18 +35,29 @@ steps on (:mod:`lattice_client.budgets`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import uuid
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from lattice_client.errors import RunLeaseLostError
-from lattice_client.runstore.budgets import budget_reply
+from lattice_client.runstore.budgets import budget_reply, reserve_reply
 from lattice_mailbox.message import MessageStatus
 
 from ...agent.model import TokenUsage
 from ...agent.suspend import SuspendQuery
+from ..limits.gate import estimate_input_tokens
 from .context import WorkerContext
 
 logger = logging.getLogger("lattice_worker.runtime")
+
+RESERVATION_SECONDS = 300.0
+"""How long a model call's budget reservation holds (a crashed worker's lapses then)."""
+
+WAIT_POLL_SECONDS = 0.05
+"""How often a call that waits for the calls in flight checks the budget again."""
 
 BUDGET_METADATA_KEY = "lattice_budget"
 """Task-message metadata key the lead sets (``True``) when its run has a budget."""
@@ -63,23 +85,75 @@ class BudgetGate:
         budget): every later call is refused at once -- a compaction summary
         swallows the ``SuspendQuery``, the query's next call must not park twice."""
 
-    async def after_call(self, usage: Any) -> None:
-        tokens = call_tokens(usage)
-        if tokens <= 0:
-            return
-        call, source = self.ctx.runs.spend_call(self.run_id, tokens)
-        self.ctx.writer.queue_write([call], scripts=(source,))
+    can_park = False
+    """Whether :meth:`park` may park the step (the base class counts only)."""
 
-    async def before_call(self) -> None:
+    async def before_call(self, request: Any = None) -> str:
+        """Check the budget and reserve the call (see the module doc): returns
+        the reservation (``""``: none) for :meth:`after_call`; raises
+        ``SuspendQuery`` once the step parked."""
         if self.stopped is not None:  # a call after the stop (a summary swallowed its SuspendQuery)
             raise SuspendQuery(self.stopped)
-        replies = await self.ctx.writer.write([self.ctx.runs.budget_read_command(self.run_id)])
-        budget, spent = budget_reply(replies[0])
-        if budget is None or spent < budget:
+        estimate = estimate_input_tokens(request) if request is not None else 0
+        call_id = uuid.uuid4().hex
+        waiting = False
+        while True:
+            call, source = self.ctx.runs.reserve_call(
+                self.run_id, call_id, estimate, int(RESERVATION_SECONDS * 1000)
+            )
+            try:
+                replies = await self.ctx.writer.write([call], scripts=(source,))
+            except ResponseError as exc:
+                if str(exc).startswith("NORUN"):
+                    return ""  # deleted: the step finds out at its next write
+                raise
+            outcome, spent, budget, detail = reserve_reply(replies[0])
+            if outcome == "go":
+                return str(detail)
+            if outcome == "wait":
+                if not waiting:
+                    waiting = True
+                    await self._waiting(spent, budget)
+                await asyncio.sleep(min(WAIT_POLL_SECONDS, int(detail) / 1000))
+                continue
+            if await self.park(spent, budget):
+                self.stopped = f"run {self.run_id} reached its budget ({spent} of {budget} tokens)"
+                raise SuspendQuery(self.stopped)
+            if not self.can_park:
+                return ""  # a step that cannot park goes on (it counts only)
+            # raised meanwhile: check again
+
+    async def after_call(self, usage: Any, ticket: Any = "") -> None:
+        """Count the call's tokens and release its reservation ``ticket`` (a
+        failure is logged: the reservation then lapses at its expiry)."""
+        tokens = call_tokens(usage)
+        if tokens <= 0 and not ticket:
             return
-        if await self.park(spent, budget):
-            self.stopped = f"run {self.run_id} reached its budget ({spent} of {budget} tokens)"
-            raise SuspendQuery(self.stopped)
+        call, source = self.ctx.runs.spend_call(self.run_id, tokens, str(ticket or ""))
+        try:
+            await self.ctx.writer.write([call], scripts=(source,))
+        except Exception:  # noqa: BLE001 - the call's own outcome wins; the reservation lapses
+            logger.warning(
+                "run %s: counting a model call's %d tokens failed", self.run_id, tokens, exc_info=True
+            )
+
+    async def _waiting(self, spent: int, budget: int) -> None:
+        await self.ctx.events.emit(
+            self.run_id,
+            {
+                "type": "model_call_waiting",
+                "limit": "budget",
+                "run_id": self.run_id,
+                "budget": {"tokens": budget},
+                "spent_tokens": spent,
+            },
+        )
+        logger.info(
+            "run %s: a model call waits for the calls in flight (%d of %d tokens spent)",
+            self.run_id,
+            spent,
+            budget,
+        )
 
     async def park(self, spent: int, budget: int) -> bool:
         """Park the step (the spend reached the budget); False: it goes on."""
@@ -113,6 +187,8 @@ class LeadBudgetGate(BudgetGate):
     def __init__(self, ctx: WorkerContext, run_id: str, lease: Any) -> None:
         super().__init__(ctx, run_id)
         self.lease = lease
+
+    can_park = True
 
     async def park(self, spent: int, budget: int) -> bool:
         return True  # the query stops; park_segment writes the park after it
@@ -158,6 +234,8 @@ class ItemBudgetGate(BudgetGate):
         # a budget wait of this item left from an earlier park is over: its message
         # was claimed again (queued: it goes before this step's first check)
         ctx.writer.queue_write([("hdel", ctx.runs.budget_waits_key(run_id), journal.work_item_id)])
+
+    can_park = True
 
     async def park(self, spent: int, budget: int) -> bool:
         journal = self.journal
@@ -246,6 +324,8 @@ def member_gate(ctx: WorkerContext, run_id: str | None, message: Any, journal: A
 
 __all__ = [
     "BUDGET_METADATA_KEY",
+    "RESERVATION_SECONDS",
+    "WAIT_POLL_SECONDS",
     "BudgetGate",
     "ItemBudgetGate",
     "LeadBudgetGate",
