@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
+from lattice_client.errors import RunNotFoundError
 from lattice_client.runstore import RunStore
 from lattice_client.runstore.budgets import reserve_reply
+from tests.support.runstore import run_call
 
 STATE_STORES = ("redis", "cluster")
 """Every test runs on the tests' Redis and on the session's Redis Cluster."""
@@ -25,23 +27,15 @@ async def store(prefix, state_url):
     await s.aclose()
 
 
-async def run(store: RunStore, call: tuple[tuple[Any, ...], str]) -> Any:
-    """Run a ``(command, source)`` script call of the store."""
-    (_, sha, numkeys, *rest), _source = call
-    scripts = store._conn().scripts  # noqa: SLF001 - the store's registered scripts
-    script = next(s for s in scripts.values() if s.sha == sha)
-    return await script(keys=list(rest[:numkeys]), args=list(rest[numkeys:]))
-
-
 async def reserve(
     store: RunStore, run_id: str, call_id: str, estimate: int = 0, hold_ms: int = 60_000
 ) -> Any:
-    return reserve_reply(await run(store, store.reserve_call(run_id, call_id, estimate, hold_ms)))
+    return reserve_reply(await run_call(store, store.reserve_call(run_id, call_id, estimate, hold_ms)))
 
 
 async def test_calls_reserve_until_the_budget_is_full_then_wait_then_one_goes_alone(store):
     await store.create("run-b", "team", "p", budget_tokens=1_000)
-    await run(store, store.spend_call("run-b", 300))  # the run's largest call: 300
+    await run_call(store, store.spend_call("run-b", 300))  # the run's largest call: 300
     outcome, spent, budget, a = await reserve(store, "run-b", "a", estimate=10)  # 300 + 300 <= 1000
     assert (outcome, spent, budget) == ("go", 300, 1_000) and a == "a|300"
     _, _, _, b = await reserve(store, "run-b", "b")  # 300 + 300 + 300 <= 1000
@@ -49,19 +43,19 @@ async def test_calls_reserve_until_the_budget_is_full_then_wait_then_one_goes_al
     outcome, _, _, ms = await reserve(store, "run-b", "c", estimate=50)  # 300 + 600 + 300 > 1000
     assert outcome == "wait" and 0 < ms <= 60_000
     # a's call lands (its own size: 350, the new largest); c still does not fit beside b
-    assert await run(store, store.spend_call("run-b", 350, a)) == [650, 1_000]
+    assert await run_call(store, store.spend_call("run-b", 350, a)) == [650, 1_000]
     assert (await reserve(store, "run-b", "c"))[0] == "wait"  # 650 + 300 + 350 > 1000
-    await run(store, store.spend_call("run-b", 300, b))  # 950: nothing in flight
+    await run_call(store, store.spend_call("run-b", 300, b))  # 950: nothing in flight
     outcome, spent, _, c = await reserve(store, "run-b", "c")  # alone: it may go past
     assert (outcome, spent, c) == ("go", 950, "c|350")
     assert (await reserve(store, "run-b", "d"))[0] == "wait"  # not while c is in flight
-    await run(store, store.spend_call("run-b", 350, c))
+    await run_call(store, store.spend_call("run-b", 350, c))
     assert await reserve(store, "run-b", "d") == ("reached", 1_300, 1_000, "")
 
 
 async def test_a_crashed_workers_reservation_lapses(store):
     await store.create("run-c", "team", "p", budget_tokens=1_000)
-    await run(store, store.spend_call("run-c", 600))
+    await run_call(store, store.spend_call("run-c", 600))
     outcome, _, _, _ = await reserve(store, "run-c", "crashed", hold_ms=300)  # never released
     assert outcome == "go"
     outcome, _, _, ms = await reserve(store, "run-c", "next")
@@ -74,5 +68,5 @@ async def test_a_run_without_a_budget_reserves_nothing_and_an_unknown_run_is_ref
     await store.create("run-n", "team", "p")
     assert await reserve(store, "run-n", "a", estimate=100) == ("go", 0, -1, "")
     assert not raw.exists(store.budget_calls_key("run-n"))
-    with pytest.raises(Exception, match="NORUN"):
+    with pytest.raises(RunNotFoundError):
         await reserve(store, "run-nope", "a")
