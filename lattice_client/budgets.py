@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from lattice_mailbox import MessageStatus
+from lattice_mailbox import InvalidTransitionError, MessageStatus
 
 from .celery_config import DELIVER_TASK, RESUME_LEAD_TASK, queue_name
 from .errors import RunNotFoundError
@@ -106,7 +106,13 @@ class BudgetsMixin:
                 # (the wait stays until then; a member that claims it again drops it)
                 continue
             if message is not None and message.status == MessageStatus.PARKED:
-                await self.mailbox.update_status(message_id, MessageStatus.PENDING)
+                try:  # only while still parked: never release a claim a member took meanwhile
+                    await self.mailbox.update_status(
+                        message_id, MessageStatus.PENDING, only_from=MessageStatus.PARKED
+                    )
+                except InvalidTransitionError:  # moved on meanwhile (by a raise, or its member)
+                    await self.runs.drop_budget_wait(run_id, str(wait.get("work_item_id")))
+                    continue
                 resumed.append(message_id)
                 queue = queue_name(prefix, wait["team"], wait["member"])
                 await asyncio.to_thread(

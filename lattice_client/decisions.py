@@ -29,7 +29,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from lattice_mailbox import MessageStatus
+from lattice_mailbox import InvalidTransitionError, MessageStatus
 
 from .celery_config import DELIVER_TASK, RESUME_LEAD_TASK, queue_name
 from .runstore import WaitStateError, check_run_id
@@ -304,7 +304,12 @@ class DecisionsMixin:
                 )
         prefix = self.settings.key_prefix
         if message is not None:
-            await self.mailbox.update_status(message.id, MessageStatus.PENDING)
+            try:  # only while still parked: never release a claim taken since it was read
+                await self.mailbox.update_status(
+                    message.id, MessageStatus.PENDING, only_from=MessageStatus.PARKED
+                )
+            except InvalidTransitionError:
+                return  # a concurrent decision moved it on already (and rang its doorbell)
             task, args, queue = DELIVER_TASK, [message.to], queue_name(prefix, wait["team"], wait["member"])
         else:
             task, args, queue = RESUME_LEAD_TASK, [run_id], queue_name(prefix, wait["team"])

@@ -78,7 +78,9 @@ class TeamMailbox(Protocol):
 
     async def claim_next(self, mailbox_id: str) -> TeamMessage | None: ...
 
-    async def update_status(self, message_id: str, status: MessageStatus | str) -> bool: ...
+    async def update_status(
+        self, message_id: str, status: MessageStatus | str, *, only_from: Any = None
+    ) -> bool: ...
 
 
 @runtime_checkable

@@ -12,10 +12,11 @@ from __future__ import annotations
 import heapq
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 from .base import ClaimMissingError, ClaimTakenError
 from .message import MessageStatus, TeamMessage
-from .transitions import check_transition
+from .transitions import check_transition, only_from_set
 from .validation import (
     DEFAULT_MAX_MESSAGE_BYTES,
     CheckedSend,
@@ -160,17 +161,21 @@ class MemoryMailbox(CheckedSend):
             out.claim_token = token
             return out
 
-    async def update_status(self, message_id: str, status: MessageStatus | str) -> bool:
-        """Set a message's status per :mod:`lattice_mailbox.transitions`.
+    async def update_status(
+        self, message_id: str, status: MessageStatus | str, *, only_from: Any = None
+    ) -> bool:
+        """Set a message's status per :mod:`lattice_mailbox.transitions`;
+        ``only_from`` (a status or several): only from those (a compare-and-set).
         ``False`` for an unknown id; ``ValueError`` for an unknown status;
         :class:`InvalidTransitionError` for a refused move (nothing changes)."""
         target = MessageStatus.parse(status)
+        allowed_from = only_from_set(only_from)
         message_id_tag(message_id)  # type check
         with self._lock:
             record = self._records.get(message_id)
             if record is None:
                 return False
-            if check_transition(message_id, record.message.status, target):
+            if check_transition(message_id, record.message.status, target, allowed_from):
                 self._finish(record, target, keep_fence=False)
             return True
 

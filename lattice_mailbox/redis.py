@@ -80,7 +80,7 @@ from .redis_layout import body_json as _body
 from .redis_layout import message_from as _message
 from .redis_layout import messages_from as _messages
 from .redis_layout import text as _text
-from .transitions import STATUS_ORDER, invalid_transition, sources_for
+from .transitions import STATUS_ORDER, invalid_transition, only_from_set, sources_for
 from .urls import mask_url
 from .validation import (
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -405,16 +405,21 @@ class RedisMailbox(CheckedSend):
             raise lost
         return found
 
-    async def update_status(self, message_id: str, status: MessageStatus | str) -> bool:
+    async def update_status(
+        self, message_id: str, status: MessageStatus | str, *, only_from: Any = None
+    ) -> bool:
         """Set a message's status per :mod:`lattice_mailbox.transitions` (one
-        script). ``False`` for an unknown id; ``ValueError`` for an unknown status;
-        :class:`InvalidTransitionError` for a refused move (nothing changes)."""
+        script); ``only_from`` (a status or several): only from those (a
+        compare-and-set). ``False`` for an unknown id; ``ValueError`` for an
+        unknown status; :class:`InvalidTransitionError` for a refused move
+        (nothing changes)."""
         target = MessageStatus.parse(status)
+        allowed_from = only_from_set(only_from)
         tag = message_id_tag(message_id)
         if tag is None:
             return False
         keys = self._keys(tag)
-        sources = " ".join(sorted(s.value for s in sources_for(target)))
+        sources = " ".join(sorted(s.value for s in sources_for(target, allowed_from)))
         result = await self._eval(
             "update_status",
             [keys.state, keys.leases, *keys.all_queues],
@@ -424,7 +429,7 @@ class RedisMailbox(CheckedSend):
         if code == "UNKNOWN":
             return False
         if code == "INVALID":
-            raise invalid_transition(message_id, _text(result[1]), target)
+            raise invalid_transition(message_id, _text(result[1]), target, allowed_from)
         return True
 
     # -- lease capability --------------------------------------------------------

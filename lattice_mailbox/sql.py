@@ -59,7 +59,7 @@ from sqlalchemy.pool import StaticPool
 
 from .base import ClaimMissingError, ClaimTakenError
 from .message import MessageStatus, TeamMessage
-from .transitions import check_transition, sources_for
+from .transitions import check_transition, only_from_set, sources_for
 from .urls import mask_url
 from .validation import (
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -439,16 +439,23 @@ class SQLMailbox(CheckedSend):
             row = conn.execute(q.claim_id if wanted else q.claim, params).first()
         return None if row is None else _message(row, claim_token=token)
 
-    async def update_status(self, message_id: str, status: MessageStatus | str) -> bool:
+    async def update_status(
+        self, message_id: str, status: MessageStatus | str, *, only_from: Any = None
+    ) -> bool:
         """Set a message's status per :mod:`lattice_mailbox.transitions` (one
-        transaction). ``False`` for an unknown id; ``ValueError`` for an unknown
-        status; :class:`InvalidTransitionError` for a refused move (nothing changes)."""
+        transaction); ``only_from`` (a status or several): only from those (a
+        compare-and-set). ``False`` for an unknown id; ``ValueError`` for an
+        unknown status; :class:`InvalidTransitionError` for a refused move
+        (nothing changes)."""
         target = MessageStatus.parse(status)
+        allowed_from = only_from_set(only_from)
         message_id_tag(message_id)  # type check
-        return await self._call(self._update_status, message_id, target)
+        return await self._call(self._update_status, message_id, target, allowed_from)
 
-    def _update_status(self, message_id: str, target: MessageStatus) -> bool:
-        sources = [src.value for src in sources_for(target)]
+    def _update_status(
+        self, message_id: str, target: MessageStatus, only_from: frozenset[MessageStatus] | None = None
+    ) -> bool:
+        sources = [src.value for src in sources_for(target, only_from)]
         with self._write() as conn:
             # Leaving any state clears the claim fields (they are only set in
             # processing) and the recorded token of a fenced complete.
@@ -459,7 +466,7 @@ class SQLMailbox(CheckedSend):
             current = conn.execute(self._q.status_of, {"p_id": message_id}).scalar()
         if current is None:
             return False
-        check_transition(message_id, MessageStatus(current), target)  # raises unless a no-op
+        check_transition(message_id, MessageStatus(current), target, only_from)  # raises unless a no-op
         return True
 
     # -- lease capability --------------------------------------------------------

@@ -19,6 +19,13 @@ failed        (none: terminal)
 cancelled     (none: terminal)
 ============  ==========================================================
 
+``update_status(..., only_from=STATUSES)`` is a compare-and-set: the move
+happens only when the message's current status is one of ``STATUSES`` (and
+the table allows it); else :class:`InvalidTransitionError`, nothing changes
+(the no-op rule holds: a message already in the target status succeeds). A
+caller that read ``parked`` and moves the message to ``pending`` so never
+releases a claim taken meanwhile (``processing`` -> ``pending`` is allowed).
+
 ``processing`` is entered only through ``claim_next`` (so every claim carries a
 token); asking ``update_status`` for it raises :class:`InvalidTransitionError`.
 Setting the status a message already has is a no-op that succeeds (so retried
@@ -28,6 +35,8 @@ keeps its place in FIFO order (its send sequence).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from .base import InvalidTransitionError
 from .message import MessageStatus
@@ -49,28 +58,60 @@ ALLOWED: dict[MessageStatus, frozenset[MessageStatus]] = {
 STATUS_ORDER: tuple[MessageStatus, ...] = tuple(MessageStatus)
 
 
-def sources_for(target: MessageStatus) -> frozenset[MessageStatus]:
-    """Every status from which ``target`` may be reached by ``update_status``."""
-    return frozenset(src for src, targets in ALLOWED.items() if target in targets)
+def only_from_set(
+    only_from: MessageStatus | str | Iterable[MessageStatus | str] | None,
+) -> frozenset[MessageStatus] | None:
+    """The statuses of an ``update_status(..., only_from=...)`` argument (one
+    status or several; ``None``: any). ``ValueError`` for an unknown status or none at all."""
+    if only_from is None:
+        return None
+    items = [only_from] if isinstance(only_from, MessageStatus | str) else list(only_from)
+    if not items:
+        raise ValueError("only_from must name at least one status")
+    return frozenset(MessageStatus.parse(s) for s in items)
 
 
-def check_transition(message_id: str, current: MessageStatus, target: MessageStatus) -> bool:
+def sources_for(
+    target: MessageStatus, only_from: frozenset[MessageStatus] | None = None
+) -> frozenset[MessageStatus]:
+    """Every status from which ``target`` may be reached by ``update_status``
+    (of those in ``only_from``, when given)."""
+    sources = frozenset(src for src, targets in ALLOWED.items() if target in targets)
+    return sources if only_from is None else sources & only_from
+
+
+def check_transition(
+    message_id: str,
+    current: MessageStatus,
+    target: MessageStatus,
+    only_from: frozenset[MessageStatus] | None = None,
+) -> bool:
     """Return ``True`` when the move changes the status, ``False`` when it is
     a no-op (same status). Raise :class:`InvalidTransitionError` naming both
-    states when the table above refuses it."""
+    states when the table above refuses it, or when ``current`` is not in
+    ``only_from`` (given)."""
     if current == target:
         return False
     if target not in ALLOWED[current]:
         raise invalid_transition(message_id, current, target)
+    if only_from is not None and current not in only_from:
+        raise invalid_transition(message_id, current, target, only_from)
     return True
 
 
 def invalid_transition(
-    message_id: str, current: MessageStatus | str, target: MessageStatus | str
+    message_id: str,
+    current: MessageStatus | str,
+    target: MessageStatus | str,
+    only_from: frozenset[MessageStatus] | None = None,
 ) -> InvalidTransitionError:
-    """The error for a refused move, with a hint for the common mistakes."""
+    """The error for a refused move, with a hint for the common mistakes
+    (``only_from``: the statuses a compare-and-set move asked for)."""
     current, target = MessageStatus(current), MessageStatus(target)
-    if current.terminal:
+    if only_from is not None and current not in only_from and target in ALLOWED[current]:
+        asked = ", ".join(sorted(repr(s.value) for s in only_from))
+        hint = f"the move was asked only from {asked} (the message moved meanwhile)"
+    elif current.terminal:
         hint = f"{current.value!r} is terminal"
     elif target == S.PROCESSING:
         hint = "only claim_next moves a message to 'processing'"
@@ -82,4 +123,11 @@ def invalid_transition(
     )
 
 
-__all__ = ["ALLOWED", "STATUS_ORDER", "check_transition", "invalid_transition", "sources_for"]
+__all__ = [
+    "ALLOWED",
+    "STATUS_ORDER",
+    "check_transition",
+    "invalid_transition",
+    "only_from_set",
+    "sources_for",
+]

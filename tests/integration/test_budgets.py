@@ -488,6 +488,44 @@ async def test_a_raise_between_the_members_park_and_its_message_park_resumes_it(
     assert raw.hlen(record_key(prefix, run_id) + ":budget_waits") == 0
 
 
+async def test_a_raise_never_releases_a_claim_taken_after_it_read_the_message(make_env, prefix):
+    # the raise read the member's message "parked"; before it moved it, the
+    # message was moved back (another raise, or its member) and a worker claimed
+    # it. The raise's move to "pending" used to release that claim (processing
+    # -> pending is allowed) and ring a second doorbell; now it moves only from "parked".
+    e = make_env(1)
+    run_id = await e.submit(1, 600, team="e2e_budget_parallel")  # the member's second call parks
+    await e.drain()
+    [parked] = await e.client.inbox("e2e_budget_parallel::worker", "parked")
+    mailbox = e.client.mailbox
+    real_get = mailbox.get
+    claims: list[Any] = []
+
+    async def get(message_id: str) -> Any:
+        seen = await real_get(message_id)
+        if message_id == parked.id and not claims:
+            await mailbox.update_status(message_id, "pending")  # moved on by someone else
+            claims.append(asyncio.ensure_future(member_step.deliver(e.ctxs[0], parked.to, message_id)))
+            for _ in range(5_000):  # until the worker holds its claim (its model call takes 50 ms)
+                if (await real_get(message_id)).status.value == "processing":
+                    break
+                await asyncio.sleep(0.001)
+        return seen  # what the raise read: "parked"
+
+    mailbox.get = get
+    raised = await e.client.raise_budget(run_id, tokens=50_000)
+    mailbox.get = real_get
+    assert raised.resumed_messages == [] and e.queue == []  # no second doorbell
+    held = await real_get(parked.id)
+    assert held.status.value == "processing" and held.claimed_by, held  # the claim holds
+    assert await claims[0] in ("done", "completed"), claims
+    await e.drain()
+    record = await e.client.get_run(run_id)
+    assert record.status.value == "completed", record
+    assert record.result.result == "final: answer0"
+    assert record.spent_tokens == parallel_run_tokens(1)
+
+
 async def test_lattice_wait_says_once_that_the_run_waits_at_its_budget(make_env, prefix, monkeypatch):
     from typer.testing import CliRunner
 

@@ -311,6 +311,35 @@ async def test_update_status_follows_the_transition_table(store):
                 assert [m.id for m in await store.inbox(box, current)] == [mid]
 
 
+async def test_only_from_moves_only_from_the_statuses_asked(store):
+    # a compare-and-set: a caller that read "parked" moves it to "pending" only
+    # while it is still parked -- never releasing a claim taken meanwhile
+    parked = await _message_in(store, "cas::a", "parked")
+    assert await store.update_status(parked, "pending", only_from="parked") is True
+    assert (await store.get(parked)).status == MessageStatus.PENDING
+    # moved back and claimed meanwhile: the same move is refused, the claim holds
+    claimed = await store.claim_next("cas::a", lease_s=30, worker_id="w1")
+    assert claimed.id == parked
+    with pytest.raises(InvalidTransitionError, match="from 'processing' to 'pending'.*only from 'parked'"):
+        await store.update_status(parked, "pending", only_from=MessageStatus.PARKED)
+    held = await store.get(parked)
+    assert (held.status, held.claimed_by) == (MessageStatus.PROCESSING, "w1")
+    assert [m.id for m in await store.inbox("cas::a", "processing")] == [parked]
+    await store.extend_lease(parked, claimed.claim_token, 30)  # the claim's token still works
+    # several statuses; the no-op rule holds; the table still decides
+    assert await store.update_status(parked, "done", only_from=["processing", "parked"]) is True
+    assert await store.update_status(parked, "done", only_from="parked") is True  # already done: a no-op
+    read = await _message_in(store, "cas::b", "read")
+    with pytest.raises(InvalidTransitionError, match="allowed targets"):
+        await store.update_status(read, "pending", only_from="read")
+    assert (await store.get(read)).status == MessageStatus.READ
+    for bad in ("nope", []):
+        with pytest.raises(ValueError):
+            await store.update_status(read, "done", only_from=bad)
+    assert (await store.get(read)).status == MessageStatus.READ
+    assert await store.update_status(new_message_id("cas::b"), "done", only_from="read") is False
+
+
 async def test_terminal_states_never_go_back(store):
     for terminal in ("done", "failed", "cancelled"):
         mid = await _message_in(store, f"term::{terminal}", terminal)

@@ -44,6 +44,7 @@ from redis.exceptions import ResponseError
 
 from lattice_client.errors import RunLeaseLostError
 from lattice_client.runstore.budgets import budget_reply, reserve_reply
+from lattice_mailbox.base import InvalidTransitionError
 from lattice_mailbox.message import MessageStatus
 
 from ...agent.model import TokenUsage
@@ -283,9 +284,17 @@ class ItemBudgetGate(BudgetGate):
         message = self.journal.message
         current = await self.ctx.mailbox.get(message.id)
         if current is not None and current.status == MessageStatus.PARKED:
-            await self.ctx.mailbox.update_status(message.id, MessageStatus.PENDING)
-            self.ctx.steps.ring(message.to, message.id)
-            logger.info("run %s: its budget was raised while %s parked; moved back", self.run_id, message.id)
+            try:  # only while still parked: a raise may have moved it on and a worker claimed it
+                await self.ctx.mailbox.update_status(
+                    message.id, MessageStatus.PENDING, only_from=MessageStatus.PARKED
+                )
+            except InvalidTransitionError:
+                pass
+            else:
+                self.ctx.steps.ring(message.to, message.id)
+                logger.info(
+                    "run %s: its budget was raised while %s parked; moved back", self.run_id, message.id
+                )
         await self.ctx.writer.write(
             [("hdel", self.ctx.runs.budget_waits_key(self.run_id), self.journal.work_item_id)]
         )
