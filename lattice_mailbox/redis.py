@@ -22,8 +22,9 @@ touches one slot only::
     <prefix>:mailboxes           set     registry of mailbox ids (written by an
                                          idempotent SADD before the first send of
                                          a store object to that id, in the same
-                                         round trip; read by ``mailbox_ids`` and
-                                         ``requeue_expired``)
+                                         round trip -- on a Redis Cluster in a
+                                         command of its own, just before; read by
+                                         ``mailbox_ids`` and ``requeue_expired``)
 
 Message ids are ``"<tag>-<32 hex>"``, so ``get``/``update_status``/``complete``
 find the keys from the id alone, in O(1). Message data lives in the per-tag

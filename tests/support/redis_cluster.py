@@ -13,7 +13,8 @@ ends every process group by its id (never by name) and removes the directories.
 :meth:`failover` (``CLUSTER FAILOVER`` on the replica of a master) and
 :meth:`kill_master` / :meth:`restart_node` (kill -9 of a master's process
 group, then the node comes back with its ``nodes.conf`` and rejoins as a
-replica). :meth:`delete_prefix` deletes a test's keys on every master.
+replica). :meth:`migrate_slot` moves one key's slot to another master as a
+resharding does. :meth:`delete_prefix` deletes a test's keys on every master.
 
 The session fixture ``redis_cluster`` (tests/conftest.py) starts one for the
 whole session, only when a test asks for it.
@@ -21,6 +22,7 @@ whole session, only when a test asks for it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -253,13 +255,38 @@ class RedisClusterServers:
         self._start_node(port)
         self.wait_ok(timeout)
 
+    def migrate_slot(self, key: str, to_port: int, *, pause: float = 0.0) -> None:
+        """Move the slot of ``key`` to the master on ``to_port`` the way a resharding does
+        (``CLUSTER SETSLOT ... IMPORTING/MIGRATING``, ``MIGRATE`` one key at a time,
+        ``pause`` seconds after each, then ``SETSLOT ... NODE`` on every master):
+        meanwhile the slot's keys lie on both nodes, and clients get ``ASK`` (and
+        ``TRYAGAIN`` for a command on several keys)."""
+        source = self.master_of(key)
+        if source == to_port:
+            raise ValueError(f"{key!r} is on {to_port} already")
+        ids = {n["port"]: n["id"] for n in self._nodes()}
+        with self.admin(source) as src, self.admin(to_port) as dst:
+            slot = int(src.execute_command("CLUSTER", "KEYSLOT", key))
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[source])
+            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[to_port])
+            try:
+                while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1):
+                    src.execute_command("MIGRATE", "127.0.0.1", to_port, "", 0, 5000, "KEYS", *keys)
+                    time.sleep(pause)
+            finally:  # the slot is the target's in the end, whatever happened
+                for port in self.masters():
+                    with self.admin(port) as client:
+                        client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", ids[to_port])
+        self.wait_ok()
+
     def delete_prefix(self, prefix: str) -> int:
         """Delete every key starting with ``prefix`` on every master; returns how many."""
         deleted = 0
         for port in self.masters():
             with self.admin(port) as client:
                 for key in client.scan_iter(match=f"{prefix}*", count=1000):
-                    deleted += int(client.delete(key))
+                    with contextlib.suppress(redis.ResponseError):  # MOVED: deleted on its owner
+                        deleted += int(client.delete(key))
         return deleted
 
     def stop(self) -> None:
