@@ -11,6 +11,7 @@ import pytest
 
 from lattice_client.errors import RunLeaseLostError
 from lattice_client.runstore import RunStore, WaitStateError
+from tests.support.runstore import run_call
 
 STATE_STORES = ("redis", "cluster")
 """Every test runs on the tests' Redis and on the session's Redis Cluster (tests/integration/conftest.py)."""
@@ -23,15 +24,6 @@ async def store(prefix, state_url):
     s = RunStore(state_url, prefix=prefix)
     yield s
     await s.aclose()
-
-
-async def run_call(store: RunStore, call: tuple) -> object:
-    (_, _, numkeys, *rest), source = call
-    client = await store.redis()
-    try:
-        return await client.eval(source, numkeys, *rest)
-    except Exception as exc:
-        raise store.script_error(exc, "r1", "test") from None
 
 
 async def test_a_work_items_writes_belong_to_its_latest_claim(store, raw, prefix):
