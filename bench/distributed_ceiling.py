@@ -8,7 +8,8 @@ over the whole batch: the handoffs per second, the Redis server's CPU (user +
 system from ``INFO cpu``, deltas) per handoff and as a share of one core, and
 the Redis commands per handoff (``INFO commandstats`` deltas: every client, the
 bench's own submits and waits included, commands run inside Lua scripts
-counted too), with the five most frequent commands.
+counted too), with the five most frequent commands and the five that take the
+most of Redis's command time (``usec`` of ``INFO commandstats``).
 
 The Redis CPU per handoff also counts what the workers do while idle (Celery's
 polls, heartbeats), so the ceiling errs low. Only meaningful on the bench's own
@@ -44,9 +45,12 @@ def _cpu_seconds(client: Any) -> float:
 
 
 def _command_calls(client: Any) -> Counter[str]:
-    return Counter(
-        {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in client.info("commandstats").items()}
-    )
+    """``{command: calls}`` and ``{command + " us": microseconds spent}`` (``INFO commandstats``)."""
+    calls: Counter[str] = Counter()
+    for name, v in client.info("commandstats").items():
+        calls[name.removeprefix("cmdstat_")] = int(v["calls"])
+        calls[name.removeprefix("cmdstat_") + " us"] = int(v["usec"])
+    return calls
 
 
 def _baseline(client: Any) -> float:
@@ -105,13 +109,17 @@ def figure_o(bench: Bench, args: argparse.Namespace, load: Callable[[], str]) ->
         per_handoff = figure["cpu"] / runs
         ceiling = 1 / per_handoff if per_handoff > 0 else float("inf")
         ceilings.append(ceiling)
-        calls: Counter[str] = figure["calls"]
+        counted: Counter[str] = figure["calls"]
+        calls = Counter({k: v for k, v in counted.items() if not k.endswith(" us")})
+        spent = Counter({k[:-3]: v for k, v in counted.items() if k.endswith(" us")})
         top = ", ".join(f"{name} {n / runs:.1f}" for name, n in calls.most_common(5))
+        slow = ", ".join(f"{name} {us / runs:.0f} us" for name, us in spent.most_common(5))
         print(
             f"    rep {rep + 1} {runs / figure['elapsed']:7.1f} handoffs/s; Redis CPU {per_handoff * 1e6:6.0f} us per "
             f"handoff = {per_handoff / per_get:5.0f}x a pipelined GET ({per_get * 1e6:.2f} us), Redis busy "
             f"{figure['cpu'] / figure['elapsed'] * 100:4.0f}% of one core; {sum(calls.values()) / runs:5.1f} "
-            f"commands per handoff ({top}); ceiling of one Redis {ceiling:7.0f} handoffs/s",
+            f"commands per handoff ({top}); the most command time per handoff: {slow}; "
+            f"ceiling of one Redis {ceiling:7.0f} handoffs/s",
             flush=True,
         )
     ceilings.sort()
