@@ -4,6 +4,8 @@ A run of the "e2e_budget" team (tests/e2e/budget_teams.py: every model call
 reports 350 tokens) with a 2,000-token budget parks at ``budget_reached``,
 never spends more than one call past the budget, and completes after
 ``raise_budget``. Its spend is the same on one worker process and on three.
+So does a run of "e2e_budget_parallel", whose six work items run at once on
+three worker processes.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import subprocess
 
 import pytest
 
-from tests.e2e.budget_teams import CALL_TOKENS, run_tokens
+from tests.e2e.budget_teams import CALL_TOKENS, parallel_run_tokens, run_tokens
 from tests.e2e.conftest import LATTICE, Deployment, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(240)]
@@ -70,3 +72,28 @@ def test_a_budgeted_run_parks_resumes_and_spends_the_same_on_one_worker_and_on_t
     three = _park_and_finish(d, raise_with_cli=True)
     assert one == three == (6 * CALL_TOKENS, run_tokens(ASKS))
     assert all(p.alive() for p in [first, *more])
+
+
+def test_parallel_members_on_three_workers_spend_at_most_one_call_past_the_budget(deployment):
+    d = deployment
+    ref = "tests.e2e.budget_teams:parallel_team"
+    workers = [d.worker(ref) for _ in range(3)]
+    handle = d.client.submit(ref, "6", budget={"tokens": BUDGET})
+    wait_for(lambda: _status(d, handle.run_id) == "budget_reached", 60, "the run to park at its budget")
+
+    # the items' calls overlap across the processes; parked members hold nothing
+    def members_idle() -> bool:
+        counts = d.client.status("e2e_budget_parallel").mailboxes
+        return not any(c.get("processing") for c in counts.values())
+
+    wait_for(members_idle, 30, "the members to park")
+    parked = d.client.get_run(handle.run_id)
+    assert parked.status.value == "budget_reached", parked
+    assert BUDGET <= parked.spent_tokens < BUDGET + CALL_TOKENS, parked
+    raised = d.client.raise_budget(handle.run_id, tokens=50_000)
+    assert raised.resumed_messages, raised
+    result = handle.wait(timeout=90)
+    assert result.status == "completed", result
+    assert result.result == "final: " + " | ".join(f"answer{k}" for k in range(6))
+    assert d.client.get_run(handle.run_id).spent_tokens == parallel_run_tokens(6)
+    assert all(p.alive() for p in workers)
