@@ -113,8 +113,11 @@ class LeasedMailbox(TeamMailbox, Protocol):
         self, *, max_attempts: int | None = None, now_ms: int | None = None
     ) -> list[TeamMessage]:
         """Move every claim whose lease has expired back to ``pending`` (or to
-        ``failed`` when ``attempts >= max_attempts``); returns the moved messages
-        with their new status."""
+        ``failed`` once the message's claims have expired ``max_attempts`` times);
+        returns the moved messages with their new status. Only expired claims
+        count: a claim that ended by handing the message back on purpose (parked
+        then resolved, released to wait for its turn) does not, though every
+        claim adds to ``attempts`` (the fence of the next claim)."""
         ...
 
     async def complete(self, message_id: str, token: str, status: MessageStatus | str) -> TeamMessage:

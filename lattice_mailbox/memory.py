@@ -43,6 +43,7 @@ class _Record:
     message: TeamMessage  # stored copy, never handed out, claim_token always None
     seq: int
     fence: str | None = None  # current claim token; kept after a fenced complete()
+    expired: int = 0  # claims whose lease expired (requeue_expired's max_attempts counts these)
 
 
 @dataclass(slots=True)
@@ -214,8 +215,8 @@ class MemoryMailbox(CheckedSend):
         self, *, max_attempts: int | None = None, now_ms: int | None = None
     ) -> list[TeamMessage]:
         """Move every ``processing`` message whose ``lease_until`` <= now (ms) back to
-        ``pending``, or to ``failed`` when ``attempts >= max_attempts``; returns the
-        moved messages with their new status, oldest first per mailbox."""
+        ``pending``, or to ``failed`` once its claims expired ``max_attempts`` times
+        (see :meth:`LeasedMailbox.requeue_expired`); returns the moved messages with their new status, oldest first per mailbox."""
         max_attempts, now = check_requeue(max_attempts, now_ms)
         now = _now() if now is None else now
         moved: list[TeamMessage] = []
@@ -227,7 +228,8 @@ class MemoryMailbox(CheckedSend):
                     lease_until = record.message.lease_until
                     if lease_until is None or lease_until > now:
                         continue
-                    exhausted = max_attempts is not None and record.message.attempts >= max_attempts
+                    record.expired += 1
+                    exhausted = max_attempts is not None and record.expired >= max_attempts
                     self._finish(record, S.FAILED if exhausted else S.PENDING, keep_fence=False)
                     moved.append(record.message.model_copy(deep=True))
         return moved

@@ -16,7 +16,7 @@ touches one slot only::
                                          reply_to, metadata; never changes)
     <prefix>:{tag}:state         hash    message id -> state JSON {s: status, q: seq,
                                          a: attempts, w: claimed_by, l: lease_until ms,
-                                         f: claim token}
+                                         f: claim token, x: expired claims}
     <prefix>:{tag}:q:<status>    zset    one per status: message ids scored by seq
     <prefix>:{tag}:leases        zset    leased message ids scored by lease_until (ms)
     <prefix>:mailboxes           set     registry of mailbox ids (written by an
@@ -497,7 +497,8 @@ class RedisMailbox(CheckedSend):
     ) -> list[TeamMessage]:
         """Move every ``processing`` message whose ``lease_until`` <= now (ms;
         default the server clock) back to ``pending``, or to ``failed`` when
-        ``attempts >= max_attempts``. One script per mailbox of the registry,
+        its claims have expired ``max_attempts`` times (see
+        :meth:`LeasedMailbox.requeue_expired`). One script per mailbox of the registry,
         pipelined. Returns the moved messages with their new status."""
         max_attempts, now = check_requeue(max_attempts, now_ms)
         args = ["" if now is None else now, "" if max_attempts is None else max_attempts, _REQUEUE_BATCH]

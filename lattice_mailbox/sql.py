@@ -48,6 +48,7 @@ from sqlalchemy import (
     create_engine,
     event,
     func,
+    inspect,
     select,
     text,
     update,
@@ -127,11 +128,29 @@ def _tables(prefix: str) -> tuple[MetaData, Table, Table]:
         Column("lease_until", BigInteger),
         Column("attempts", Integer, nullable=False, default=0),
         Column("fence", String(64)),
+        # claims whose lease expired (requeue_expired's max_attempts counts these); added
+        # to a table made before it by _ensure (ALTER TABLE ... ADD COLUMN)
+        Column("expired", Integer, nullable=False, default=0, server_default=text("0")),
         Index(f"{prefix}ix_box_status_seq", "mailbox", "status", "seq"),
         Index(f"{prefix}ix_status_lease", "status", "lease_until"),
     )
     mailboxes = Table(f"{prefix}mailboxes", md, Column("id", Text, primary_key=True))
     return md, messages, mailboxes
+
+
+def _add_missing_columns(conn: Connection, table: Table) -> None:
+    """Add to ``table`` the columns a table made by an earlier release lacks
+    (each has a server default, so its rows stay valid)."""
+    present = {c["name"] for c in inspect(conn).get_columns(table.name)}
+    for column in table.columns:
+        if column.name not in present:
+            kind = column.type.compile(dialect=conn.dialect)
+            default = column.server_default.arg.text  # type: ignore[union-attr]
+            conn.execute(
+                text(
+                    f'ALTER TABLE "{table.name}" ADD COLUMN "{column.name}" {kind} NOT NULL DEFAULT {default}'
+                )
+            )
 
 
 class _Statements:
@@ -311,6 +330,7 @@ class SQLMailbox(CheckedSend):
                     )
                     conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
                 self._metadata.create_all(conn)
+                _add_missing_columns(conn, self._messages)
             self._ready = True
 
     @contextmanager
@@ -517,7 +537,8 @@ class SQLMailbox(CheckedSend):
         self, *, max_attempts: int | None = None, now_ms: int | None = None
     ) -> list[TeamMessage]:
         """Move every ``processing`` message whose ``lease_until`` <= now (ms)
-        back to ``pending``, or to ``failed`` when ``attempts >= max_attempts``;
+        back to ``pending``, or to ``failed`` once its claims expired
+        ``max_attempts`` times (see :meth:`LeasedMailbox.requeue_expired`);
         returns the moved messages with their new status (in batches of 500
         rows per transaction; rows another transaction holds are left for the
         next sweep on PostgreSQL)."""
@@ -542,7 +563,7 @@ class SQLMailbox(CheckedSend):
                     .with_for_update(skip_locked=True)
                 ).all()
                 targets = [
-                    S.FAILED if max_attempts is not None and row.attempts >= max_attempts else S.PENDING
+                    S.FAILED if max_attempts is not None and row.expired + 1 >= max_attempts else S.PENDING
                     for row in rows
                 ]
                 for target in (S.PENDING, S.FAILED):
@@ -551,7 +572,13 @@ class SQLMailbox(CheckedSend):
                         conn.execute(
                             update(t)
                             .where(t.c.seq.in_(seqs))
-                            .values(status=target.value, claimed_by=None, lease_until=None, fence=None)
+                            .values(
+                                status=target.value,
+                                claimed_by=None,
+                                lease_until=None,
+                                fence=None,
+                                expired=t.c.expired + 1,
+                            )
                         )
             for row, target in zip(rows, targets, strict=True):
                 message = _message(row)

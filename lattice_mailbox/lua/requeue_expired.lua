@@ -7,7 +7,9 @@
 -- KEYS[5]  <prefix>:{tag}:q:pending       zset
 -- KEYS[6]  <prefix>:{tag}:q:failed        zset
 -- ARGV[1]  now in ms, or "" for the server clock (TIME); a lease is expired when lease_until <= now
--- ARGV[2]  max attempts, or "" for none (attempts >= max attempts -> failed)
+-- ARGV[2]  max attempts, or "" for none: a message whose claims expired that many times fails
+--          (state field x counts the expired claims; a claim handed back on purpose -- parked
+--          then resolved, released to wait for a turn -- does not count, though a: attempts does)
 -- ARGV[3]  batch size (at most this many moved per call; call again while a full batch comes back)
 --
 -- Returns  {id1, body JSON 1, state JSON 1, id2, ...}  the moved messages with their new state
@@ -32,7 +34,8 @@ for _, id in ipairs(ids) do
     local st = cjson.decode(raw)
     if st.s == 'processing' then
       redis.call('ZREM', KEYS[4], id)
-      if max_attempts and st.a >= max_attempts then
+      st.x = (st.x or 0) + 1
+      if max_attempts and st.x >= max_attempts then
         st.s = 'failed'
         redis.call('ZADD', KEYS[6], st.q, id)
       else

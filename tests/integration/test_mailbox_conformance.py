@@ -487,7 +487,7 @@ async def test_requeue_expired_moves_only_expired_claims_and_fails_past_max_atte
     assert (await store.claim_next("t::w", lease_s=10)).id == later.id
     moved = await store.requeue_expired(max_attempts=2, now_ms=cb.lease_until)
     by_id = {m.id: m for m in moved}
-    assert by_id[a.id].status == MessageStatus.FAILED and by_id[a.id].attempts == 2  # attempts >= max
+    assert by_id[a.id].status == MessageStatus.FAILED and by_id[a.id].attempts == 2  # expired twice
     assert by_id[b.id].status == MessageStatus.PENDING and by_id[b.id].attempts == 1
     assert by_id[later.id].status == MessageStatus.PENDING
     assert cc.id not in by_id
@@ -498,6 +498,27 @@ async def test_requeue_expired_moves_only_expired_claims_and_fails_past_max_atte
         ("c", "processing"),
         ("later", "pending"),
     ]
+
+
+async def test_only_expired_claims_count_toward_max_attempts(store):
+    """A claim handed back on purpose (parked then resolved, or released by its
+    holder to wait) adds to ``attempts`` but not to the expired claims that
+    ``max_attempts`` bounds."""
+    m = await store.send("t::lead", "t::w", "job")
+    for _ in range(3):
+        claimed = await store.claim_next("t::w", lease_s=30)
+        await store.complete(m.id, claimed.claim_token, "parked")
+        assert await store.update_status(m.id, "pending")  # a person resolved it
+    claimed = await store.claim_next("t::w", lease_s=30)
+    await store.complete(m.id, claimed.claim_token, "pending")  # its holder gave it back to wait
+    claimed = await store.claim_next("t::w", lease_s=10)
+    assert claimed.attempts == 5
+    [moved] = await store.requeue_expired(max_attempts=2, now_ms=claimed.lease_until)
+    assert (moved.id, moved.status) == (m.id, MessageStatus.PENDING)  # its first expired claim
+    claimed = await store.claim_next("t::w", lease_s=10)
+    [moved] = await store.requeue_expired(max_attempts=2, now_ms=claimed.lease_until)
+    assert moved.status == MessageStatus.FAILED and moved.attempts == 6  # the second one
+    assert (await store.get(m.id)).status == MessageStatus.FAILED
 
 
 async def test_short_real_lease_expires_without_now_override(store):
@@ -784,3 +805,26 @@ async def test_a_parked_message_keeps_its_place_in_a_serial_mailbox(store):
     assert (await store.claim_next("t::serial", max_in_flight=2)).content == "second"
     assert await store.update_status(first.id, "cancelled")
     assert await store.claim_next("t::serial", max_in_flight=2) is None  # nothing pending
+
+
+@pytest.mark.parametrize("sql_kind", ["sqlite", "postgres"])
+async def test_a_table_from_before_the_expired_column_gets_it_and_keeps_its_messages(sql_kind, make_store):
+    from sqlalchemy import text
+
+    old = make_store(sql_kind)
+    kept = await old.send("t::lead", "t::w", "sent by an earlier release")
+    url = old.engine.url.render_as_string(hide_password=False)
+
+    def drop_column() -> None:
+        with old.engine.begin() as conn:
+            conn.execute(text(f'ALTER TABLE "{old.table_prefix}messages" DROP COLUMN expired'))
+
+    await asyncio.to_thread(drop_column)
+    new = SQLMailbox(url, table_prefix=old.table_prefix)
+    try:
+        claimed = await new.claim_next("t::w", lease_s=10)
+        assert claimed.id == kept.id and claimed.content == "sent by an earlier release"
+        [moved] = await new.requeue_expired(max_attempts=1, now_ms=claimed.lease_until)
+        assert moved.status == MessageStatus.FAILED  # its one expired claim, counted in the new column
+    finally:
+        await new.aclose()

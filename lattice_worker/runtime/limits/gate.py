@@ -41,6 +41,7 @@ from lattice_client.model_limits import api_key_id
 from ...agent.response_observer import ResponseObserver, current_observer
 from ...agent.suspend import SuspendQuery
 from ...errors import LatticeError
+from ..run.estimate import estimate_input_tokens
 from .bucket import LimitKeys, RateLimiter, Reservation, bucket_tag
 
 logger = logging.getLogger("lattice_worker.runtime.limits")
@@ -116,18 +117,6 @@ current_scope: ContextVar[CallScope | None] = ContextVar("lattice_call_scope", d
 def hold_key(prefix: str, run_id: str, scope: str) -> str:
     """``<prefix>:ratelimit:hold:<run id>:<scope>``: the reservation a waiting call keeps (JSON)."""
     return f"{prefix}:ratelimit:hold:{run_id}:{scope}"
-
-
-def estimate_input_tokens(request: Any) -> int:
-    """A request's input tokens before it is sent: characters of its system
-    prompt, messages and tools / 4 (at least 1); the usage corrects it."""
-    parts = [
-        getattr(request, "system", None),
-        getattr(request, "messages", None),
-        getattr(request, "tools", None),
-    ]
-    text = json.dumps(parts, ensure_ascii=False, default=str)
-    return max(1, len(text) // 4)
 
 
 def retry_after_seconds(headers: dict[str, str]) -> float | None:

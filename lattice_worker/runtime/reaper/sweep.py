@@ -198,8 +198,8 @@ async def fail_exhausted(ctx: WorkerContext, message: TeamMessage) -> WorkItemOu
     failure = {
         "code": "max_attempts",
         "message": (
-            f"message {message.id} was claimed {message.attempts} time(s) and each claim's lease expired "
-            f"(the worker died or stalled); max_attempts is {ctx.settings.max_attempts}"
+            f"message {message.id}'s claim expired {ctx.settings.max_attempts} time(s) (the worker died "
+            f"or stalled; max_attempts is {ctx.settings.max_attempts}); it was claimed {message.attempts} time(s)"
         ),
         "error_type": None,
     }

@@ -49,8 +49,8 @@ from lattice_mailbox.message import MessageStatus
 
 from ...agent.model import TokenUsage
 from ...agent.suspend import SuspendQuery
-from ..limits.gate import estimate_input_tokens
 from .context import WorkerContext
+from .estimate import estimate_input_tokens
 
 logger = logging.getLogger("lattice_worker.runtime")
 
