@@ -9,8 +9,9 @@ prefix, keys deleted afterwards); the tasks they send are run in order.
 
 * **baseline** -- the run without a budget;
 * **budget** -- the same run with a budget it never reaches: before each model
-  call the step reads the run's spend and budget (one round trip, with the
-  previous call's queued ``HINCRBY``).
+  call the step checks the spend and reserves the call (``reserve_budget.lua``,
+  one round trip, with the previous call's queued ``spend_budget.lua`` that
+  counts it and releases its reservation); a renewal task per call in flight.
 
 Sides alternate run by run (machine drift hits both). Printed: the median time
 per run of each side, per model call, and the ratio budget / baseline. Every

@@ -16,7 +16,9 @@ queries under a :class:`BudgetGate` (:data:`~lattice_worker.agent.call_gate.curr
   (while no call is larger than its estimate);
 * after each model call (in a ``finally``: a failed call too) its input +
   output tokens are added to the run's ``spent_tokens`` and its reservation
-  released in the same script (``spend_budget.lua``);
+  released in the same script (``spend_budget.lua``; queued, so it goes in
+  the same round trip as the next write -- at the latest the next call's
+  reservation -- or after the writer's linger);
 * once the spend reaches the budget the step parks instead of calling
   (``SuspendQuery``):
   a lead segment, once its query ended, through ``park_budget_lead.lua``
@@ -130,22 +132,19 @@ class BudgetGate:
             # raised meanwhile: check again
 
     async def after_call(self, usage: Any, ticket: Any = "") -> None:
-        """Count the call's tokens and release its reservation ``ticket`` (a
-        failure is logged: the reservation then lapses at its expiry)."""
+        """Count the call's tokens and release its reservation ``ticket``:
+        queued (it goes with the step's next write, at the latest after the
+        writer's linger; a failure is logged and the reservation lapses at
+        its expiry). Its renewal stops first (a renewal already queued is
+        written before the release)."""
         renewal = self._renewals.pop(str(ticket), None) if ticket else None
         if renewal is not None:
             renewal.cancel()
-            await asyncio.gather(renewal, return_exceptions=True)  # stopped before the release
         tokens = call_tokens(usage)
         if tokens <= 0 and not ticket:
             return
         call, source = self.ctx.runs.spend_call(self.run_id, tokens, str(ticket or ""))
-        try:
-            await self.ctx.writer.write([call], scripts=(source,))
-        except Exception:  # noqa: BLE001 - the call's own outcome wins; the reservation lapses
-            logger.warning(
-                "run %s: counting a model call's %d tokens failed", self.run_id, tokens, exc_info=True
-            )
+        self.ctx.writer.queue_write([call], scripts=(source,))
 
     async def _renew(self, reservation: str) -> None:
         """Renew ``reservation`` every third of :data:`RESERVATION_SECONDS`
