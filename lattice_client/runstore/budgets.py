@@ -81,6 +81,11 @@ class RunBudgets(RunStoreCore):
         keys = [self.keys(run_id).record, self.budget_calls_key(run_id)]
         return self._call("reserve_budget", keys, [call_id, max(int(estimate), 0), int(hold_ms)])
 
+    def renew_call(self, run_id: str, reservation: str, hold_ms: int) -> tuple[tuple[Any, ...], str]:
+        """``(command, source)`` of ``renew_budget.lua``: the call of
+        ``reservation`` is still in flight; it holds ``hold_ms`` more (ms)."""
+        return self._call("renew_budget", [self.budget_calls_key(run_id)], [reservation, int(hold_ms)])
+
     def spend_call(self, run_id: str, tokens: int, reservation: str = "") -> tuple[tuple[Any, ...], str]:
         """``(command, source)`` of ``spend_budget.lua``: add ``tokens`` to the
         run's spend and release ``reservation`` (from :meth:`reserve_call`; ``""``: none)."""

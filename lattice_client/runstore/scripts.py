@@ -33,6 +33,7 @@ SCRIPT_NAMES = (
     "set_trace_carrier",
     "revoke_item_claim",
     "reserve_budget",
+    "renew_budget",
     "spend_budget",
     "park_budget_lead",
     "park_budget_item",

@@ -70,3 +70,15 @@ async def test_a_run_without_a_budget_reserves_nothing_and_an_unknown_run_is_ref
     assert not raw.exists(store.budget_calls_key("run-n"))
     with pytest.raises(RunNotFoundError):
         await reserve(store, "run-nope", "a")
+
+
+async def test_a_renewed_reservation_outlives_its_first_hold_and_a_lapsed_one_comes_back(store):
+    await store.create("run-r", "team", "p", budget_tokens=1_000)
+    await run_call(store, store.spend_call("run-r", 600))
+    _, _, _, held = await reserve(store, "run-r", "slow", hold_ms=300)
+    assert await run_call(store, store.renew_call("run-r", held, 60_000)) == 1
+    await asyncio.sleep(0.4)  # past its first hold: still reserved
+    assert (await reserve(store, "run-r", "next"))[0] == "wait"
+    await run_call(store, store.spend_call("run-r", 0, held))  # gone, as a lapsed one is
+    assert await run_call(store, store.renew_call("run-r", held, 60_000)) == 0  # added back
+    assert (await reserve(store, "run-r", "next"))[0] == "wait"

@@ -224,7 +224,21 @@ async def test_parallel_members_never_spend_more_than_one_call_past_the_budget(
     # overlap. Checked only before each call, all six first calls went at once
     # (spend 2_450 > 2_000 + one call). Reserved, four fit (1_750), one more
     # goes alone past the budget (2_100), the others wait for it and park.
-    e = make_env(workers)
+    await _parallel_run_parks_then_completes(make_env(workers), raw, prefix)
+
+
+async def test_a_call_longer_than_its_reservation_keeps_it(make_env, raw, prefix, monkeypatch):
+    # each member call takes 0.6 s, a reservation holds 0.3 s unless renewed:
+    # the calls in flight renew theirs, so the waiting calls still wait
+    import tests.e2e.budget_teams as budget_teams
+    from lattice_worker.runtime.run import budget
+
+    monkeypatch.setattr(budget, "RESERVATION_SECONDS", 0.3)
+    monkeypatch.setattr(budget_teams, "MEMBER_CALL_SECONDS", 0.6)
+    await _parallel_run_parks_then_completes(make_env(1), raw, prefix)
+
+
+async def _parallel_run_parks_then_completes(e: Env, raw: Any, prefix: str) -> None:
     run_id = await e.submit(6, 2_000, team="e2e_budget_parallel")
     outs = await e.drain_parallel()
     assert outs.count("budget_reached") >= 1, outs

@@ -86,7 +86,8 @@ class RoundTrips:
 
 
 @pytest.fixture
-async def deployment(prefix: str):
+async def deployment(prefix: str, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("LATTICE_KEY_PREFIX", prefix)  # where the test team's tools record
     settings = get_settings(key_prefix=prefix, broker_url=REDIS_URL, mailbox_url=REDIS_URL)
     mailbox = RedisMailbox(REDIS_URL, prefix=prefix)
     registry = TeamRegistry(mailbox)

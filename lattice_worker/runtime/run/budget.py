@@ -9,8 +9,8 @@ queries under a :class:`BudgetGate` (:data:`~lattice_worker.agent.call_gate.curr
   run's largest call so far). A call that does not fit beside the calls in
   flight (spend + their reservations + its estimate over the budget) waits
   for them to land -- a re-check every :data:`WAIT_POLL_SECONDS`, bounded by
-  the reservations' expiry (:data:`RESERVATION_SECONDS`: a crashed worker's
-  lapses) -- and emits one ``model_call_waiting`` event (``limit``
+  the reservations' expiry (:data:`RESERVATION_SECONDS`, renewed every third
+  of it while the call is in flight: a crashed worker's lapses) -- and emits one ``model_call_waiting`` event (``limit``
   ``"budget"``); only a call with none in flight may go past the budget. So
   a run spends at most one call past its budget with calls in parallel too
   (while no call is larger than its estimate);
@@ -54,8 +54,9 @@ from .estimate import estimate_input_tokens
 
 logger = logging.getLogger("lattice_worker.runtime")
 
-RESERVATION_SECONDS = 300.0
-"""How long a model call's budget reservation holds (a crashed worker's lapses then)."""
+RESERVATION_SECONDS = 60.0
+"""How long a model call's budget reservation holds unless renewed (every
+third of it while the call is in flight): a crashed worker's lapses then."""
 
 WAIT_POLL_SECONDS = 0.05
 """How often a call that waits for the calls in flight checks the budget again."""
@@ -81,6 +82,8 @@ class BudgetGate:
         self.run_id = run_id
         self.parked: dict[str, Any] | None = None
         """``{"budget_tokens", "spent_tokens"}`` once this step parked on the budget."""
+        self._renewals: dict[str, asyncio.Future[None]] = {}
+        """The renewal task of each reservation of a call in flight."""
         self.stopped: str | None = None
         """Why the step's queries make no more calls (set when it stopped on the
         budget): every later call is refused at once -- a compaction summary
@@ -110,6 +113,8 @@ class BudgetGate:
                 raise
             outcome, spent, budget, detail = reserve_reply(replies[0])
             if outcome == "go":
+                if detail:
+                    self._renewals[str(detail)] = asyncio.ensure_future(self._renew(str(detail)))
                 return str(detail)
             if outcome == "wait":
                 if not waiting:
@@ -127,6 +132,10 @@ class BudgetGate:
     async def after_call(self, usage: Any, ticket: Any = "") -> None:
         """Count the call's tokens and release its reservation ``ticket`` (a
         failure is logged: the reservation then lapses at its expiry)."""
+        renewal = self._renewals.pop(str(ticket), None) if ticket else None
+        if renewal is not None:
+            renewal.cancel()
+            await asyncio.gather(renewal, return_exceptions=True)  # stopped before the release
         tokens = call_tokens(usage)
         if tokens <= 0 and not ticket:
             return
@@ -137,6 +146,19 @@ class BudgetGate:
             logger.warning(
                 "run %s: counting a model call's %d tokens failed", self.run_id, tokens, exc_info=True
             )
+
+    async def _renew(self, reservation: str) -> None:
+        """Renew ``reservation`` every third of :data:`RESERVATION_SECONDS`
+        until :meth:`after_call` stops it (a failed renewal is logged: the
+        next one tries again)."""
+        hold_ms = int(RESERVATION_SECONDS * 1000)
+        while True:
+            await asyncio.sleep(RESERVATION_SECONDS / 3)
+            call, source = self.ctx.runs.renew_call(self.run_id, reservation, hold_ms)
+            try:
+                await self.ctx.writer.write([call], scripts=(source,))
+            except Exception:  # noqa: BLE001 - the call goes on; the next renewal tries again
+                logger.warning("run %s: renewing a budget reservation failed", self.run_id, exc_info=True)
 
     async def _waiting(self, spent: int, budget: int) -> None:
         await self.ctx.events.emit(
