@@ -295,6 +295,16 @@ _CLUSTER_NOT_RUN = (
 connection could be made (nothing was sent)."""
 
 
+def _cluster_did_not_run(exc: BaseException) -> bool:
+    """Whether a cluster command that raised ``exc`` certainly did not run. redis-py
+    raises a lost reply (a ``ConnectionError``) as ``RedisClusterUnreachableError``
+    while no node answers its topology refresh: that one may have run."""
+    if isinstance(exc, RedisClusterUnreachableError):
+        cause = exc.__cause__
+        return cause is None or isinstance(cause, _CLUSTER_NOT_RUN)
+    return isinstance(exc, _CLUSTER_NOT_RUN)
+
+
 def is_cluster_url(url: object) -> bool:
     """Whether ``url`` is a Redis Cluster URL (:data:`CLUSTER_SCHEMES`)."""
     return isinstance(url, str) and url.partition("://")[0].lower() in CLUSTER_SCHEMES
@@ -367,9 +377,9 @@ class _AsyncLatticeCluster(_ClusterRetry, AsyncRedisCluster):
         while True:
             try:
                 return await super().execute_command(*args, **kwargs)
-            except _CLUSTER_NOT_RUN:
+            except _CLUSTER_NOT_RUN as exc:
                 failures += 1
-                if time.monotonic() - started > CLUSTER_RETRY_SECONDS:
+                if not _cluster_did_not_run(exc) or time.monotonic() - started > CLUSTER_RETRY_SECONDS:
                     raise
                 await asyncio.sleep(_cluster_backoff(failures))
 
@@ -380,9 +390,9 @@ class _SyncLatticeCluster(_ClusterRetry, RedisCluster):
         while True:
             try:
                 return super().execute_command(*args, **kwargs)
-            except _CLUSTER_NOT_RUN:
+            except _CLUSTER_NOT_RUN as exc:
                 failures += 1
-                if time.monotonic() - started > CLUSTER_RETRY_SECONDS:
+                if not _cluster_did_not_run(exc) or time.monotonic() - started > CLUSTER_RETRY_SECONDS:
                     raise
                 time.sleep(_cluster_backoff(failures))
 
