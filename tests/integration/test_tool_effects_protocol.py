@@ -391,6 +391,37 @@ async def test_a_member_call_waits_for_an_approval_holding_no_worker(env, raw, p
     assert count(raw, prefix, "send_email", "a1") == 0 and count(raw, prefix, "prep", "a1") == 1
 
 
+async def test_a_decision_never_releases_a_claim_taken_after_it_read_the_message(env, monkeypatch):
+    # the decision read the member's message "parked"; before it moved it back to
+    # "pending", the message was moved and claimed by a worker. processing ->
+    # pending is allowed, so the move used to release that claim and ring a
+    # second doorbell; now it moves only from "parked" and sends nothing.
+    e = env
+    await start_member(e, "send_email a3", via="gate")
+    assert await e.run(DELIVER_TASK, "fx::gate") == "awaiting_approval"
+    [pending] = await e.client.approvals("fx")
+    [message] = await e.ctx.mailbox.inbox("fx::gate", "parked")
+    mailbox = e.client.mailbox
+    real_get = mailbox.get
+    claims: list[Any] = []
+
+    async def get(message_id: str) -> Any:
+        seen = await real_get(message_id)
+        if message_id == message.id and not claims:
+            await mailbox.update_status(message_id, "pending")  # moved on by someone else ...
+            claims.append(
+                await mailbox.claim_next("fx::gate", lease_s=30, worker_id="w-other", message_id=message_id)
+            )
+        return seen  # ... after the decision read it "parked"
+
+    monkeypatch.setattr(mailbox, "get", get)
+    await e.client.approve(pending.call_id)
+    held = await real_get(message.id)
+    assert claims[0] is not None and claims[0].id == message.id
+    assert (held.status.value, held.claimed_by) == ("processing", "w-other"), held  # the claim holds
+    assert e.queue == []  # no second doorbell
+
+
 async def test_a_member_call_is_listed_for_a_decision_only_once_its_message_is_parked(env, monkeypatch):
     """The member stores its wait, then parks its message: in between, a listed
     call could not be decided yet ("has not stopped on it"), so it is not listed."""
