@@ -21,6 +21,7 @@ from lattice_worker.runtime.member import step as member_step
 from lattice_worker.runtime.run.context import WorkerContext
 from lattice_worker.runtime.worker.registry import TeamRegistry
 from tests.e2e.budget_teams import CALL_TOKENS, parallel_run_tokens, run_tokens
+from tests.support.races import stale_get
 from tests.support.services import REDIS_URL, settings_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(90)]
@@ -513,19 +514,17 @@ async def test_a_raise_never_releases_a_claim_taken_after_it_read_the_message(ma
     [parked] = await e.client.inbox("e2e_budget_parallel::worker", "parked")
     mailbox = e.client.mailbox
     real_get = mailbox.get
-    claims: list[Any] = []
 
-    async def get(message_id: str) -> Any:
-        seen = await real_get(message_id)
-        if message_id == parked.id and not claims:
-            await mailbox.update_status(message_id, "pending")  # moved on by someone else
-            claims.append(asyncio.ensure_future(member_step.deliver(e.ctxs[0], parked.to, message_id)))
-            for _ in range(5_000):  # until the worker holds its claim (its model call takes 50 ms)
-                if (await real_get(message_id)).status.value == "processing":
-                    break
-                await asyncio.sleep(0.001)
-        return seen  # what the raise read: "parked"
+    async def meanwhile() -> Any:  # moved on by someone else, claimed by a worker
+        await mailbox.update_status(parked.id, "pending")
+        step = asyncio.ensure_future(member_step.deliver(e.ctxs[0], parked.to, parked.id))
+        for _ in range(5_000):  # until the worker holds its claim (its model call takes 50 ms)
+            if (await real_get(parked.id)).status.value == "processing":
+                break
+            await asyncio.sleep(0.001)
+        return step
 
+    get, claims = stale_get(mailbox, parked.id, meanwhile)  # the raise reads it "parked"
     mailbox.get = get
     raised = await e.client.raise_budget(run_id, tokens=50_000)
     mailbox.get = real_get

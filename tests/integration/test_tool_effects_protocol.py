@@ -26,6 +26,7 @@ from lattice_worker.runtime.member import step as member_step
 from lattice_worker.runtime.run.context import WorkerContext
 from lattice_worker.runtime.worker.registry import TeamRegistry
 from tests.e2e.effect_teams import lead_plan, member_plan
+from tests.support.races import stale_get
 from tests.support.services import REDIS_URL, settings_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(90)]
@@ -403,17 +404,12 @@ async def test_a_decision_never_releases_a_claim_taken_after_it_read_the_message
     [message] = await e.ctx.mailbox.inbox("fx::gate", "parked")
     mailbox = e.client.mailbox
     real_get = mailbox.get
-    claims: list[Any] = []
 
-    async def get(message_id: str) -> Any:
-        seen = await real_get(message_id)
-        if message_id == message.id and not claims:
-            await mailbox.update_status(message_id, "pending")  # moved on by someone else ...
-            claims.append(
-                await mailbox.claim_next("fx::gate", lease_s=30, worker_id="w-other", message_id=message_id)
-            )
-        return seen  # ... after the decision read it "parked"
+    async def meanwhile() -> Any:  # moved on by someone else and claimed by a worker
+        await mailbox.update_status(message.id, "pending")
+        return await mailbox.claim_next("fx::gate", lease_s=30, worker_id="w-other", message_id=message.id)
 
+    get, claims = stale_get(mailbox, message.id, meanwhile)  # the decision reads it "parked"
     monkeypatch.setattr(mailbox, "get", get)
     await e.client.approve(pending.call_id)
     held = await real_get(message.id)
