@@ -83,9 +83,11 @@ def describe(exc: BaseException) -> str:
     if isinstance(exc, ValidationError):
         parts = []
         for error in exc.errors():
-            loc = ".".join(str(x) for x in error.get("loc", ()))
+            path = [str(x) for x in error.get("loc", ())]
+            loc = ".".join(path)
             if loc and exc.title == "LatticeSettings":  # name the variable (or option) that sets it
-                loc = f"{loc} ({_SETTING_SOURCES.get(loc, f'LATTICE_{loc.upper()}')})"
+                # the setting's own variable: a field inside its JSON value (model_limits.*.x) is no variable
+                loc = f"{loc} ({_SETTING_SOURCES.get(path[0], f'LATTICE_{path[0].upper()}')})"
             msg = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
             parts.append(f"{loc}: {msg}" if loc else msg)
         return "invalid settings: " + "; ".join(parts)

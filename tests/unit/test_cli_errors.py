@@ -104,6 +104,15 @@ def test_a_bad_setting_from_the_environment_names_its_variable():
     assert "max_run_events (LATTICE_MAX_RUN_EVENTS): Input should be greater than or equal to 10" in line
 
 
+def test_a_bad_field_inside_a_json_setting_names_the_variable_that_holds_it():
+    result = run("status", env={"LATTICE_MODEL_LIMITS": '{"*": {"requests_per_minte": 2}}'})
+    assert result.exit_code == EXIT_ERROR
+    [line] = error_lines(result)
+    # the field is named where it is in the JSON; the variable is LATTICE_MODEL_LIMITS, not
+    # a LATTICE_MODEL_LIMITS.*.REQUESTS_PER_MINTE that does not exist
+    assert "model_limits.*.requests_per_minte (LATTICE_MODEL_LIMITS): Extra inputs are not permitted" in line
+
+
 def test_usage_errors_exit_2_without_traceback():
     assert run("submit").exit_code == 2
     assert run("flower", "--port", "0").exit_code == 2
