@@ -32,6 +32,7 @@ from pydantic import BaseModel
 from lattice_mailbox import InvalidTransitionError, MessageStatus
 
 from .celery_config import DELIVER_TASK, RESUME_LEAD_TASK, queue_name
+from .models import RunStatus
 from .runstore import WaitStateError, check_run_id
 
 
@@ -245,6 +246,12 @@ class DecisionsMixin:
         other = "approval" if kind == "parked" else "parked"
         # a member's decided wait stays until its next claim; a lead's closes when decided
         if wait is None or (wait.get("resolution") is not None and message is None):
+            if message is not None and message.status == MessageStatus.PARKED:
+                if await self.runs.status(run_id) == RunStatus.BUDGET_REACHED:
+                    raise DecisionError(
+                        f"{wait_id} is parked at run {run_id}'s token budget, not on a call: "
+                        f"raising the budget resumes it (lattice budget {run_id} --tokens N)"
+                    )
             status = f" (status {message.status.value})" if message is not None else ""
             what = "a parked call" if kind == "parked" else "a call waiting for an approval"
             raise DecisionError(f"{wait_id} is not {what}{status}: nothing waits on it now")

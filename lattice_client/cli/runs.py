@@ -287,6 +287,15 @@ def events(
             with interruptible(options, run_id):
                 for event in client.events(run_id, timeout=timeout):
                     out.print(json.dumps(event, ensure_ascii=False, default=str), markup=False)
+                    if event.get("type") == "run_status" and event.get("status") == "budget_reached":
+                        # the stream then stops until the budget is raised: say why, once per park
+                        base = " ".join(["lattice", *options.argv()])
+                        err.print(
+                            f"run {run_id} parked at its budget ({event.get('spent_tokens')} of "
+                            f"{(event.get('budget') or {}).get('tokens')} tokens spent); its events go on "
+                            f"once it is raised: {base} budget {run_id} --tokens N",
+                            markup=False,
+                        )
         finally:
             client.close()
 

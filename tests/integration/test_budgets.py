@@ -564,3 +564,38 @@ async def test_lattice_wait_says_once_that_the_run_waits_at_its_budget(make_env,
     )
     assert "did not finish within 1.5 s" in waited.output
     assert (await e.client.get_run(run_id)).status.value == "budget_reached"  # nothing changed
+
+
+async def test_a_message_parked_at_the_budget_says_so_to_resolve_and_to_lattice_events(make_env, prefix):
+    from typer.testing import CliRunner
+
+    from lattice_client import DecisionError
+    from lattice_client.cli import app
+
+    # budget 1_700: the member's second call of item 1 parks its message (as above)
+    e = make_env(1)
+    run_id = await e.submit(3, 1_700)
+    await e.drain()
+    assert (await e.client.get_run(run_id)).status.value == "budget_reached"
+    [parked] = [m for m in await e.client.inbox(f"{TEAM}::worker", "all") if m.status.value == "parked"]
+    # not a parked tool call: resolve points at the budget (before: "is not a parked call (status parked)")
+    with pytest.raises(
+        DecisionError, match=f"parked at run {run_id}'s token budget.*lattice budget {run_id}"
+    ):
+        await e.client.resolve(parked.id, retry=True)
+    assert (await e.client.get_run(run_id)).status.value == "budget_reached"  # nothing changed
+
+    # lattice events streams until the result: it says why the stream stopped
+    streamed = await asyncio.to_thread(
+        CliRunner().invoke,
+        app,
+        ["--broker-url", REDIS_URL, "--key-prefix", prefix, "events", run_id, "--timeout", "1"],
+        env={"COLUMNS": "300"},
+    )
+    assert streamed.exit_code == 3, streamed.output  # timed out: the run still waits
+    hint = f"run {run_id} parked at its budget ({5 * CALL_TOKENS} of 1700 tokens spent)"
+    assert streamed.output.count(hint) == 1, streamed.output
+    assert (
+        f"lattice --broker-url {REDIS_URL} --key-prefix {prefix} budget {run_id} --tokens N"
+        in streamed.output
+    )
