@@ -17,7 +17,9 @@ from __future__ import annotations
 import pytest
 
 from lattice_client.celery_config import queue_name
+from tests.e2e.conftest import LATTICE, wait_for
 from tests.e2e.teams import plan
+from tests.e2e.test_workers import run_status
 from tests.e2e.worker_suite import *  # noqa: F403 (collected again here, on RabbitMQ)
 from tests.support.rabbitmq import queue_types
 
@@ -42,3 +44,18 @@ def test_team_queues_are_quorum_queues_and_the_worker_reports_its_amqp_broker(de
     # the mailboxes, runs and registry stayed on Redis; RabbitMQ holds no queue of ours left with work
     assert d.redis.exists(f"{d.prefix}:run:{{run:{result.run_id}}}")
     assert all(d.queue_length(queue_name(d.prefix, "e2e", m)) == 0 for m in ("lead", "worker", "other"))
+
+
+def test_a_drain_by_hand_completes_the_run_and_its_resume_goes_through_rabbitmq(deployment):
+    """``lattice drain`` with the deployment's settings: the member's message is
+    done in the CLI process (mailboxes on Redis) and the run's ``resume_lead``
+    goes through RabbitMQ to the lead worker."""
+    d = deployment
+    d.worker("tests.e2e.teams:team", "--member", "lead", "--concurrency", "1")
+    handle = d.client.submit("tests.e2e.teams:team", plan(("worker", "handoff", "drained by hand")))
+    wait_for(lambda: run_status(d, handle.run_id) == "suspended", 30, "the run to wait for its member")
+    drain = d.start([LATTICE, "drain", "tests.e2e.teams:team", "--member", "worker"], "drain")
+    assert drain.proc.wait(60) == 0, drain.log()
+    assert handle.wait(timeout=60).result == "final: done:worked[drained by hand]"
+    assert d.executions("drained by hand") == 1
+    assert [m.status.value for m in d.client.inbox("e2e::worker", "all")] == ["done"]
