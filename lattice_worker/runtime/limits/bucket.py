@@ -220,3 +220,19 @@ __all__ = [
     "index_key",
     "waiting_calls",
 ]
+
+
+async def pipelined_time(client: Any, pipe: Any, key: str) -> Any:
+    """Queue ``TIME`` on ``pipe`` (a pipeline of ``client``), or -- on a Redis
+    Cluster, whose pipelines refuse ``TIME`` -- ask the node of ``key`` at once.
+    Returns what to put first among the pipeline's replies: ``None`` when it
+    was queued (it is then the pipeline's first reply), else ``(s, us)``."""
+    if not hasattr(client, "get_node_from_key"):  # one Redis (redis.asyncio.Redis)
+        pipe.time()
+        return None
+    return await client.time(target_nodes=client.get_node_from_key(key))
+
+
+def with_time(queued: Any, replies: list[Any]) -> list[Any]:
+    """The pipeline's ``replies`` with ``TIME``'s first (see :func:`pipelined_time`)."""
+    return replies if queued is None else [queued, *replies]

@@ -42,7 +42,7 @@ from ...agent.response_observer import ResponseObserver, current_observer
 from ...agent.suspend import SuspendQuery
 from ...errors import LatticeError
 from ..run.estimate import estimate_input_tokens
-from .bucket import LimitKeys, RateLimiter, Reservation, bucket_tag
+from .bucket import LimitKeys, RateLimiter, Reservation, bucket_tag, pipelined_time, with_time
 
 logger = logging.getLogger("lattice_worker.runtime.limits")
 
@@ -247,11 +247,11 @@ class LimitedModelClient:
         bucket = LimitKeys.of(self.limiter.prefix, bucket_tag(model, key_id)).bucket
         key = hold_key(self.limiter.prefix, scope.run_id, scope.scope) if scope is not None else None
         async with client.pipeline(transaction=False) as pipe:
-            pipe.time()
+            clock = await pipelined_time(client, pipe, bucket)  # the bucket's node's clock
             pipe.hmget(bucket, "blocked_until", "shift_ms")
             if key is not None and keep is None:
                 pipe.get(key)
-            replies = await pipe.execute()
+            replies = with_time(clock, await pipe.execute())
         now = int(replies[0][0]) * 1000 + int(replies[0][1]) // 1000
         blocked = int(float(replies[1][0])) if replies[1][0] else 0
         shift = int(float(replies[1][1])) if replies[1][1] else 0

@@ -33,7 +33,7 @@ from lattice_client.errors import RunLeaseLostError
 from lattice_client.runstore import now_ms
 
 from ..run.context import WorkerContext
-from .bucket import RateLimiter
+from .bucket import RateLimiter, pipelined_time, with_time
 from .gate import (
     SHORT_WAIT_SECONDS,
     CallScope,
@@ -180,11 +180,12 @@ async def not_due(ctx: WorkerContext, messages: list[Any]) -> set[str]:
     if not linked:
         return set()
     client = await ctx.redis()
+    holds = [hold_key(ctx.prefix, run_id, f"item:{m.work_item_id}") for m, run_id in linked]
     async with client.pipeline(transaction=False) as pipe:
-        pipe.time()
-        for m, run_id in linked:
-            pipe.get(hold_key(ctx.prefix, run_id, f"item:{m.work_item_id}"))
-        replies = await pipe.execute()
+        clock = await pipelined_time(client, pipe, holds[0])
+        for hold in holds:
+            pipe.get(hold)
+        replies = with_time(clock, await pipe.execute())
     now = int(replies[0][0]) * 1000 + int(replies[0][1]) // 1000
     out = set()
     for (m, _), raw in zip(linked, replies[1:], strict=True):
