@@ -34,7 +34,7 @@ from lattice_client import LatticeClient
 from lattice_client.settings import LatticeSettings, get_settings, is_amqp_url
 from lattice_mailbox.connections import sync_redis
 from tests.support import rabbitmq
-from tests.support.services import REDIS_URL
+from tests.support.services import REDIS_URL, TEST_REDIS_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 LATTICE = str(Path(sys.executable).with_name("lattice"))
@@ -139,6 +139,9 @@ class Deployment:
                 "LATTICE_BROKER_URL": broker_url,
                 **{f"LATTICE_{k.upper()}": v for k, v in self._mailbox.items()},
                 "LATTICE_KEY_PREFIX": self.prefix,
+                # the test tools' records go to the tests' Redis (tests/support/services.py
+                # deployment_redis_url) when neither the broker nor the mailboxes are one Redis
+                TEST_REDIS_ENV: REDIS_URL,
                 "LATTICE_LEASE_SECONDS": "5",
                 "LATTICE_REAPER_INTERVAL_SECONDS": "0.5",
                 "PYTHONUNBUFFERED": "1",
