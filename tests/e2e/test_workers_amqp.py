@@ -38,6 +38,9 @@ def test_team_queues_are_quorum_queues_and_the_worker_reports_its_amqp_broker(de
     assert "transport:   amqp://guest:**@127.0.0.1:5672/" in log  # Celery's banner: the broker is RabbitMQ
     assert "Global QoS is disabled" in log  # Celery found the quorum queues (they refuse global QoS)
     assert "native delayed delivery do not support" not in log  # topic exchanges
+    # every queue it binds exists: the app of a worker knows only the queues it consumes
+    # (before, the undeclared default queue failed the bind at every start)
+    assert "Failed to bind queue" not in log and "Native delayed delivery will not be available" not in log
     types = queue_types(e2e_broker_url)
     for member in ("lead", "worker", "other"):
         assert types[queue_name(d.prefix, "e2e", member)] == "quorum", types

@@ -115,6 +115,23 @@ def _quiet_cancel_warning(**_: Any) -> None:
     )
 
 
+@signals.celeryd_after_setup.connect
+def _only_consumed_queues(sender: Any = None, instance: Any = None, **_: Any) -> None:
+    # Celery's native delayed delivery (RabbitMQ quorum queues) binds every queue the
+    # app knows, the default queue too, which this worker never declares (it consumes
+    # only -Q): its exchange is missing, and every worker start logged "Failed to bind
+    # queue '<prefix>.default'" and a CRITICAL "Native delayed delivery will not be
+    # available". The app of a worker only needs the queues it consumes (the steps it
+    # sends name theirs and are created on use: task_create_missing_queues).
+    queues = getattr(getattr(instance, "app", None), "amqp", None)
+    queues = getattr(queues, "queues", None)
+    consumed = getattr(queues, "consume_from", None)
+    if not queues or not consumed:
+        return
+    for name in [name for name in queues if name not in consumed]:
+        del queues[name]
+
+
 @signals.worker_process_init.connect
 def _init_pool_process(**_: Any) -> None:
     loops.reset_after_fork()
