@@ -1,8 +1,9 @@
 """Token budgets of runs (issue 22): ``submit(..., budget={"tokens": N})``,
 ``raise_budget(run_id, tokens=N)`` and the CLI's ``lattice budget RUN --tokens N``.
 
-A run with a budget counts the input + output tokens of every model call of
-its lead and its members, on every worker, on its record (``spent_tokens``).
+A run with a budget counts the tokens (input, prompt-cache reads and writes,
+output) of every model call of its lead and its members, on every worker, on
+its record (``spent_tokens``).
 Before each model call the step compares the spend with the budget; once the
 spend reaches it the run parks with status ``budget_reached``: the step ends,
 no worker and no lease holds it. The call in flight when the spend crossed the

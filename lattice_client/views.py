@@ -85,7 +85,7 @@ class ViewsMixin:
         if team:
             workers = [w for w in workers if team in w.team_names()]
         parked, approvals = await self.parked(team), await self.approvals(team)
-        rate_limited = await waiting_calls(await self.runs.redis(), self.settings.key_prefix)
+        rate_limited = await self._rate_limited()
         return StatusReport(
             team=team,
             mailboxes=counts,
@@ -95,6 +95,18 @@ class ViewsMixin:
             approvals=approvals,
             rate_limited=rate_limited,
         )
+
+    async def rate_limited(self) -> list[WaitingModelCalls]:
+        """The model calls waiting for their turn under the shared rate limits
+        now, one entry per (model, API key) with calls waiting (deployment-wide;
+        ``[]`` without ``LATTICE_MODEL_LIMITS``): how many, the longest wait
+        left in seconds and the limit that made them wait (see
+        :class:`~lattice_client.rate_limits.WaitingModelCalls`). Only reads;
+        raises ``redis.RedisError`` when Redis fails."""
+        return await read_again(self._rate_limited)
+
+    async def _rate_limited(self) -> list[WaitingModelCalls]:
+        return await waiting_calls(await self.runs.redis(), self.settings.key_prefix)
 
     async def known_mailboxes(self, team: str | None = None) -> list[str]:
         """Ids of the mailboxes that ever received a message, and of the members

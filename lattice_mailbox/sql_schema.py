@@ -157,6 +157,7 @@ class _Statements:
         self.extend = update(t).where(*holds).values(lease_until=bindparam("p_lease"))
         self.status_of = select(t.c.status).where(t.c.id == mid)
         self.row_of = select(t).where(t.c.id == mid)
+        self.claim_of = select(t).where(t.c.mailbox == box, t.c.status == processing, t.c.fence == token)
         self.counts = select(t.c.status, func.count()).where(t.c.mailbox == box).group_by(t.c.status)
 
 

@@ -1,7 +1,7 @@
 """Token budgets of runs (issue 22): the spend, the parks and the raise.
 
 A run with a budget holds on its record ``budget_tokens`` (the budget, a
-positive integer) and ``spent_tokens`` (input + output tokens of every model
+positive integer) and ``spent_tokens`` (input, prompt-cache and output tokens of every model
 call of the run so far, lead and members, from every worker: ``HINCRBY`` in
 ``spend_budget.lua``). Before each model call the step checks both and
 reserves the call's estimated tokens (``reserve_budget.lua``: the zset

@@ -199,13 +199,22 @@ async def calls_page(request: Request) -> Response:
 
 
 async def workers_page(request: Request) -> Response:
-    """``/workers``: the live workers and every queue, those no live worker consumes in red."""
+    """``/workers``: the live workers, every queue (those no live worker
+    consumes in red) and the model calls waiting for their turn under the
+    shared rate limits."""
     ui: UiState = request.app.state.ui
     workers, queues = await workers_and_queues(ui.client)
+    rate_limited = await ui.client.rate_limited()
     return await render(
         request,
         "workers.html",
-        {"title": "workers and queues", "workers": workers, "queues": queues, "refresh": 5},
+        {
+            "title": "workers and queues",
+            "workers": workers,
+            "queues": queues,
+            "rate_limited": rate_limited,
+            "refresh": 5,
+        },
     )
 
 

@@ -27,11 +27,16 @@ from lattice_worker import AssistantModelMessage, ScriptedModelClient, define_ag
 from lattice_worker.team import create_team, team_member
 from tests.e2e.teams import _first_text
 
-CALL_USAGE = {"input_tokens": 250, "output_tokens": 100}
-"""The usage every model call of the team reports."""
+CALL_USAGE = {
+    "input_tokens": 150,
+    "cache_creation_input_tokens": 40,
+    "cache_read_input_tokens": 60,
+    "output_tokens": 100,
+}
+"""The usage every model call of the team reports (prompt-cache writes and reads included)."""
 
-CALL_TOKENS = CALL_USAGE["input_tokens"] + CALL_USAGE["output_tokens"]
-"""Tokens one call spends (350)."""
+CALL_TOKENS = sum(CALL_USAGE.values())
+"""Tokens one call spends (350): input, cache writes, cache reads and output alike."""
 
 
 def run_tokens(asks: int) -> int:

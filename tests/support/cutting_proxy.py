@@ -1,4 +1,4 @@
-"""A TCP proxy in front of a Redis that loses the reply of one chosen command.
+"""A TCP proxy in front of a Redis (or a PostgreSQL) that loses the reply of one chosen command.
 
 ``CuttingProxy(port)`` listens on a free port of 127.0.0.1 (threads, so sync and
 asyncio clients and other processes can use it) and forwards to the Redis on
@@ -6,7 +6,8 @@ asyncio clients and other processes can use it) and forwards to the Redis on
 client sends that contains ``marker`` is forwarded to Redis (which runs it), and
 that client's connection is then closed before the reply reaches it: the
 command's outcome is unknown to the caller. Each cut happens once
-(``cuts`` counts them). Same approach as the asyncio proxy of
+(``cuts`` counts them). Any TCP protocol works: a PostgreSQL client's
+``COMMIT`` is cut with the marker ``b"COMMIT"``. Same approach as the asyncio proxy of
 ``tests/integration/test_mailbox_redis.py``.
 """
 

@@ -14,8 +14,8 @@ queries under a :class:`BudgetGate` (:data:`~lattice_worker.agent.call_gate.curr
   ``"budget"``); only a call with none in flight may go past the budget. So
   a run spends at most one call past its budget with calls in parallel too
   (while no call is larger than its estimate);
-* after each model call (in a ``finally``: a failed call too) its input +
-  output tokens are added to the run's ``spent_tokens`` and its reservation
+* after each model call (in a ``finally``: a failed call too) its tokens (input, prompt-cache
+  writes and reads, output: :func:`call_tokens`) are added to the run's ``spent_tokens`` and its reservation
   released in the same script (``spend_budget.lua``; queued, so it goes in
   the same round trip as the next write -- at the latest the next call's
   reservation -- or after the writer's linger);
@@ -68,9 +68,20 @@ BUDGET_METADATA_KEY = "lattice_budget"
 
 
 def call_tokens(usage: Any) -> int:
-    """Input + output tokens of one model call's ``usage`` (``TokenUsage``, dict or ``None``)."""
+    """Every token of one model call's ``usage`` (``TokenUsage``, dict or ``None``):
+    input, prompt-cache writes (``cache_creation_input_tokens``), prompt-cache
+    reads (``cache_read_input_tokens``) and output. Anthropic's ``input_tokens``
+    leaves the cached part of a prompt out, and the estimate a call reserves
+    covers its whole prompt, so the spend counts the cached part too
+    (docs/operate.md, "Budgets")."""
     counted = TokenUsage.from_any(usage if isinstance(usage, TokenUsage | dict) else None)
-    return max(counted.input_tokens, 0) + max(counted.output_tokens, 0)
+    parts = (
+        counted.input_tokens,
+        counted.cache_creation_input_tokens,
+        counted.cache_read_input_tokens,
+        counted.output_tokens,
+    )
+    return sum(max(part, 0) for part in parts)
 
 
 class BudgetGate:
