@@ -51,6 +51,7 @@ class Env:
             registry.load("tests.e2e.budget_teams:default_team")
             registry.load("tests.e2e.budget_teams:compact_team")
             registry.load("tests.e2e.budget_teams:parallel_team")
+            registry.load("tests.e2e.budget_teams:session_team")
             self.ctxs.append(
                 WorkerContext(
                     settings=settings_for(prefix, lease_seconds=30),
@@ -201,6 +202,28 @@ async def test_a_member_parks_with_its_message_and_resumes_on_the_raise(make_env
     assert record.status.value == "completed", record
     assert record.result.result == "final: answer0 | answer1 | answer2"
     assert record.spent_tokens == run_tokens(3)
+
+
+async def test_a_session_member_parks_at_the_budget_and_goes_on_in_its_conversation(make_env, raw, prefix):
+    # budget 1_700: the session member's second call of item 1 parks; the raise resumes it
+    # in the same conversation (each item's prompt once), not from the item's start
+    e = make_env(1)
+    team = "e2e_budget_session"
+    run_id = await e.submit(3, 1_700, team=team)
+    outs = await e.drain()
+    assert outs[-1] == "budget_reached", outs
+    [parked] = await e.client.inbox(f"{team}::worker", "parked")
+    assert [w.message_id for w in await e.client.budget_waits(team)] == [parked.id]
+    assert (await e.client.get_run(run_id)).spent_tokens == 5 * CALL_TOKENS
+    await e.client.raise_budget(run_id, tokens=20_000)
+    await e.drain()
+    record = await e.client.get_run(run_id)
+    assert record.status.value == "completed", record
+    assert record.result.result == "final: answer0 | answer1 | answer2"
+    assert record.spent_tokens == run_tokens(3)
+    session_key = e.ctxs[0].keys.session(f"{team}::worker")
+    prompts = [m for m in map(json.loads, raw.lrange(session_key, 0, -1)) if isinstance(m["content"], str)]
+    assert len(prompts) == 3
 
 
 @pytest.mark.parametrize("workers", [1, 3])
