@@ -25,9 +25,11 @@ A call whose connection is lost (SQLAlchemy's ``DBAPIError`` with
 ``connection_invalidated``: the server closed it, a proxy cut it, or the reply
 of its ``COMMIT`` never came, so whether it committed is unknown) is decided by
 its own ids, as on Redis (docs/contracts.md, "Connections"): ``send`` looks for
-its message id and sends again only when the row is absent; ``claim_next``
+its message id and sends again only when the row is absent (an insert of an id
+stored already writes nothing, after waiting for an unfinished one); ``claim_next``
 looks for the row its claim token holds (returned when found, claimed again
-when not); ``complete`` and ``extend_lease`` are sent again with the same token
+when not; on PostgreSQL each claim holds an advisory lock of its token, and the
+lookup waits for it, so a ``COMMIT`` still running is seen); ``complete`` and ``extend_lease`` are sent again with the same token
 (a finish that did commit is replayed, a second extension is harmless); the
 reads are read again. Each is tried at most :data:`LOST_CALL_ATTEMPTS` times;
 ``update_status`` and ``requeue_expired`` raise the error and the caller
@@ -87,6 +89,11 @@ _REQUEUE_BATCH = 500
 
 LOST_CALL_ATTEMPTS = 3
 """How many times a call whose connection was lost is made (see the module doc)."""
+
+LOST_CLAIM_WAIT_S = 10
+"""PostgreSQL: how long (seconds) the lookup of a lost claim waits for that
+claim's transaction to end (its ``COMMIT`` may still be running); past it the
+lookup raises SQLAlchemy's ``OperationalError`` (lock timeout)."""
 
 
 class SQLMailbox(CheckedSend):
@@ -229,7 +236,7 @@ class SQLMailbox(CheckedSend):
                 return earlier
         with self._write() as conn:
             self._register(conn, out.to)
-            conn.execute(
+            inserted = conn.execute(
                 self._q.insert,
                 {
                     "id": message.id,
@@ -244,7 +251,9 @@ class SQLMailbox(CheckedSend):
                     "meta": out.metadata_json,
                     "attempts": 0,
                 },
-            )
+            ).first()
+            if inserted is None:  # stored already: by a lost call of this send, or under this dedup key
+                message = _message(conn.execute(self._q.row_of, {"p_id": message.id}).one())
         if len(self._registered) > 10_000:
             self._registered.clear()
         self._registered.add(out.to)  # committed: later sends skip the registry insert
@@ -297,8 +306,9 @@ class SQLMailbox(CheckedSend):
         instead (``None`` when it is not pending in ``mailbox_id``). When the
         connection is lost mid-call, the message the claim token holds is
         returned; when none holds it, nothing was claimed and the claim is made
-        again (a lost call that commits later still, after the lookup, leaves a
-        claim that waits for its lease to expire)."""
+        again. On PostgreSQL the lookup first waits for the lost call's
+        transaction to end (its ``COMMIT`` may still be running), at most
+        :data:`LOST_CLAIM_WAIT_S`, then raises ``OperationalError``."""
         check_name(mailbox_id)
         ms, worker_id, max_in_flight = check_claim(lease_s, worker_id, max_in_flight)
         wanted = check_claim_id(message_id)
@@ -342,12 +352,20 @@ class SQLMailbox(CheckedSend):
                 "p_token": token,
                 "p_id": wanted,
             }
+            if not self._sqlite:
+                params["p_lock"] = _lock_key(token)
             row = conn.execute(q.claim_id if wanted else q.claim, params).first()
         return None if row is None else _message(row, claim_token=token)
 
     def _find_claim(self, mailbox_id: str, token: str) -> TeamMessage | None:
-        """The message of ``mailbox_id`` that claim ``token`` holds, or ``None``."""
+        """The message of ``mailbox_id`` that claim ``token`` holds, or ``None``.
+        PostgreSQL: first waits (at most :data:`LOST_CLAIM_WAIT_S`) for the claim's
+        transaction to end, so a ``COMMIT`` still running is seen, not claimed past."""
         with self._read() as conn:
+            if not self._sqlite:
+                conn.exec_driver_sql(f"SET LOCAL lock_timeout = {LOST_CLAIM_WAIT_S * 1000}")
+                conn.execute(self._q.claim_lock, {"p_lock": _lock_key(token)})
+            # a statement after the wait: it reads a snapshot taken once the claim ended
             row = conn.execute(self._q.claim_of, {"p_box": mailbox_id, "p_token": token}).first()
         return None if row is None else _message(row, claim_token=token)
 
@@ -515,6 +533,11 @@ class SQLMailbox(CheckedSend):
     async def aclose(self) -> None:
         """Close every pooled connection."""
         await asyncio.to_thread(self.engine.dispose)
+
+
+def _lock_key(token: str) -> int:
+    """The PostgreSQL advisory lock key (a signed 64-bit int) of claim ``token``."""
+    return int.from_bytes(hashlib.sha256(token.encode()).digest()[:8], "big", signed=True)
 
 
 def _recovering(call: Callable[[], T], find: Callable[[], T | None] | None) -> T:

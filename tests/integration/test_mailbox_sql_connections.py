@@ -5,7 +5,10 @@ tests' PostgreSQL (``LATTICE_TEST_PG_URL``) and loses the reply of the next
 ``COMMIT``: the server commits, the store's connection is closed before it
 hears so. As on Redis (docs/contracts.md, "Connections"), the call must then
 return what did happen: one message stored, one claim made, the finish
-replayed. Tables get a unique prefix per test and are dropped after.
+replayed. With ``early=True`` the proxy closes the store's connection as soon
+as the ``COMMIT`` is forwarded, and a deferred trigger (:func:`hook_commits`)
+holds that ``COMMIT`` open a while: the lookup of the lost call must wait for
+it, not act past it. Tables get a unique prefix per test and are dropped after.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ import uuid
 from collections.abc import AsyncIterator
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 
 from lattice_mailbox import MessageStatus
 from lattice_mailbox.sql import SQLMailbox
@@ -27,6 +31,33 @@ from tests.support.sql_mailbox import drop_sql_mailbox
 pytestmark = pytest.mark.postgres
 
 COMMIT = b"COMMIT"
+SLOW_S = 0.3  # how long a hooked COMMIT runs: far longer than a reconnect and a lookup
+
+
+def hook_commits(mb: SQLMailbox) -> None:
+    """A deferred trigger on ``mb``'s messages, run by the ``COMMIT`` of a row written
+    with content ``slow`` (sleeps :data:`SLOW_S`) or ``refused`` (raises a
+    serialization failure: an error that is not a lost connection)."""
+    p = mb.table_prefix
+    with mb.engine.begin() as conn:
+        conn.execute(
+            text(
+                f"""CREATE FUNCTION {p}commit_hook() RETURNS trigger AS $$
+                BEGIN
+                  IF NEW.content = 'slow' THEN PERFORM pg_sleep({SLOW_S}); END IF;
+                  IF NEW.content = 'refused' THEN
+                    RAISE EXCEPTION 'refused at commit' USING ERRCODE = 'serialization_failure';
+                  END IF;
+                  RETURN NULL;
+                END $$ LANGUAGE plpgsql"""
+            )
+        )
+        conn.execute(
+            text(
+                f"CREATE CONSTRAINT TRIGGER {p}commit_hook AFTER INSERT OR UPDATE ON {p}messages "
+                f"DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {p}commit_hook()"
+            )
+        )
 
 
 @pytest.fixture
@@ -40,6 +71,12 @@ async def cut() -> AsyncIterator[tuple[SQLMailbox, CuttingProxy]]:
         try:
             yield mb, proxy
         finally:
+
+            def drop_hook() -> None:
+                with mb.engine.begin() as conn:
+                    conn.execute(text(f"DROP FUNCTION IF EXISTS {mb.table_prefix}commit_hook() CASCADE"))
+
+            await asyncio.to_thread(drop_hook)
             await drop_sql_mailbox(mb)
 
 
@@ -107,3 +144,55 @@ async def test_a_pooled_connection_the_server_ended_is_replaced_for_the_next_fin
     await asyncio.to_thread(end_backends)
     done = await mb.complete(claim.id, claim.claim_token, "done")
     assert done.status is MessageStatus.DONE
+
+
+async def test_a_claim_lost_while_its_commit_still_runs_is_waited_for_not_made_twice(cut):
+    mb, proxy = cut
+    await asyncio.to_thread(hook_commits, mb)
+    first = await mb.send("t::lead", "t::w", "slow")
+    second = await mb.send("t::lead", "t::w", "second")
+    proxy.cut_reply_of(COMMIT, early=True)  # closed at once; the COMMIT runs SLOW_S more
+    claim = await mb.claim_next("t::w")  # no lease: a second claim would hold a message for ever
+    assert proxy.cuts == 1
+    assert claim is not None and claim.id == first.id and claim.attempts == 1
+    assert [m.id for m in await mb.inbox("t::w", "processing")] == [first.id]
+    assert [m.id for m in await mb.inbox("t::w", "pending")] == [second.id]
+
+
+async def test_a_send_lost_while_its_commit_still_runs_returns_the_message_stored_once(cut):
+    mb, proxy = cut
+    await asyncio.to_thread(hook_commits, mb)
+    await mb.send("t::lead", "t::w", "warm-up")
+    proxy.cut_reply_of(COMMIT, early=True)
+    sent = await mb.send("t::lead", "t::w", "slow")  # its second insert finds the id stored
+    assert proxy.cuts == 1
+    assert [(m.id, m.content) for m in await mb.inbox("t::w", "all")][1:] == [(sent.id, "slow")]
+
+
+async def test_an_error_that_is_not_a_lost_connection_is_raised_after_one_try(cut):
+    mb, _ = cut
+    await asyncio.to_thread(hook_commits, mb)
+    inserts: list[str] = []
+
+    @event.listens_for(mb.engine, "before_cursor_execute")
+    def count(_conn, _cursor, statement, *_args) -> None:
+        if statement.lstrip().upper().startswith(f"INSERT INTO {mb.table_prefix.upper()}MESSAGES"):
+            inserts.append(statement)
+
+    with pytest.raises(DBAPIError) as raised:
+        await mb.send("t::lead", "t::w", "refused")
+    assert not raised.value.connection_invalidated
+    assert len(inserts) == 1
+    assert await mb.inbox("t::w", "all") == []
+
+
+async def test_sends_racing_under_one_dedup_key_return_the_one_message_stored(cut):
+    mb, _ = cut
+    await asyncio.to_thread(hook_commits, mb)
+    await mb.send("t::lead", "t::w", "warm-up")
+    first = asyncio.create_task(mb.send("t::lead", "t::w", "slow", dedup_key="k"))
+    await asyncio.sleep(SLOW_S / 3)  # the first one's COMMIT is running: the second does not see it
+    second = await mb.send("t::lead", "t::w", "other", dedup_key="k")
+    first_sent = await first
+    assert (second.id, second.content) == (first_sent.id, first_sent.content)
+    assert [m.content for m in await mb.inbox("t::w", "all")][1:] == [first_sent.content]

@@ -339,12 +339,18 @@ async def test_the_stalled_attempt_writes_nothing_after_its_claim_was_taken(env,
 # --------------------------------------------------------------------------- session members
 
 
-async def test_an_interrupted_unguarded_session_member_call_parks_and_the_session_goes_on(env, raw, prefix):
-    e = env
-    run_id = await start_member(e, "send_email se-hang", via="s")
-    await e.stall(DELIVER_TASK, "fx::s", raw, "start:send_email:se-hang")
+async def park_session_email(e: Env, raw: redis.Redis, label: str) -> str:
+    """A run whose session member ``s`` parks its interrupted ``send_email <label>``; its id."""
+    run_id = await start_member(e, f"send_email {label}", via="s")
+    await e.stall(DELIVER_TASK, "fx::s", raw, f"start:send_email:{label}")
     await e.crash_member()
     assert await e.run(DELIVER_TASK, "fx::s") == "parked"
+    return run_id
+
+
+async def test_an_interrupted_unguarded_session_member_call_parks_and_the_session_goes_on(env, raw, prefix):
+    e = env
+    run_id = await park_session_email(e, raw, "se-hang")
     [parked] = await e.client.parked("fx")
     assert (parked.member, parked.tool_name, parked.effect) == ("s", "send_email", "unguarded")
     assert count(raw, prefix, "send_email", "se-hang") == 1 and count(raw, prefix, "prep", "se-hang") == 1

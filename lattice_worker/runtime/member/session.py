@@ -8,17 +8,28 @@ member's do (``docs/tool-effects.md``; :func:`journaled_session`): the
 assistant turn holding a call is appended to the conversation before the
 call's ``started`` record is stored, and that record before the handler runs.
 A later claim of the item -- after a crash, a park or an approval -- finds
-this item's task prompt in the conversation (the last user message equal to
+this item's task prompt in the conversation (equal to
 :func:`~lattice_worker.team.member_run.member_prompt` of the message, which
-names the message id) and resumes after it: an assistant turn last is
-*replayed* (:class:`~lattice_worker.runtime.run.replay.ReplayModelClient`), so
-its calls run through the journal -- completed ones reused, interrupted ones
-decided by their effect. A conversation without that prompt (the item never
-got to it, or a compaction summarised it away) starts the item over.
+names the message id) as its *last* prompt and resumes after it: an
+assistant turn last is *replayed*
+(:class:`~lattice_worker.runtime.run.replay.ReplayModelClient`), so its calls
+run through the journal -- completed ones reused, interrupted ones decided by
+their effect. A conversation whose last prompt is another one (the item
+never got to its prompt, a compaction summarised it away, or another item of
+the mailbox was claimed first -- a doorbell naming that message -- and went on
+after it) starts the item over.
+
+An item that starts (over) on a conversation ending with an assistant turn
+whose tool calls have no results (an item that was interrupted there and
+then cancelled, failed or set aside) first answers those calls with an error
+result (:data:`INTERRUPTED_RESULT`): a request whose ``tool_use`` blocks are
+not answered in the next message is refused by the provider, and every later
+item of the session would fail on it.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from lattice_mailbox.message import TeamMessage
@@ -31,6 +42,12 @@ from ..limits.hook import step_model_client
 from ..run.context import WorkerContext
 from ..run.journal import ItemJournal
 from .journal import begin_attempt, split_replay
+
+INTERRUPTED_RESULT = (
+    "Error: this call was interrupted and its result is unknown (it may or may not have taken effect); "
+    "the work item it belonged to was set aside."
+)
+"""The content of the error result that answers a call left without one (module doc)."""
 
 
 def session_agent(
@@ -57,16 +74,17 @@ async def journaled_session(
 ) -> tuple[Agent, ItemJournal, bool]:
     """``(agent, journal, resume)`` for session ``member`` on the claimed
     ``message`` of run ``run_id`` (see the module doc). ``resume``: the
-    conversation holds this item's prompt already (continue it). Raises
+    conversation's last prompt is this item's (continue it). Raises
     ``RunLeaseLostError`` when a later claim of the item already began (this
     attempt must write nothing)."""
     journal, _ = await begin_attempt(ctx, team_name, member, message, run_id)
     if message.attempts <= 1:  # a first claim: the item starts here
+        await close_interrupted(ctx, message.to)
         return session_agent(ctx, member, message.to), journal, False
     store = RedisHistoryStore(ctx.client, ctx.keys.session(message.to), fail_on_error=True)
     history = await store.load()
-    prompt = member_prompt(team_name, member, message)
-    if not any(m.get("role") == "user" and m.get("content") == prompt for m in history):
+    if not _last_prompt_is(history, member_prompt(team_name, member, message)):
+        await close_interrupted(ctx, message.to, history[-1:])
         return session_agent(ctx, member, message.to), journal, False
     history, replay = split_replay(history)
     if replay is not None:
@@ -74,4 +92,54 @@ async def journaled_session(
     return session_agent(ctx, member, message.to, replay=replay), journal, True
 
 
-__all__ = ["journaled_session", "session_agent"]
+async def close_interrupted(
+    ctx: WorkerContext, mailbox_id: str, last: list[dict[str, Any]] | None = None
+) -> None:
+    """Answer the tool calls of an assistant turn that ends the session's
+    conversation with an :data:`INTERRUPTED_RESULT` error result each (see the
+    module doc), before an item's prompt is appended. ``last``: the
+    conversation's last message (``[]`` when empty) if already read; else it
+    is read (one ``LINDEX``). Raises Redis errors."""
+    key = ctx.keys.session(mailbox_id)
+    if last is None:
+        raw = await (await ctx.redis()).lindex(key, -1)
+        last = [json.loads(raw)] if raw is not None else []
+    message = last[-1] if last else None
+    if not isinstance(message, dict) or message.get("role") != "assistant":
+        return
+    content = message.get("content")
+    calls = (
+        [b for b in content if isinstance(b, dict) and b.get("type") == "tool_use"]
+        if isinstance(content, list)
+        else []
+    )
+    if not calls:
+        return
+    results = [
+        {
+            "type": "tool_result",
+            "tool_use_id": str(b.get("id", "")),
+            "content": INTERRUPTED_RESULT,
+            "is_error": True,
+        }
+        for b in calls
+    ]
+    await RedisHistoryStore(ctx.client, key, fail_on_error=True).append({"role": "user", "content": results})
+
+
+def _is_prompt(message: dict[str, Any]) -> bool:
+    """A user message that is not (only) tool results: a prompt."""
+    if message.get("role") != "user":
+        return False
+    content = message.get("content")
+    if not isinstance(content, list):
+        return True
+    return any(not isinstance(b, dict) or b.get("type") != "tool_result" for b in content)
+
+
+def _last_prompt_is(history: list[dict[str, Any]], prompt: str) -> bool:
+    last = next((m for m in reversed(history) if _is_prompt(m)), None)
+    return last is not None and last.get("content") == prompt
+
+
+__all__ = ["INTERRUPTED_RESULT", "close_interrupted", "journaled_session", "session_agent"]

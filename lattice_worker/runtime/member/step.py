@@ -63,7 +63,7 @@ from ..run.trace import member_trace
 from .child_runs import start_child_run
 from .journal import journaled_member
 from .lease import ABORT_GRACE_SECONDS, LeaseKeeper, WorkAbandoned, until_aborted
-from .session import journaled_session, session_agent
+from .session import close_interrupted, journaled_session, session_agent
 
 logger = logging.getLogger("lattice_worker.runtime")
 
@@ -279,7 +279,8 @@ async def _process(
     )
     # a claim with a lease is renewed while the member works
     renewing = keeper if token and message.lease_until is not None else contextlib.nullcontext()
-    if agent is None and member.kind == "agent":
+    if agent is None and member.kind == "agent":  # not journaled: the item starts (over) here
+        await close_interrupted(ctx, message.to)
         agent = session_agent(ctx, member, message.to)
     if agent is None and member.kind == "spec":
         agent = limit_agent(ctx, member.agent)  # None without LATTICE_MODEL_LIMITS

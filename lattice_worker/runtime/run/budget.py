@@ -45,6 +45,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from lattice_client.errors import RunLeaseLostError
+from lattice_client.runstore import now_ms
 from lattice_client.runstore.budgets import budget_reply, reserve_reply
 from lattice_mailbox.base import InvalidTransitionError
 from lattice_mailbox.message import MessageStatus
@@ -242,8 +243,10 @@ class LeadBudgetGate(BudgetGate):
 
         await self.ctx.usage.add(self.run_id, getattr(final, "usage", None), known=usage, fence=lease.token)
         call, source = self.ctx.runs.park_budget_lead_call(self.run_id, lease.token)
-        # the queued usage, history and events go first, in the same round trip
-        replies = await self.ctx.writer.write([call], scripts=(source,), on_error=failed)
+        # the queued usage, history and events go first, in the same round trip; the run
+        # joins the waits' listing index (lattice parked / status list what it parked)
+        index = self.ctx.runs.index_wait_command(self.run_id)
+        replies = await self.ctx.writer.write([call, index], scripts=(source,), on_error=failed)
         parked, spent, budget = (int(v) for v in replies[0])
         await self.ctx.writer.sync(lease.token)  # a failed history write of the segment is raised here
         if not parked:
@@ -288,11 +291,15 @@ class ItemBudgetGate(BudgetGate):
             "mailbox_id": message.to,
             "work_item_id": journal.work_item_id,
             "reason": f"the run's budget is spent ({spent} of {budget} tokens)",
+            "created_at": now_ms(),
         }
         call, source = self.ctx.runs.park_budget_item_call(self.run_id, journal.work_item_id, wait)
-        # the item's queued history goes first, in the same round trip
+        # the item's queued history goes first, in the same round trip; the run joins the
+        # waits' listing index (lattice parked / status list what it parked)
         replies = await self.ctx.writer.write(
-            [call], scripts=(source,), on_error=lambda e: self.ctx.runs.script_error(e, self.run_id, "park")
+            [call, self.ctx.runs.index_wait_command(self.run_id)],
+            scripts=(source,),
+            on_error=lambda e: self.ctx.runs.script_error(e, self.run_id, "park"),
         )
         parked, spent, budget = (int(v) for v in replies[0])
         await self.ctx.writer.sync(journal.token)
