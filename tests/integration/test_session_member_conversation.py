@@ -103,8 +103,13 @@ async def test_a_cancelled_parked_item_leaves_a_conversation_the_next_item_can_s
     assert count(raw, prefix, "send_email", "sc-hang") == 1
 
 
-async def test_an_attempt_that_lost_its_claim_writes_nothing_more_to_the_conversation(env, raw, monkeypatch):
+@pytest.mark.parametrize("journal", [True, False])
+async def test_an_attempt_that_lost_its_claim_writes_nothing_more_to_the_conversation(
+    env, raw, monkeypatch, journal
+):
     e = env
+    settings = e.ctx.settings.model_copy(update={"tool_journal": journal})
+    monkeypatch.setattr(e.ctx, "settings", settings)  # journal off: the re-claimed item starts over
     release = asyncio.Event()
 
     async def hang(label: str, count: int) -> None:  # the first run of a "-hang" call waits for the test

@@ -81,13 +81,22 @@ def session_agent(
     return Agent(options, bare=base.bare)
 
 
-async def unjournaled_session(ctx: WorkerContext, member: TeamMember, mailbox_id: str) -> Agent:
-    """:func:`session_agent` for an item that is not journaled (no run, or
-    ``LATTICE_TOOL_JOURNAL=false``): it starts (over) here, after
-    :func:`close_interrupted`. Its writes are not fenced."""
-    store = RedisHistoryStore(ctx.client, ctx.keys.session(mailbox_id), fail_on_error=True)
-    await close_interrupted(store)
-    return session_agent(ctx, member, mailbox_id, store=store)
+async def unjournaled_session(
+    ctx: WorkerContext, member: TeamMember, message: TeamMessage, run_id: str | None
+) -> Agent:
+    """:func:`session_agent` for an item that is not journaled (no work item,
+    or ``LATTICE_TOOL_JOURNAL=false``): it starts (over) here, after
+    :func:`close_interrupted`. A claimed ``message`` takes the conversation
+    first (:func:`~.session_history.take_session`), so a worker that loses
+    this claim writes nothing more to it. Raises ``RunLeaseLostError`` when a
+    later claim of the mailbox took it already (this attempt must write nothing)."""
+    if not message.claim_token:
+        store = RedisHistoryStore(ctx.client, ctx.keys.session(message.to), fail_on_error=True)
+        await close_interrupted(store)
+        return session_agent(ctx, member, message.to, store=store)
+    fenced, last = await take_session(ctx, message, run_id or "", read_all=False)
+    await close_interrupted(fenced, last)
+    return session_agent(ctx, member, message.to, store=fenced)
 
 
 async def journaled_session(

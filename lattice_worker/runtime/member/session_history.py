@@ -71,7 +71,7 @@ class FencedSessionStore(RedisHistoryStore):
         self.fence = ctx.keys.session_fence(message.to)
         self.token = str(message.claim_token or "")
         self.run_id = run_id
-        self.work_item_id = str(message.work_item_id)
+        self.work_item_id = str(message.work_item_id or message.id)  # (for the error)
 
     async def _write(self, mode: str, values: list[bytes]) -> None:
         try:

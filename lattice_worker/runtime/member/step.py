@@ -280,7 +280,13 @@ async def _process(
     # a claim with a lease is renewed while the member works
     renewing = keeper if token and message.lease_until is not None else contextlib.nullcontext()
     if agent is None and member.kind == "agent":  # not journaled: the item starts (over) here
-        agent = await unjournaled_session(ctx, member, message.to)
+        try:
+            agent = await unjournaled_session(ctx, member, message, run_id)
+        except RunLeaseLostError:
+            logger.warning(
+                "member %s: a later claim took the session before %s began", member.name, message.id
+            )
+            return "lost"
     if agent is None and member.kind == "spec":
         agent = limit_agent(ctx, member.agent)  # None without LATTICE_MODEL_LIMITS
     tracer, trace_context = member_trace(team, run_id, message)  # (None, None): an untraced run
