@@ -219,6 +219,26 @@ async def test_under_drain_a_member_call_over_the_limit_waits_in_place(env, raw,
     assert waits and not any(w["requeued"] for w in waits)
 
 
+async def test_a_session_member_call_over_the_limit_waits_in_place_holding_its_claim(env, raw, prefix):
+    # a session member's message handed back to wait would let the next item of its
+    # serial mailbox into the conversation: its call waits for its turn in place
+    ctx, broker = env
+    ctx.registry.load("tests.e2e.teams:session_team")
+    run_id = f"run_{uuid.uuid4().hex[:10]}"
+    await ctx.runs.create(run_id, "e2e_session", plan(("clerk", "handoff", "s")))
+    assert await lead_segment.run_lead(ctx, run_id) == "suspended"
+    await use_up(ctx, 2)
+    [(name, args, _)] = broker.queue
+    broker.queue.clear()
+    assert await broker.run(name, args) == "done"
+    assert raw.get(f"{prefix}:test:exec:s") == "1"
+    assert not [q for q in broker.queue if q[0] == DELIVER_TASK]  # nothing re-enqueued
+    [message] = await ctx.mailbox.inbox(args[0], "all")
+    assert (message.status.value, message.attempts) == ("done", 1)  # one claim: never released
+    waits = [e for e in await event_types(ctx, run_id) if e.get("type") == "model_call_waiting"]
+    assert waits and not any(w["requeued"] for w in waits)
+
+
 def request(text: str = "hi", *, stream: bool = False) -> ModelRequest:
     return ModelRequest(
         model="m", system=None, messages=[{"role": "user", "content": text}], max_tokens=16, stream=stream
