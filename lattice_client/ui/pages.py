@@ -180,10 +180,12 @@ async def mailbox_page(request: Request) -> Response:
 
 
 async def calls_page(request: Request) -> Response:
-    """``/calls?team=``: the parked calls and pending approvals, with their decisions."""
+    """``/calls?team=``: the parked calls and pending approvals, with their
+    decisions, and the work parked at its run's token budget."""
     ui: UiState = request.app.state.ui
     team = _query(request, "team")
     parked, approvals = await waiting_calls(ui.client, team or None)
+    budget_waits = await ui.client.budget_waits(team or None)
     return await render(
         request,
         "calls.html",
@@ -191,6 +193,7 @@ async def calls_page(request: Request) -> Response:
             "title": "parked calls and approvals",
             "parked": parked,
             "approvals": approvals,
+            "budget_waits": budget_waits,
             "team": team,
             "teams": await ui.client.known_teams(),
             "refresh": 5,

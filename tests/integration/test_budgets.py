@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import uuid
 from typing import Any
 
@@ -24,6 +25,7 @@ from lattice_worker.runtime.worker.registry import TeamRegistry
 from tests.e2e.budget_teams import CALL_TOKENS, parallel_run_tokens, run_tokens
 from tests.support.races import stale_get
 from tests.support.services import REDIS_URL, settings_for
+from tests.support.ui_page import ui_html
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(90)]
 
@@ -449,6 +451,12 @@ async def test_work_parked_at_the_budget_shows_in_parked_and_status(make_env, pr
         assert any(lead_parked in r and f"{6 * CALL_TOKENS}/2000" in r for r in rows), shown.output
         assert any(member_parked in r and f"{5 * CALL_TOKENS}/1700" in r for r in rows), shown.output
 
+    # so does the operations page's calls page
+    html = await asyncio.to_thread(ui_html, prefix, "/calls")
+    [table] = re.findall(r'<table class="list" id="budget-waits">.*?</table>', html, re.S)
+    assert lead_parked in table and member_parked in table and message.id in table
+    assert f"{6 * CALL_TOKENS} / 2000" in table and f"{5 * CALL_TOKENS} / 1700" in table
+
     # raised, the member's run goes on: no longer listed; the parked lead still is
     await e.client.raise_budget(member_parked, tokens=50_000)
     assert [w.run_id for w in await e.client.budget_waits()] == [lead_parked]
@@ -456,6 +464,7 @@ async def test_work_parked_at_the_budget_shows_in_parked_and_status(make_env, pr
     await e.client.cancel(lead_parked)  # a finished run's lead is not waiting any more
     assert await e.client.budget_waits() == []
     assert "no parked calls" in lattice("parked").output
+    assert 'id="budget-waits"' not in await asyncio.to_thread(ui_html, prefix, "/calls")
 
 
 async def test_a_run_parked_on_its_budget_can_be_cancelled(make_env):

@@ -6,12 +6,16 @@ against the real Redis with the harness of ``test_tool_effects_protocol``.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 
 from lattice_client.celery_config import DELIVER_TASK
+from lattice_client.errors import RunLeaseLostError
 from lattice_worker.runtime.member.session import INTERRUPTED_RESULT
+from lattice_worker.runtime.member.session_history import take_session
+from tests.e2e import effect_teams
 from tests.e2e.effect_teams import member_plan
 from tests.integration import test_tool_effects_protocol as protocol
 from tests.integration.test_tool_effects_protocol import (
@@ -19,6 +23,7 @@ from tests.integration.test_tool_effects_protocol import (
     count,
     park_session_email,
     result_of,
+    session_key,
     session_of,
     start_member,
     submit,
@@ -96,3 +101,50 @@ async def test_a_cancelled_parked_item_leaves_a_conversation_the_next_item_can_s
     assert [b["tool_use_id"] for b in closing["content"]] == ["toolu_target"]
     assert all(b["is_error"] for b in closing["content"])
     assert count(raw, prefix, "send_email", "sc-hang") == 1
+
+
+@pytest.mark.parametrize("journal", [True, False])
+async def test_an_attempt_that_lost_its_claim_writes_nothing_more_to_the_conversation(
+    env, raw, monkeypatch, journal
+):
+    e = env
+    settings = e.ctx.settings.model_copy(update={"tool_journal": journal})
+    monkeypatch.setattr(e.ctx, "settings", settings)  # journal off: the re-claimed item starts over
+    release = asyncio.Event()
+
+    async def hang(label: str, count: int) -> None:  # the first run of a "-hang" call waits for the test
+        if "hang" in label.split("-") and count == 1:
+            await release.wait()
+
+    monkeypatch.setattr(effect_teams, "_hang", hang)
+    run_id = await start_member(e, "lookup_docs sf-hang", via="s")
+    await e.stall(DELIVER_TASK, "fx::s", raw, "start:lookup_docs:sf-hang")
+    stalled = e.stalled.pop()
+    await e.crash_member()
+    assert await e.run(DELIVER_TASK, "fx::s") == "done"  # the next claim took the item over
+    await e.drain()
+    before = raw.lrange(session_key(e), 0, -1)
+    release.set()  # the old attempt's call returns: it would record its result and go on
+    assert await stalled == "lost"
+    await e.ctx.writer.flush()
+    assert raw.lrange(session_key(e), 0, -1) == before
+    assert unanswered(session_of(e, raw)) == []
+    assert (await result_of(e, run_id)).result == "final: found[sf-hang]"
+
+
+async def test_a_claim_older_than_the_one_holding_the_conversation_cannot_take_it(env):
+    e = env
+    await start_member(e, "lookup_docs sg", via="s")
+    claimed = await e.ctx.mailbox.claim_next("fx::s", lease_s=30, worker_id="w", max_in_flight=1)
+    assert claimed is not None and claimed.lease_until is not None
+    store, _ = await take_session(e.ctx, claimed, "run_x", read_all=False)
+    older = claimed.model_copy(update={"lease_until": claimed.lease_until - 1, "claim_token": "old"})
+    with pytest.raises(RunLeaseLostError):  # a stalled older claim taking it late is refused
+        await take_session(e.ctx, older, "run_x", read_all=False)
+    await store.append({"role": "user", "content": "still the holder's"})
+    stale, _ = await take_session(e.ctx, claimed, "run_x", read_all=False)
+    newer = claimed.model_copy(update={"lease_until": claimed.lease_until + 1, "claim_token": "new"})
+    await take_session(e.ctx, newer, "run_x", read_all=False)
+    with pytest.raises(RunLeaseLostError):  # once a later claim took it, the earlier one writes nothing
+        await stale.append({"role": "user", "content": "too late"})
+    assert await stale.load() == [{"role": "user", "content": "still the holder's"}]

@@ -19,6 +19,10 @@ never got to its prompt, a compaction summarised it away, or another item of
 the mailbox was claimed first -- a doorbell naming that message -- and went on
 after it) starts the item over.
 
+Each claim takes the conversation first
+(:func:`~lattice_worker.runtime.member.session_history.take_session`): a
+worker whose claim was taken over writes nothing more to it.
+
 An item that starts (over) on a conversation ending with an assistant turn
 whose tool calls have no results (an item that was interrupted there and
 then cancelled, failed or set aside) first answers those calls with an error
@@ -42,6 +46,7 @@ from ..limits.hook import step_model_client
 from ..run.context import WorkerContext
 from ..run.journal import ItemJournal
 from .journal import begin_attempt, split_replay
+from .session_history import take_session
 
 INTERRUPTED_RESULT = (
     "Error: this call was interrupted and its result is unknown (it may or may not have taken effect); "
@@ -51,14 +56,21 @@ INTERRUPTED_RESULT = (
 
 
 def session_agent(
-    ctx: WorkerContext, member: TeamMember, mailbox_id: str, *, replay: dict[str, Any] | None = None
+    ctx: WorkerContext,
+    member: TeamMember,
+    mailbox_id: str,
+    *,
+    replay: dict[str, Any] | None = None,
+    store: RedisHistoryStore | None = None,
 ) -> Agent:
     """A session member's ``Agent`` rebuilt over its persisted conversation
-    (Redis list ``<prefix>:session:<mailbox_id>``), with the member's tools
-    (mailbox tools included). ``replay``: an assistant turn its first model
-    request returns (a resumed item). Other options are the member agent's own."""
+    (Redis list ``<prefix>:session:<mailbox_id>``; ``store``: the store over
+    it, a plain :class:`RedisHistoryStore` when ``None``), with the member's
+    tools (mailbox tools included). ``replay``: an assistant turn its first
+    model request returns (a resumed item). Other options are the member agent's own."""
     base: Agent = member.agent
-    store = RedisHistoryStore(ctx.client, ctx.keys.session(mailbox_id), fail_on_error=True)
+    if store is None:
+        store = RedisHistoryStore(ctx.client, ctx.keys.session(mailbox_id), fail_on_error=True)
     update: dict[str, Any] = {"history_store": store, "tools": list(base.tools)}
     client = step_model_client(
         ctx, base.options, replay
@@ -69,40 +81,57 @@ def session_agent(
     return Agent(options, bare=base.bare)
 
 
+async def unjournaled_session(
+    ctx: WorkerContext, member: TeamMember, message: TeamMessage, run_id: str | None
+) -> Agent:
+    """:func:`session_agent` for an item that is not journaled (no work item,
+    or ``LATTICE_TOOL_JOURNAL=false``): it starts (over) here, after
+    :func:`close_interrupted`. A claimed ``message`` takes the conversation
+    first (:func:`~.session_history.take_session`), so a worker that loses
+    this claim writes nothing more to it. Raises ``RunLeaseLostError`` when a
+    later claim of the mailbox took it already (this attempt must write nothing)."""
+    if not message.claim_token:
+        store = RedisHistoryStore(ctx.client, ctx.keys.session(message.to), fail_on_error=True)
+        await close_interrupted(store)
+        return session_agent(ctx, member, message.to, store=store)
+    fenced, last = await take_session(ctx, message, run_id or "", read_all=False)
+    await close_interrupted(fenced, last)
+    return session_agent(ctx, member, message.to, store=fenced)
+
+
 async def journaled_session(
     ctx: WorkerContext, team_name: str, member: TeamMember, message: TeamMessage, run_id: str
 ) -> tuple[Agent, ItemJournal, bool]:
     """``(agent, journal, resume)`` for session ``member`` on the claimed
-    ``message`` of run ``run_id`` (see the module doc). ``resume``: the
-    conversation's last prompt is this item's (continue it). Raises
-    ``RunLeaseLostError`` when a later claim of the item already began (this
-    attempt must write nothing)."""
+    ``message`` of run ``run_id`` (see the module doc), its conversation
+    taken for this claim (:func:`~.session_history.take_session`: written only
+    until a later claim takes it). ``resume``: the conversation's last prompt
+    is this item's (continue it). Raises ``RunLeaseLostError`` when a later
+    claim of the item, or of the mailbox, already began (this attempt must
+    write nothing)."""
     journal, _ = await begin_attempt(ctx, team_name, member, message, run_id)
-    if message.attempts <= 1:  # a first claim: the item starts here
-        await close_interrupted(ctx, message.to)
-        return session_agent(ctx, member, message.to), journal, False
-    store = RedisHistoryStore(ctx.client, ctx.keys.session(message.to), fail_on_error=True)
-    history = await store.load()
+    again = message.attempts > 1
+    store, history = await take_session(ctx, message, run_id, read_all=again)
+    if not again:  # a first claim: the item starts here
+        await close_interrupted(store, history)
+        return session_agent(ctx, member, message.to, store=store), journal, False
     if not _last_prompt_is(history, member_prompt(team_name, member, message)):
-        await close_interrupted(ctx, message.to, history[-1:])
-        return session_agent(ctx, member, message.to), journal, False
+        await close_interrupted(store, history[-1:])
+        return session_agent(ctx, member, message.to, store=store), journal, False
     history, replay = split_replay(history)
     if replay is not None:
         await store.replace(history)  # the replayed turn is stored again as the model "returns" it
-    return session_agent(ctx, member, message.to, replay=replay), journal, True
+    return session_agent(ctx, member, message.to, replay=replay, store=store), journal, True
 
 
-async def close_interrupted(
-    ctx: WorkerContext, mailbox_id: str, last: list[dict[str, Any]] | None = None
-) -> None:
+async def close_interrupted(store: RedisHistoryStore, last: list[dict[str, Any]] | None = None) -> None:
     """Answer the tool calls of an assistant turn that ends the session's
-    conversation with an :data:`INTERRUPTED_RESULT` error result each (see the
-    module doc), before an item's prompt is appended. ``last``: the
-    conversation's last message (``[]`` when empty) if already read; else it
-    is read (one ``LINDEX``). Raises Redis errors."""
-    key = ctx.keys.session(mailbox_id)
+    conversation (``store``) with an :data:`INTERRUPTED_RESULT` error result
+    each (see the module doc), before an item's prompt is appended. ``last``:
+    the conversation's last message (``[]`` when empty) if already read; else
+    it is read (one ``LINDEX``). Raises Redis errors and the store's."""
     if last is None:
-        raw = await (await ctx.redis()).lindex(key, -1)
+        raw = await store._redis().lindex(store.key, -1)
         last = [json.loads(raw)] if raw is not None else []
     message = last[-1] if last else None
     if not isinstance(message, dict) or message.get("role") != "assistant":
@@ -124,7 +153,7 @@ async def close_interrupted(
         }
         for b in calls
     ]
-    await RedisHistoryStore(ctx.client, key, fail_on_error=True).append({"role": "user", "content": results})
+    await store.append({"role": "user", "content": results})
 
 
 def _is_prompt(message: dict[str, Any]) -> bool:
@@ -142,4 +171,10 @@ def _last_prompt_is(history: list[dict[str, Any]], prompt: str) -> bool:
     return last is not None and last.get("content") == prompt
 
 
-__all__ = ["INTERRUPTED_RESULT", "close_interrupted", "journaled_session", "session_agent"]
+__all__ = [
+    "INTERRUPTED_RESULT",
+    "close_interrupted",
+    "journaled_session",
+    "session_agent",
+    "unjournaled_session",
+]

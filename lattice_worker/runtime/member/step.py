@@ -63,7 +63,7 @@ from ..run.trace import member_trace
 from .child_runs import start_child_run
 from .journal import journaled_member
 from .lease import ABORT_GRACE_SECONDS, LeaseKeeper, WorkAbandoned, until_aborted
-from .session import close_interrupted, journaled_session, session_agent
+from .session import journaled_session, session_agent, unjournaled_session
 
 logger = logging.getLogger("lattice_worker.runtime")
 
@@ -280,8 +280,13 @@ async def _process(
     # a claim with a lease is renewed while the member works
     renewing = keeper if token and message.lease_until is not None else contextlib.nullcontext()
     if agent is None and member.kind == "agent":  # not journaled: the item starts (over) here
-        await close_interrupted(ctx, message.to)
-        agent = session_agent(ctx, member, message.to)
+        try:
+            agent = await unjournaled_session(ctx, member, message, run_id)
+        except RunLeaseLostError:
+            logger.warning(
+                "member %s: a later claim took the session before %s began", member.name, message.id
+            )
+            return "lost"
     if agent is None and member.kind == "spec":
         agent = limit_agent(ctx, member.agent)  # None without LATTICE_MODEL_LIMITS
     tracer, trace_context = member_trace(team, run_id, message)  # (None, None): an untraced run
