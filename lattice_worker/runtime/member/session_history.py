@@ -10,9 +10,12 @@ before it, which the provider refuses in every later request of the session).
 
 So each claim first *takes* the conversation (:func:`take_session`): the fence
 key (:meth:`~lattice_worker.runtime.run.keys.WorkerKeys.session_fence`, in the
-list's cluster slot) then names that claim, by its ``lease_until`` (ms, the
-mailbox server's clock: a later claim of a serial mailbox always has a later
-one) and its token; a claim older than the fence's is refused. Every write of
+list's cluster slot) then names that claim, by its ``lease_until`` (ms) and
+its token; a claim older than the fence's is refused. A later claim of a
+serial mailbox comes after the earlier one ended or its lease expired, so its
+``lease_until`` is later: on the Redis mailbox's own clock, on a SQL
+mailbox's the claiming workers' (which must agree to well within a lease; a
+claim refused for a skewed clock is re-claimed once its lease expires). Every write of
 :class:`FencedSessionStore` checks the fence in the same script and is
 refused (:class:`~lattice_client.errors.ItemClaimLostError`) once another
 claim took the conversation. The fence expires :data:`FENCE_TTL_MS` after
