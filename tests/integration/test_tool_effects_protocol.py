@@ -25,6 +25,7 @@ from lattice_worker.runtime.lead import segment as lead_segment
 from lattice_worker.runtime.member import step as member_step
 from lattice_worker.runtime.run.context import WorkerContext
 from lattice_worker.runtime.worker.registry import TeamRegistry
+from tests.e2e import effect_teams
 from tests.e2e.effect_teams import lead_plan, member_plan
 from tests.support.races import stale_get
 from tests.support.services import REDIS_URL, settings_for
@@ -315,6 +316,32 @@ async def test_retry_runs_a_parked_call_again_and_fail_gives_the_model_the_reaso
     result = await result_of(e, run_id)
     assert (result.status, result.result) == ("completed", output)
     assert count(raw, prefix, "send_email", "e2-hang") == runs
+
+
+@pytest.mark.parametrize("via", ["m", "s"])
+async def test_a_reclaimed_attempt_parked_at_the_budget_keeps_the_interrupted_turn(
+    env, raw, prefix, monkeypatch, via
+):
+    # a model asked a turn again gives its calls new ids (here: a counter), unknown to the
+    # journal: the interrupted turn must stay stored until it is replayed
+    e = env
+    ids = iter(range(1000))
+    make = effect_teams._tool_use
+    monkeypatch.setattr(effect_teams, "_tool_use", lambda n, i, tid: make(n, i, f"{tid}_{next(ids)}"))
+    box = f"fx::{via}"
+    run_id = f"run_{uuid.uuid4().hex[:10]}"
+    await e.ctx.runs.create(run_id, "fx", member_plan("send_email eb-hang", via=via), budget_tokens=10**6)
+    assert await e.run(RUN_LEAD_TASK, run_id) == "suspended"
+    e.queue.clear()
+    await e.stall(DELIVER_TASK, box, raw, "start:send_email:eb-hang")
+    await e.crash_member()
+    raw.hset(e.ctx.runs.keys(run_id).record, "spent_tokens", 10**6)  # other calls spent the budget meanwhile
+    assert await e.run(DELIVER_TASK, box) == "budget_reached"  # before the replayed turn's "call"
+    await e.client.raise_budget(run_id, tokens=2 * 10**6)
+    await e.drain()
+    [parked] = await e.client.parked("fx")  # the replayed call is decided by its effect: it parks
+    assert (parked.member, parked.tool_name, parked.effect) == (via, "send_email", "unguarded")
+    assert count(raw, prefix, "send_email", "eb-hang") == 1 and count(raw, prefix, "prep", "eb-hang") == 1
 
 
 async def test_the_stalled_attempt_writes_nothing_after_its_claim_was_taken(env, raw, prefix):

@@ -41,7 +41,7 @@ async def journaled_member(
         journal, history=[encode_message(m, "history").decode("utf-8") for m in messages]
     )
     if replay is not None:
-        await store.replace(messages)  # the replayed turn is stored again as the model "returns" it
+        store.hold(messages, replay)  # stored until the model "returns" it (a park first leaves it)
     spec = member.agent
     update: dict[str, Any] = {"history_store": store}
     client = step_model_client(

@@ -120,7 +120,7 @@ async def journaled_session(
         return session_agent(ctx, member, message.to, store=store), journal, False
     history, replay = split_replay(history)
     if replay is not None:
-        await store.replace(history)  # the replayed turn is stored again as the model "returns" it
+        store.hold(history, replay)  # stored until the model "returns" it (a park first leaves it)
     return session_agent(ctx, member, message.to, replay=replay, store=store), journal, True
 
 

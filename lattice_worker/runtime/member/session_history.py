@@ -10,9 +10,12 @@ before it, which the provider refuses in every later request of the session).
 
 So each claim first *takes* the conversation (:func:`take_session`): the fence
 key (:meth:`~lattice_worker.runtime.run.keys.WorkerKeys.session_fence`, in the
-list's cluster slot) then names that claim, by its ``lease_until`` (ms, the
-mailbox server's clock: a later claim of a serial mailbox always has a later
-one) and its token; a claim older than the fence's is refused. Every write of
+list's cluster slot) then names that claim, by its ``lease_until`` (ms) and
+its token; a claim older than the fence's is refused. A later claim of a
+serial mailbox comes after the earlier one ended or its lease expired, so its
+``lease_until`` is later: on the Redis mailbox's own clock, on a SQL
+mailbox's the claiming workers' (which must agree to well within a lease; a
+claim refused for a skewed clock is re-claimed once its lease expires). Every write of
 :class:`FencedSessionStore` checks the fence in the same script and is
 refused (:class:`~lattice_client.errors.ItemClaimLostError`) once another
 claim took the conversation. The fence expires :data:`FENCE_TTL_MS` after
@@ -28,6 +31,7 @@ from lattice_mailbox.message import TeamMessage
 
 from ...agent.history_stores import RedisHistoryStore, _check_messages, _decode_message, _encode_message
 from ..run.context import WorkerContext
+from ..run.replay import ReplayedTurn
 
 _TAKE = """
 local current = redis.call('GET', KEYS[2])
@@ -61,10 +65,12 @@ FENCE_TTL_MS = 7 * 24 * 3600 * 1000
 """How long (milliseconds) a session's fence is kept after the last take or write of its claim."""
 
 
-class FencedSessionStore(RedisHistoryStore):
+class FencedSessionStore(ReplayedTurn, RedisHistoryStore):
     """The session conversation of ``message``'s mailbox, written only while
     ``message``'s claim holds it (see the module doc). ``run_id``: for the
-    error. ``load`` reads as :class:`RedisHistoryStore`'s does."""
+    error. A turn it :meth:`~lattice_worker.runtime.run.replay.ReplayedTurn.hold` s
+    stays stored until the model "returns" it; ``load`` then gives the
+    conversation without it."""
 
     def __init__(self, ctx: WorkerContext, message: TeamMessage, run_id: str) -> None:
         super().__init__(ctx.client, ctx.keys.session(message.to), fail_on_error=True)
@@ -81,11 +87,21 @@ class FencedSessionStore(RedisHistoryStore):
                 raise ItemClaimLostError(self.run_id, self.work_item_id, "write the session of") from exc
             raise
 
+    async def load(self) -> list[dict[str, Any]]:
+        held = self.held_history()
+        return held if held is not None else await super().load()
+
     async def append(self, message: dict[str, Any]) -> None:
+        redo = self.skips_append(message)
+        if redo is not None:
+            if redo:
+                await self.replace(redo)
+            return
         await self._write("append", [_encode_message(message, where="FencedSessionStore.append")])
 
     async def replace(self, messages: list[dict[str, Any]]) -> None:
         items = _check_messages(messages, where="FencedSessionStore.replace")
+        self.release()
         await self._write("replace", [_encode_message(m, where="FencedSessionStore.replace") for m in items])
 
 
