@@ -35,7 +35,7 @@
     flight). ``--runs-b`` runs (1,000) with ``--latency-b`` seconds (2 s) of
     model latency per call, 3 calls per run, on ONE ``lattice worker``
     process consuming every queue at its recommended settings (the default
-    asyncio pool, 200 steps in flight). Ideal: ``concurrency / (3 * latency)``
+    asyncio pool; ``--concurrency-b`` steps in flight, 200 unless given). Ideal: ``concurrency / (3 * latency)``
     runs/s. Printed: runs/s, the fraction of ideal, the process's peak
     resident memory and CPU per step. Beside it the prefork pool
     (``--prefork-concurrency`` processes, fewer runs) and, with

@@ -4,7 +4,7 @@ A step of the runtime spends nearly all its time waiting (on the model, on
 Redis), so one process should hold hundreds of steps in flight. Celery's
 ``threads`` pool gives each step a thread that blocks on its own event loop;
 this pool gives each step a *greenlet* on one event loop instead
-(docs/deploy.md, "Sizing workers", has the measurements):
+(docs/deploy.md, "Pools and sizing for model latency", has the measurements):
 
 * the worker's consumer hands a task to :meth:`AsyncioPool.on_apply` (Celery's
   public pool interface, as its ``threads`` and ``solo`` pools implement it);
