@@ -35,7 +35,7 @@
     flight). ``--runs-b`` runs (1,000) with ``--latency-b`` seconds (2 s) of
     model latency per call, 3 calls per run, on ONE ``lattice worker``
     process consuming every queue at its recommended settings (the default
-    asyncio pool, 200 steps in flight). Ideal: ``concurrency / (3 * latency)``
+    asyncio pool; ``--concurrency-b`` steps in flight, 200 unless given). Ideal: ``concurrency / (3 * latency)``
     runs/s. Printed: runs/s, the fraction of ideal, the process's peak
     resident memory and CPU per step. Beside it the prefork pool
     (``--prefork-concurrency`` processes, fewer runs) and, with
@@ -43,7 +43,13 @@
     ``threads@N``: Celery's threads pool with N threads; ``stock-transport@N``:
     the default pool on kombu's own Redis transport instead of
     ``lattice_client/kombu_redis.py``, which reuses one redis-py client per
-    channel).
+    channel). The baseline, in the same run: a **stock** Celery worker (the
+    no-op app of (a), ``-E``; ``solo``, Celery's one-process floor, and
+    ``prefork`` with one process) draining ``--stock-tasks-b`` no-op tasks
+    sent at once: its tasks/s and CPU per task, beside which the runtime's CPU
+    per step is printed as a ratio, and the CPU budget per step one process
+    has at the figure's calls in flight (``latency / concurrency``): at
+    1,000 calls of 2 s, 500 steps/s, 2 ms per step on one CPU.
 (d) **The tool journal's cost** (target <= 1.25x). The same handoff round
     trip with a member that calls one tool (unguarded, so journaled: recorded
     ``started`` before the handler, ``completed`` after, its history persisted
@@ -274,6 +280,42 @@ def in_flight(
     return {"rate": runs / elapsed, "elapsed": elapsed, "rss": rss, "submitted": submitted, "cpu": cpu}
 
 
+def stock_throughput(bench: Bench, tasks: int, pool_args: list[str]) -> dict[str, Any]:
+    """A **stock** Celery worker (:func:`~distributed_teams.make_noop_app`: ``Celery(name,
+    broker, backend)``, Celery's defaults and ``-E``, ``pool_args``) draining ``tasks``
+    no-op tasks sent at once: tasks/s and the worker's CPU (its pool processes
+    included) per task, from the first send to the last result."""
+    from distributed_teams import NOOP_QUEUE_SUFFIX, make_noop_app
+
+    proc = bench.noop_worker(*pool_args)
+    proc.wait_ready()
+    queue = f"{bench.prefix}.{NOOP_QUEUE_SUFFIX}"
+    sender = make_noop_app()  # built now: the module-level app predates the bench's key prefix
+    try:
+        for _ in range(5):
+            sender.send_task("bench.noop", queue=queue).get(timeout=60)
+        cpu0 = proc.cpu_seconds()
+        t0 = time.perf_counter()
+        results = [sender.send_task("bench.noop", queue=queue) for _ in range(tasks)]
+        for result in results:
+            if result.get(timeout=600) != "ok":
+                raise RuntimeError("a stock no-op did not answer ok")
+        elapsed = time.perf_counter() - t0
+        cpu = proc.cpu_seconds() - cpu0
+    finally:
+        sender.close()
+        bench.stop_all()
+    return {"rate": tasks / elapsed, "cpu_per_task": cpu / tasks, "cpu_share": cpu / elapsed}
+
+
+STOCK_POOLS: dict[str, list[str]] = {
+    "solo": ["--pool", "solo"],
+    "prefork x 1": ["--pool", "prefork", "--concurrency", "1"],
+}
+"""The stock no-op baselines of (b): label -> the stock worker's pool options
+(``solo``: Celery's one-process floor, the task in the consumer's own thread)."""
+
+
 def figure_b(bench: Bench, args: argparse.Namespace) -> None:
     print()
     print(
@@ -304,6 +346,28 @@ def figure_b(bench: Bench, args: argparse.Namespace) -> None:
         ("prefork", p, ["--pool", "prefork", "--concurrency", str(p)], {}, args.prefork_runs or 6 * p)
     )
     for repeat in range(args.repeats_b):
+        floors: dict[str, float] = {}
+        for stock_label, pool_args in STOCK_POOLS.items():
+            print(f"    {load()}", flush=True)
+            stock = stock_throughput(bench, args.stock_tasks_b, pool_args)
+            floors[stock_label] = stock["cpu_per_task"]
+            print(
+                f"    rep {repeat + 1} STOCK Celery no-op, {stock_label:11s}: {args.stock_tasks_b} tasks sent at once, "
+                f"{stock['rate']:6.1f} tasks/s at {stock['cpu_share'] * 100:3.0f}% of a CPU, worker CPU "
+                f"{stock['cpu_per_task'] * 1000:.2f} ms per task (one CPU: at most {1 / stock['cpu_per_task']:4.0f} "
+                f"tasks/s)",
+                flush=True,
+            )
+        floor = floors["solo"]
+        budget = args.latency_b / args.concurrency_b  # CPU seconds per step at 100% of one CPU
+        print(
+            f"    {args.concurrency_b} calls of {args.latency_b:.1f} s in flight = "
+            f"{args.concurrency_b / args.latency_b:.0f} steps/s: one process (one CPU) has {budget * 1000:.2f} ms "
+            f"of CPU per step at most; stock Celery's own floor (solo) is {floor * 1000:.2f} ms per task = "
+            f"{floor / budget:.2f}x that budget (one Celery task per step: "
+            f"{'reachable' if floor < 0.9 * budget else 'NOT reachable on one process'})",
+            flush=True,
+        )
         for label, n, worker_args, env, runs in setups:
             print(f"    {load()}", flush=True)
             figure = in_flight(bench, runs, args.latency_b, worker_args, env)
@@ -317,8 +381,8 @@ def figure_b(bench: Bench, args: argparse.Namespace) -> None:
                 f"{figure['rate']:6.2f} runs/s, ideal {ideal:6.2f} -> {fraction:.2f} of ideal; peak RSS "
                 f"{figure['rss']:6.0f} MiB ({figure['rss'] / n:.2f} MiB per call in flight); worker CPU "
                 f"{figure['cpu']:.1f} s = {figure['cpu'] / figure['elapsed'] * 100:.0f}% of a CPU, "
-                f"{figure['cpu'] / (3 * runs) * 1000:.1f} ms per step; submits took {figure['submitted']:.1f} s"
-                f"{target}",
+                f"{figure['cpu'] / (3 * runs) * 1000:.1f} ms per step = {figure['cpu'] / (3 * runs) / floor:.1f}x "
+                f"the stock no-op's; submits took {figure['submitted']:.1f} s{target}",
                 flush=True,
             )
 
@@ -396,6 +460,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--variants", default="", help="(b) more set-ups, e.g. threads@200,asyncio@400,stock-transport@200"
+    )
+    parser.add_argument(
+        "--stock-tasks-b", type=int, default=3000, help="(b) stock no-op tasks of the baseline (3000)"
     )
     parser.add_argument("--prefork-concurrency", type=int, default=8, help="(b) prefork processes (8)")
     parser.add_argument("--prefork-runs", type=int, default=0, help="(b) prefork runs (6 x processes)")

@@ -20,14 +20,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import sys
 import tempfile
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
-from lattice_mailbox import MemoryMailbox
-from lattice_mailbox.redis import RedisMailbox
-from lattice_mailbox.sql import SQLMailbox
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lattice_mailbox import MemoryMailbox  # noqa: E402
+from lattice_mailbox.redis import RedisMailbox  # noqa: E402
+from lattice_mailbox.sql import SQLMailbox  # noqa: E402
+from tests.support.sql_mailbox import drop_sql_mailbox  # noqa: E402
 
 BOX = "bench::member"
 
@@ -67,18 +72,6 @@ async def drop_redis(mb: RedisMailbox, prefix: str) -> None:
     keys = [k async for k in client.scan_iter(match=f"{prefix}:*", count=1000)]
     if keys:
         await client.delete(*keys)
-    await mb.aclose()
-
-
-async def drop_sql(mb: SQLMailbox) -> None:
-    from sqlalchemy import text
-
-    def drop() -> None:
-        with mb.engine.begin() as conn:
-            p = mb.table_prefix
-            conn.execute(text(f"DROP TABLE IF EXISTS {p}messages, {p}mailboxes"))
-
-    await asyncio.to_thread(drop)
     await mb.aclose()
 
 
@@ -142,7 +135,7 @@ async def main(args: argparse.Namespace) -> None:
     finally:
         await drop_redis(redis_mb, prefix)
         if "postgresql" in stores:
-            await drop_sql(stores["postgresql"])
+            await drop_sql_mailbox(stores["postgresql"])
         await stores["sqlite"].aclose()
         tmp.cleanup()
 

@@ -16,7 +16,7 @@ Example::
 
 from __future__ import annotations
 
-from .budgets import BudgetError, RaisedBudget
+from .budgets import BudgetError, BudgetWait, RaisedBudget
 from .celery_config import make_celery_app, queue_name
 from .client import AsyncLatticeClient, AsyncRunHandle, CancelReport, LatticeClient, RunHandle, StatusReport
 from .decisions import DecisionError, ParkedCall, PendingApproval
@@ -27,6 +27,7 @@ from .settings import LatticeSettings, get_settings
 
 __all__ = [
     "BudgetError",
+    "BudgetWait",
     "RaisedBudget",
     "DecisionError",
     "ParkedCall",

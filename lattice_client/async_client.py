@@ -221,8 +221,8 @@ class AsyncLatticeClient(SubmitMixin, ViewsMixin, DecisionsMixin, BudgetsMixin):
         OpenTelemetry span, if any -- so the run's trace root is a child of the
         caller's span (kept as ``metadata["lattice_caller"]``, see
         :mod:`lattice_client.caller_trace`). ``budget``: ``{"tokens": N}``, the
-        run's token budget (input + output tokens of all its model calls, lead
-        and members); the run parks as ``budget_reached`` when it is spent
+        run's token budget (input, prompt-cache and output tokens of all its
+        model calls, lead and members); the run parks as ``budget_reached`` when it is spent
         (:meth:`raise_budget`). Default: the team's own default budget, if any.
 
         Raises ``ValueError`` for bad input (unknown or unserved team, malformed

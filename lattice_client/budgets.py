@@ -1,8 +1,9 @@
 """Token budgets of runs (issue 22): ``submit(..., budget={"tokens": N})``,
 ``raise_budget(run_id, tokens=N)`` and the CLI's ``lattice budget RUN --tokens N``.
 
-A run with a budget counts the input + output tokens of every model call of
-its lead and its members, on every worker, on its record (``spent_tokens``).
+A run with a budget counts the tokens (input, prompt-cache reads and writes,
+output) of every model call of its lead and its members, on every worker, on
+its record (``spent_tokens``).
 Before each model call the step compares the spend with the budget; once the
 spend reaches it the run parks with status ``budget_reached``: the step ends,
 no worker and no lease holds it. The call in flight when the spend crossed the
@@ -21,7 +22,7 @@ members' messages go back to ``pending`` and their doorbells ring.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -48,6 +49,26 @@ class RaisedBudget(BaseModel):
     resumed_messages: list[str] = Field(default_factory=list)
 
 
+class BudgetWait(BaseModel):
+    """Work waiting for its run's token budget to be raised (``client.budget_waits()``):
+    the run's lead (``member`` ``"lead"``, ``message_id`` ``None``: the run is
+    ``budget_reached``) or a member's message parked before its next model call
+    (``message_id``, ``work_item_id``). ``spent_tokens`` / ``budget_tokens``: the
+    run's now; ``created_at``: when it parked (ms since the epoch). Resume it
+    with ``raise_budget(run_id, tokens=N)`` (``lattice budget RUN_ID --tokens N``)."""
+
+    kind: Literal["budget"] = "budget"
+    run_id: str
+    team: str
+    member: str
+    message_id: str | None = None
+    work_item_id: str | None = None
+    spent_tokens: int
+    budget_tokens: int
+    reason: str = ""
+    created_at: int = 0
+
+
 def parse_budget(budget: Any) -> int | None:
     """The token count of a ``submit`` ``budget`` (``{"tokens": N}``, N a
     positive int), ``None`` for no budget. Raises ``ValueError`` otherwise."""
@@ -69,6 +90,22 @@ class BudgetsMixin:
     mailbox: Any
     celery: Any
     settings: Any
+
+    async def budget_waits(self, team: str | None = None) -> list[BudgetWait]:
+        """The work waiting for a budget raise (of ``team`` when given), oldest
+        first: leads of ``budget_reached`` runs and members' messages parked at
+        their run's budget (a member's wait is listed once its message is
+        ``parked``: a raise then moves it on). Only reads; raises
+        ``redis.RedisError`` when Redis fails."""
+        waits = [w for w in await self.runs.budget_waits() if team is None or w.get("team") == team]
+        members = [w for w in waits if w.get("message_id")]
+        messages = await asyncio.gather(*(self.mailbox.get(str(w["message_id"])) for w in members))
+        moved = {
+            id(w)
+            for w, m in zip(members, messages, strict=True)
+            if m is None or m.status != MessageStatus.PARKED
+        }
+        return [BudgetWait.model_validate(w) for w in waits if id(w) not in moved]
 
     async def raise_budget(self, run_id: str, *, tokens: int) -> RaisedBudget:
         """Set run ``run_id``'s token budget to ``tokens`` -- the new total, not
@@ -140,9 +177,13 @@ class SyncBudgetsMixin:
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError  # LatticeClient's runs it on its loop thread
 
+    def budget_waits(self, team: str | None = None) -> list[BudgetWait]:
+        """See :meth:`BudgetsMixin.budget_waits`."""
+        return self._call(self.aio.budget_waits, team)
+
     def raise_budget(self, run_id: str, *, tokens: int) -> RaisedBudget:
         """See :meth:`BudgetsMixin.raise_budget`."""
         return self._call(self.aio.raise_budget, run_id, tokens=tokens)
 
 
-__all__ = ["BudgetError", "BudgetsMixin", "RaisedBudget", "SyncBudgetsMixin", "parse_budget"]
+__all__ = ["BudgetError", "BudgetWait", "BudgetsMixin", "RaisedBudget", "SyncBudgetsMixin", "parse_budget"]

@@ -46,6 +46,7 @@ from .celery_config import queue_name
 from .decisions import SyncDecisionsMixin
 from .errors import RunNotFoundError
 from .models import RunRecord, RunResult
+from .rate_limits import WaitingModelCalls
 from .runstore import check_run_id, final_from_reply, result_from_reply
 from .settings import LatticeSettings
 from .views import StatusReport
@@ -296,6 +297,10 @@ class LatticeClient(SyncDecisionsMixin, SyncBudgetsMixin):
     def status(self, team: str | None = None, *, limit: int = 20) -> StatusReport:
         """See :meth:`AsyncLatticeClient.status`."""
         return self._call(self.aio.status, team, limit=limit)
+
+    def rate_limited(self) -> list[WaitingModelCalls]:
+        """See :meth:`AsyncLatticeClient.rate_limited`."""
+        return self._call(self.aio.rate_limited)
 
     def inbox(self, mailbox_id: str, status: MessageStatus | str = "pending") -> list[TeamMessage]:
         """See :meth:`AsyncLatticeClient.inbox`."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -49,8 +49,11 @@ class ParkedCall(BaseModel):
     ``<run id>/<tool_use_id>`` for a lead's own call); ``member`` is ``"lead"``
     for a lead's call. ``input``: the raw input the model sent. ``reason``: why
     the runtime would not decide alone. ``created_at``: ms since the epoch.
+    ``kind`` is ``"tool"`` (``lattice parked --json`` lists the work parked at a
+    budget beside them: :class:`~lattice_client.budgets.BudgetWait`, kind ``"budget"``).
     """
 
+    kind: Literal["tool"] = "tool"
     message_id: str
     run_id: str
     team: str

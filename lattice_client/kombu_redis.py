@@ -6,7 +6,7 @@ every unacked-restore record (``Channel.conn_or_acquire`` ->
 ``Channel._create_client``). redis-py 8 fills a table of about 200 response
 callbacks in each new client, which made client construction about a tenth of
 a worker's CPU per step (measured in ``bench/distributed.py``; docs/deploy.md,
-"Sizing workers"). This transport keeps one client per channel and pool:
+"Pools and sizing for model latency"). This transport keeps one client per channel and pool:
 redis-py clients are thread-safe (each command takes a connection from the
 pool; pipelines are separate objects), so nothing else changes -- same
 connection pool, same key prefixing, same commands.

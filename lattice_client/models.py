@@ -112,7 +112,8 @@ class RunRecord(BaseModel):
     (``dict[str, str]``, ``{}`` when its tracers propagate none), written by
     the first lead segment that traced the run; ``None`` for an untraced run.
     ``budget_tokens``: the run's token budget (``None``: no budget);
-    ``spent_tokens``: the input + output tokens its model calls spent so far
+    ``spent_tokens``: the tokens (input, prompt-cache reads and writes, output)
+    its model calls spent so far
     (lead and members, every worker; ``None`` without a budget).
     """
 

@@ -146,8 +146,9 @@ class LatticeSettings(BaseSettings):
     ``XADD MAXLEN ~``). Env: ``LATTICE_MAX_RUN_EVENTS``."""
 
     tool_journal: bool = True
-    """Journal the tool calls of template members (and persist their history per
-    work item), so a re-claimed member resumes from its last recorded turn and
+    """Journal the tool calls of members per work item (and persist a template
+    member's history per work item; a session member's is its conversation),
+    so a re-claimed member resumes from its last recorded turn and
     recovers interrupted calls by their effect (``docs/tool-effects.md``).
     ``False`` turns that off (a re-claimed member starts over; meant for
     measuring the journal's cost). The lead's own tools are always journaled.

@@ -256,3 +256,16 @@ def rate_limited_table(title: str, rows: Sequence[Any], width: int) -> Renderabl
         Column("limit", [r.limit or "-" for r in rows], fold=True),
     ]
     return build_table(title, columns, width)
+
+
+def budget_waits_table(title: str, rows: Sequence[Any], width: int) -> RenderableType:
+    """Work parked at its run's budget: run id, team, member, message id, tokens (spent/budget), since."""
+    columns = [
+        Column("run id", [r.run_id for r in rows], fold=True),
+        Column("team", [r.team for r in rows], fold=True),
+        Column("member", [r.member for r in rows], fold=True),
+        Column("message", [r.message_id or "-" for r in rows], fold=True, drop=2),
+        Column("tokens", [f"{r.spent_tokens}/{r.budget_tokens}" for r in rows], justify="right"),
+        Column("since", [short_time(r.created_at) for r in rows], drop=1),
+    ]
+    return build_table(title, columns, width)

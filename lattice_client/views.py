@@ -1,10 +1,11 @@
 """What :class:`~lattice_client.client.AsyncLatticeClient` shows of a deployment:
 ``status`` (mailbox counts, recent runs, live workers, calls waiting for a
-person, model calls waiting for their turn), the known mailboxes and teams, and a mailbox's messages (``inbox``).
+person, model calls waiting for their turn, work waiting for a budget raise), the known mailboxes and teams, and a mailbox's messages (``inbox``).
 
 :class:`ViewsMixin` reads through the client's ``runs`` and ``mailbox`` and its
 ``live_workers`` / ``registered_teams`` (:mod:`lattice_client.submit`) and
-``parked`` / ``approvals`` (:mod:`lattice_client.decisions`).
+``parked`` / ``approvals`` (:mod:`lattice_client.decisions`) and
+``budget_waits`` (:mod:`lattice_client.budgets`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pydantic import BaseModel, Field
 from lattice_mailbox import MessageStatus, TeamMessage
 from lattice_mailbox.connections import read_again
 
+from .budgets import BudgetWait
 from .decisions import ParkedCall, PendingApproval
 from .models import RunRecord
 from .rate_limits import WaitingModelCalls, waiting_calls
@@ -34,7 +36,8 @@ class StatusReport(BaseModel):
     ``rate_limited``: the model calls waiting for their turn under the shared
     rate limits, per model and API key id, with the limit that made them wait
     (:class:`~lattice_client.rate_limits.WaitingModelCalls`; deployment-wide,
-    also with ``team``).
+    also with ``team``); ``budget_waits``: the work waiting for its run's token
+    budget to be raised (:class:`~lattice_client.budgets.BudgetWait`, oldest first).
     """
 
     team: str | None = None
@@ -44,6 +47,7 @@ class StatusReport(BaseModel):
     parked: list[ParkedCall] = Field(default_factory=list)
     approvals: list[PendingApproval] = Field(default_factory=list)
     rate_limited: list[WaitingModelCalls] = Field(default_factory=list)
+    budget_waits: list[BudgetWait] = Field(default_factory=list)
 
 
 class ViewsMixin:
@@ -58,12 +62,14 @@ class ViewsMixin:
     registered_teams: Callable[[], Awaitable[dict[str, str]]]
     parked: Callable[[str | None], Awaitable[list[ParkedCall]]]
     approvals: Callable[[str | None], Awaitable[list[PendingApproval]]]
+    budget_waits: Callable[[str | None], Awaitable[list[BudgetWait]]]
 
     async def status(self, team: str | None = None, *, limit: int = 20) -> StatusReport:
         """Per-status message counts of every ``<team>::*`` mailbox (every mailbox
         when ``team`` is ``None``), the ``limit`` most recent runs, the live
-        workers (those serving ``team`` when given) and the tool calls waiting
-        for a person. ``team`` may also be a ``"package.module:attribute"``
+        workers (those serving ``team`` when given), the tool calls waiting
+        for a person, the model calls waiting for their turn and the work
+        waiting for a budget raise. ``team`` may also be a ``"package.module:attribute"``
         reference a live worker serves (see
         :meth:`resolve_team`). Only reads: read again whole when a connection
         is lost mid-way."""
@@ -85,7 +91,7 @@ class ViewsMixin:
         if team:
             workers = [w for w in workers if team in w.team_names()]
         parked, approvals = await self.parked(team), await self.approvals(team)
-        rate_limited = await waiting_calls(await self.runs.redis(), self.settings.key_prefix)
+        rate_limited = await self._rate_limited()
         return StatusReport(
             team=team,
             mailboxes=counts,
@@ -94,7 +100,20 @@ class ViewsMixin:
             parked=parked,
             approvals=approvals,
             rate_limited=rate_limited,
+            budget_waits=await self.budget_waits(team),
         )
+
+    async def rate_limited(self) -> list[WaitingModelCalls]:
+        """The model calls waiting for their turn under the shared rate limits
+        now, one entry per (model, API key) with calls waiting (deployment-wide;
+        ``[]`` without ``LATTICE_MODEL_LIMITS``): how many, the longest wait
+        left in seconds and the limit that made them wait (see
+        :class:`~lattice_client.rate_limits.WaitingModelCalls`). Only reads;
+        raises ``redis.RedisError`` when Redis fails."""
+        return await read_again(self._rate_limited)
+
+    async def _rate_limited(self) -> list[WaitingModelCalls]:
+        return await waiting_calls(await self.runs.redis(), self.settings.key_prefix)
 
     async def known_mailboxes(self, team: str | None = None) -> list[str]:
         """Ids of the mailboxes that ever received a message, and of the members

@@ -425,6 +425,17 @@ def sync_cluster(url: str, **kwargs: Any) -> RedisCluster:
     return _SyncLatticeCluster(startup_nodes=startup, retry=SyncRetry(NoBackoff(), 0), **options)
 
 
+ASYNC_POOL_OPTIONS: dict[str, Any] = {"max_connections": 100, "timeout": 30.0}
+"""The connection pool of an :func:`async_redis` client: at most ``max_connections``
+connections (redis-py's default count); a command that finds them all in use
+waits for one, up to ``timeout`` seconds (then ``redis.exceptions.ConnectionError``
+"No connection available.", nothing sent), in redis-py's ``BlockingConnectionPool``.
+redis-py's default asyncio pool raises ``MaxConnectionsError`` at once instead: with
+1,000 steps in flight on one asyncio pool process, hundreds of steps failed and were
+retried by Celery each run (``bench/distributed.py`` (b)). Waiting costs about 8 us
+of CPU per command more than the default pool (50 concurrent ``GET``s)."""
+
+
 def async_redis(url: str, **kwargs: Any) -> aioredis.Redis:
     """A ``redis.asyncio.Redis`` on ``url`` (``redis://``, ``rediss://``, ``unix://``)
     with the connection policy (module doc); ``kwargs`` (``decode_responses``,
@@ -437,8 +448,9 @@ def async_redis(url: str, **kwargs: Any) -> aioredis.Redis:
     if is_cluster_url(url):
         return async_cluster(url, **kwargs)  # type: ignore[return-value]
     options = policy_options(url, asyncio_client=True)
+    options.update(ASYNC_POOL_OPTIONS)
     options.update(kwargs)
-    pool = aioredis.ConnectionPool.from_url(url, **options)
+    pool = aioredis.BlockingConnectionPool.from_url(url, **options)
     pool.connection_class = _with_policy(pool.connection_class, _AsyncPolicy)
     client = aioredis.Redis(connection_pool=pool)
     client.auto_close_connection_pool = True  # aclose() closes the pool (as Redis.from_url does)
@@ -461,6 +473,7 @@ def sync_redis(url: str, **kwargs: Any) -> redis.Redis:
 
 
 __all__ = [
+    "ASYNC_POOL_OPTIONS",
     "CLUSTER_RETRY_SECONDS",
     "CLUSTER_SCHEMES",
     "CONNECT_RETRIES",

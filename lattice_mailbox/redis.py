@@ -406,6 +406,30 @@ class RedisMailbox(CheckedSend):
             raise lost
         return found
 
+    @property
+    def url(self) -> str | None:
+        """The Redis URL this store was built with (``None`` when it was given a client)."""
+        return self._url
+
+    def update_status_call(
+        self, message_id: str, status: MessageStatus | str
+    ) -> tuple[tuple[Any, ...], str] | None:
+        """:meth:`update_status` (without ``only_from``) as ``(command, source)`` for a
+        caller's own pipeline on this store's server: ``("evalsha", sha, numkeys, *keys,
+        *args)`` and the script's Lua source; its reply is the script's (``UNKNOWN``,
+        ``INVALID`` or ``OK`` first). ``None`` for an id of no mailbox of this store's
+        form (:meth:`update_status` answers ``False`` for it)."""
+        target = MessageStatus.parse(status)
+        tag = message_id_tag(message_id)
+        if tag is None:
+            return None
+        keys = self._keys(tag)
+        sources = " ".join(sorted(s.value for s in sources_for(target, only_from_set(None))))
+        all_keys = [keys.state, keys.leases, *keys.all_queues]
+        script = _SCRIPTS["update_status"]
+        args = [message_id, target.value, sources, _STATUS_NAMES]
+        return ("evalsha", script.sha, len(all_keys), *all_keys, *args), script.source
+
     async def update_status(
         self, message_id: str, status: MessageStatus | str, *, only_from: Any = None
     ) -> bool:

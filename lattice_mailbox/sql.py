@@ -20,6 +20,20 @@ several deployments or test runs share one database. ``seq`` (an
 auto-increment key) is the send order. Times are milliseconds since the epoch
 from the caller's clock; ``lease_s`` is in seconds. The engine is synchronous;
 each call runs in a worker thread (``asyncio.to_thread``).
+
+A call whose connection is lost (SQLAlchemy's ``DBAPIError`` with
+``connection_invalidated``: the server closed it, a proxy cut it, or the reply
+of its ``COMMIT`` never came, so whether it committed is unknown) is decided by
+its own ids, as on Redis (docs/contracts.md, "Connections"): ``send`` looks for
+its message id and sends again only when the row is absent (an insert of an id
+stored already writes nothing, after waiting for an unfinished one); ``claim_next``
+looks for the row its claim token holds (returned when found, claimed again
+when not; on PostgreSQL each claim holds an advisory lock of its token, and the
+lookup waits for it, so a ``COMMIT`` still running is seen); ``complete`` and ``extend_lease`` are sent again with the same token
+(a finish that did commit is replayed, a second extension is harmless); the
+reads are read again. Each is tried at most :data:`LOST_CALL_ATTEMPTS` times;
+``update_status`` and ``requeue_expired`` raise the error and the caller
+decides. A failed connect is not a lost call: it raises at once.
 """
 
 from __future__ import annotations
@@ -42,6 +56,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import StaticPool
 
 from .base import ClaimMissingError, ClaimTakenError
@@ -71,6 +86,14 @@ S = MessageStatus
 T = TypeVar("T")
 _PREFIX = re.compile(r"[a-z_][a-z0-9_]{0,40}")
 _REQUEUE_BATCH = 500
+
+LOST_CALL_ATTEMPTS = 3
+"""How many times a call whose connection was lost is made (see the module doc)."""
+
+LOST_CLAIM_WAIT_S = 10
+"""PostgreSQL: how long (seconds) the lookup of a lost claim waits for that
+claim's transaction to end (its ``COMMIT`` may still be running); past it the
+lookup raises SQLAlchemy's ``OperationalError`` (lock timeout)."""
 
 
 class SQLMailbox(CheckedSend):
@@ -152,6 +175,14 @@ class SQLMailbox(CheckedSend):
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.to_thread(self._run, fn, *args)
 
+    async def _call_again(
+        self, fn: Callable[..., T], *args: Any, find: Callable[[], T | None] | None = None
+    ) -> T:
+        """:meth:`_call` for a call that may be made again when its connection is
+        lost: ``find`` (on a new connection) returns what a lost call did, or
+        ``None`` when it did nothing; without ``find`` the call is simply made again."""
+        return await asyncio.to_thread(self._run, _recovering, lambda: fn(*args), find)
+
     def _run(self, fn: Callable[..., T], *args: Any) -> T:
         if self._serial is None:
             self._ensure()
@@ -195,17 +226,17 @@ class SQLMailbox(CheckedSend):
     # ``send`` (argument checks) comes from CheckedSend; one transaction writes the message.
 
     async def _append(self, out: Outgoing) -> TeamMessage:
-        return await self._call(self._send, out)
+        message = out.new_message()  # its id is made once: a lost send is looked up by it
+        return await self._call_again(self._send, out, message, find=lambda: self._get(message.id))
 
-    def _send(self, out: Outgoing) -> TeamMessage:
-        message = out.new_message()
+    def _send(self, out: Outgoing, message: TeamMessage) -> TeamMessage:
         if out.dedup_key is not None:
             earlier = self._get(message.id)
             if earlier is not None:  # sent before under this key
                 return earlier
         with self._write() as conn:
             self._register(conn, out.to)
-            conn.execute(
+            inserted = conn.execute(
                 self._q.insert,
                 {
                     "id": message.id,
@@ -220,7 +251,9 @@ class SQLMailbox(CheckedSend):
                     "meta": out.metadata_json,
                     "attempts": 0,
                 },
-            )
+            ).first()
+            if inserted is None:  # stored already: by a lost call of this send, or under this dedup key
+                message = _message(conn.execute(self._q.row_of, {"p_id": message.id}).one())
         if len(self._registered) > 10_000:
             self._registered.clear()
         self._registered.add(out.to)  # committed: later sends skip the registry insert
@@ -233,7 +266,7 @@ class SQLMailbox(CheckedSend):
         at most ``limit``. Raises ``ValueError`` for an unknown status."""
         check_name(mailbox_id)
         wanted, limit = check_inbox(status, limit)
-        return await self._call(self._inbox, mailbox_id, wanted, limit)
+        return await self._call_again(self._inbox, mailbox_id, wanted, limit)
 
     def _inbox(self, mailbox_id: str, wanted: MessageStatus | None, limit: int | None) -> list[TeamMessage]:
         t = self._messages
@@ -249,7 +282,7 @@ class SQLMailbox(CheckedSend):
     async def get(self, message_id: str) -> TeamMessage | None:
         """The message with this id, or ``None``."""
         message_id_tag(message_id)  # type check
-        return await self._call(self._get, message_id)
+        return await self._call_again(self._get, message_id)
 
     def _get(self, message_id: str) -> TeamMessage | None:
         with self._read() as conn:
@@ -270,14 +303,35 @@ class SQLMailbox(CheckedSend):
         nothing is pending or ``max_in_flight`` messages are in ``processing`` or ``parked``.
         ``lease_s`` (seconds) sets ``lease_until`` (ms); without it the claim never
         expires. ``attempts`` counts claims. ``message_id``: claim that message
-        instead (``None`` when it is not pending in ``mailbox_id``)."""
+        instead (``None`` when it is not pending in ``mailbox_id``). When the
+        connection is lost mid-call, the message the claim token holds is
+        returned; when none holds it, nothing was claimed and the claim is made
+        again. On PostgreSQL the lookup first waits for the lost call's
+        transaction to end (its ``COMMIT`` may still be running), at most
+        :data:`LOST_CLAIM_WAIT_S`, then raises ``OperationalError``."""
         check_name(mailbox_id)
         ms, worker_id, max_in_flight = check_claim(lease_s, worker_id, max_in_flight)
         wanted = check_claim_id(message_id)
-        return await self._call(self._claim, mailbox_id, ms, worker_id, max_in_flight, wanted)
+        token = new_token()
+        return await self._call_again(
+            self._claim,
+            mailbox_id,
+            ms,
+            worker_id,
+            max_in_flight,
+            wanted,
+            token,
+            find=lambda: self._find_claim(mailbox_id, token),
+        )
 
     def _claim(
-        self, mailbox_id: str, ms: int | None, worker_id: str | None, max_in_flight: int | None, wanted: str
+        self,
+        mailbox_id: str,
+        ms: int | None,
+        worker_id: str | None,
+        max_in_flight: int | None,
+        wanted: str,
+        token: str,
     ) -> TeamMessage | None:
         q = self._q
         box = {"p_box": mailbox_id}
@@ -285,7 +339,6 @@ class SQLMailbox(CheckedSend):
             with self._read() as conn:  # cheap WAL read: idle pollers never queue for the write lock
                 if conn.execute(q.has_pending, box).first() is None:
                     return None
-        token = new_token()
         with self._write() as conn:
             if max_in_flight is not None:
                 if conn.execute(q.lock_box, box).first() is None:
@@ -299,7 +352,21 @@ class SQLMailbox(CheckedSend):
                 "p_token": token,
                 "p_id": wanted,
             }
+            if not self._sqlite:
+                params["p_lock"] = _lock_key(token)
             row = conn.execute(q.claim_id if wanted else q.claim, params).first()
+        return None if row is None else _message(row, claim_token=token)
+
+    def _find_claim(self, mailbox_id: str, token: str) -> TeamMessage | None:
+        """The message of ``mailbox_id`` that claim ``token`` holds, or ``None``.
+        PostgreSQL: first waits (at most :data:`LOST_CLAIM_WAIT_S`) for the claim's
+        transaction to end, so a ``COMMIT`` still running is seen, not claimed past."""
+        with self._read() as conn:
+            if not self._sqlite:
+                conn.exec_driver_sql(f"SET LOCAL lock_timeout = {LOST_CLAIM_WAIT_S * 1000}")
+                conn.execute(self._q.claim_lock, {"p_lock": _lock_key(token)})
+            # a statement after the wait: it reads a snapshot taken once the claim ended
+            row = conn.execute(self._q.claim_of, {"p_box": mailbox_id, "p_token": token}).first()
         return None if row is None else _message(row, claim_token=token)
 
     async def update_status(
@@ -339,7 +406,7 @@ class SQLMailbox(CheckedSend):
         ``lease_until`` (ms). Raises :class:`ClaimTakenError` / :class:`ClaimMissingError`."""
         ms = check_extend(token, lease_s)
         message_id_tag(message_id)
-        return await self._call(self._extend, message_id, token, ms)
+        return await self._call_again(self._extend, message_id, token, ms)
 
     def _extend(self, message_id: str, token: str, ms: int) -> int:
         lease_until = now_ms() + ms
@@ -362,7 +429,9 @@ class SQLMailbox(CheckedSend):
         :class:`InvalidTransitionError` (target ``processing``),
         :class:`ClaimTakenError` or :class:`ClaimMissingError`."""
         target, _ = check_complete(message_id, token, status)
-        return await self._call(self._complete, message_id, token, target)
+        # sent again when its connection is lost: the same token and status again is a replay
+        # of the finish that did commit (or the finish itself, when the lost call did not)
+        return await self._call_again(self._complete, message_id, token, target)
 
     def _complete(self, message_id: str, token: str, target: MessageStatus) -> TeamMessage:
         with self._write() as conn:
@@ -438,7 +507,7 @@ class SQLMailbox(CheckedSend):
         """Number of messages per status value (all statuses, zeros included):
         one indexed ``GROUP BY``."""
         check_name(mailbox_id)
-        return await self._call(self._counts, mailbox_id)
+        return await self._call_again(self._counts, mailbox_id)
 
     def _counts(self, mailbox_id: str) -> dict[str, int]:
         out = {s.value: 0 for s in S}
@@ -451,7 +520,7 @@ class SQLMailbox(CheckedSend):
         """Every mailbox id a message was sent to, sorted; only those starting
         with ``prefix`` when given."""
         check_prefix_filter(prefix)
-        return await self._call(self._mailbox_ids, prefix)
+        return await self._call_again(self._mailbox_ids, prefix)
 
     def _mailbox_ids(self, prefix: str | None) -> list[str]:
         boxes = self._mailboxes
@@ -466,4 +535,23 @@ class SQLMailbox(CheckedSend):
         await asyncio.to_thread(self.engine.dispose)
 
 
-__all__ = ["SQLMailbox", "normalize_url"]
+def _lock_key(token: str) -> int:
+    """The PostgreSQL advisory lock key (a signed 64-bit int) of claim ``token``."""
+    return int.from_bytes(hashlib.sha256(token.encode()).digest()[:8], "big", signed=True)
+
+
+def _recovering(call: Callable[[], T], find: Callable[[], T | None] | None) -> T:
+    """``call()``, made again (at most :data:`LOST_CALL_ATTEMPTS` times in all)
+    while its connection is lost, unless ``find()`` returns what the lost call did."""
+    for attempt in range(1, LOST_CALL_ATTEMPTS + 1):
+        try:
+            return call()
+        except DBAPIError as exc:
+            if not exc.connection_invalidated or attempt == LOST_CALL_ATTEMPTS:
+                raise
+        if find is not None and (found := find()) is not None:
+            return found
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+__all__ = ["LOST_CALL_ATTEMPTS", "SQLMailbox", "normalize_url"]

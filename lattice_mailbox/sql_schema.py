@@ -113,7 +113,9 @@ class _Statements:
         dialect = sqlite_dialect if sqlite else pg_dialect
         holds = (t.c.id == mid, t.c.status == processing, t.c.fence == token)
         self.register = dialect.insert(boxes).values(id=box).on_conflict_do_nothing()
-        self.insert = t.insert()
+        # an id stored already is not an error: the send waits for an unfinished insert of that
+        # id (a lost call still committing) and then writes nothing; the caller reads the row
+        self.insert = dialect.insert(t).on_conflict_do_nothing(index_elements=[t.c.id]).returning(t.c.seq)
         self.has_pending = select(t.c.seq).where(t.c.mailbox == box, t.c.status == pending).limit(1)
         self.lock_box = select(boxes.c.id).where(boxes.c.id == box).with_for_update()
         self.in_flight = (
@@ -136,13 +138,17 @@ class _Statements:
             "lease_until": bindparam("p_lease"),
             "fence": token,
         }
-        self.claim = update(t).where(t.c.seq == oldest).values(**claimed).returning(*t.c)
+        # PostgreSQL: a claim holds the advisory lock of its token until it ends, so the
+        # lookup of a lost claim (claim_lock first) waits for a COMMIT still running
+        held = () if sqlite else (func.pg_try_advisory_xact_lock(bindparam("p_lock")),)
+        self.claim = update(t).where(t.c.seq == oldest, *held).values(**claimed).returning(*t.c)
         self.claim_id = (
             update(t)
-            .where(t.c.id == mid, t.c.mailbox == box, t.c.status == pending)
+            .where(t.c.id == mid, t.c.mailbox == box, t.c.status == pending, *held)
             .values(**claimed)
             .returning(*t.c)
         )
+        self.claim_lock = select(func.pg_advisory_xact_lock(bindparam("p_lock")))
         self.move = (
             update(t)
             .where(t.c.id == mid, t.c.status.in_(bindparam("p_sources", expanding=True)))
@@ -157,6 +163,7 @@ class _Statements:
         self.extend = update(t).where(*holds).values(lease_until=bindparam("p_lease"))
         self.status_of = select(t.c.status).where(t.c.id == mid)
         self.row_of = select(t).where(t.c.id == mid)
+        self.claim_of = select(t).where(t.c.mailbox == box, t.c.status == processing, t.c.fence == token)
         self.counts = select(t.c.status, func.count()).where(t.c.mailbox == box).group_by(t.c.status)
 
 

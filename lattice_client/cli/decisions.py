@@ -14,9 +14,9 @@ from typing import Annotated, Any
 
 import typer
 
-from ..tables import waits_table
+from ..tables import budget_waits_table, waits_table
 from .app import client_for, command, options_of
-from .mailboxes import check_team
+from .mailboxes import BUDGET_WAITS_TITLE, check_team
 from .output import fail, guard, out
 
 
@@ -53,15 +53,34 @@ def _listing(
 @command()
 def parked(
     ctx: typer.Context,
-    team: Annotated[str | None, typer.Argument(metavar="TEAM", help="Only this team's parked calls.")] = None,
+    team: Annotated[str | None, typer.Argument(metavar="TEAM", help="Only this team's parked work.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
-    """List the tool calls parked for a person, oldest first.
+    """List the tool calls parked for a person, then the work parked at its run's token budget, oldest first.
 
     A call is parked when a crash interrupted it and its tool's effect does not
-    make it safe to run again. Decide each with 'lattice resolve ID'.
+    make it safe to run again: decide each with 'lattice resolve ID'. A run's
+    lead or member message parked at its token budget goes on once the budget
+    is raised: 'lattice budget RUN_ID --tokens N'. With --json: one list, each
+    entry's "kind" is "tool" or "budget".
     """
-    _listing(ctx, "parked", team, as_json, "parked calls", "message_id")
+    with guard():
+        lattice = client_for(options_of(ctx))
+        try:
+            if team:
+                check_team(lattice, team, lattice.settings.key_prefix)
+            calls, budget = lattice.parked(team), lattice.budget_waits(team)
+        finally:
+            lattice.close()
+    if as_json:
+        out.print_json(json.dumps([r.model_dump(mode="json") for r in [*calls, *budget]]))
+        return
+    if not calls and not budget:
+        out.print("no parked calls" + (f" for team {team!r}" if team else ""), markup=False)
+    if calls:
+        out.print(waits_table("parked calls", calls, out.width, id_field="message_id"))
+    if budget:
+        out.print(budget_waits_table(BUDGET_WAITS_TITLE, budget, out.width))
 
 
 @command()

@@ -15,7 +15,14 @@ from typing import Annotated, Any
 import typer
 
 from ..celery_config import queue_name
-from ..tables import inbox_table, mailboxes_table, rate_limited_table, runs_table, waits_table
+from ..tables import (
+    budget_waits_table,
+    inbox_table,
+    mailboxes_table,
+    rate_limited_table,
+    runs_table,
+    waits_table,
+)
 from ..workers_view import workers_table
 from .app import client_for, command, options_of
 from .output import fail, guard, out
@@ -84,6 +91,10 @@ def _team_queues(report: Any, prefix: str) -> list[str]:
     return sorted(queue_name(prefix, report.team, member) for member in members if member)
 
 
+BUDGET_WAITS_TITLE = "parked at the run's token budget (lattice budget RUN_ID --tokens N)"
+"""The title of the table of work parked at a budget (``lattice status``, ``lattice parked``)."""
+
+
 @command()
 def status(
     ctx: typer.Context,
@@ -104,9 +115,10 @@ def status(
 
     Live workers per queue, counts per mailbox and status (pending, processing,
     done, ..., parked), the most recent runs, then any parked calls and
-    pending approvals, and the model calls waiting for their turn under the
+    pending approvals, the model calls waiting for their turn under the
     shared rate limits (per model and API key id, with the limit that made
-    them wait).
+    them wait), and the work parked at its run's token budget (the run's lead
+    or a member's message, with the tokens spent of the budget).
 
     Tables fit the terminal width; in a narrow one the least useful columns are
     hidden (a note says which), the widest text column is shortened with '…',
@@ -154,6 +166,8 @@ def status(
     if report.rate_limited:
         title = "model calls waiting for their turn (LATTICE_MODEL_LIMITS)"
         out.print(rate_limited_table(title, report.rate_limited, out.width))
+    if report.budget_waits:
+        out.print(budget_waits_table(BUDGET_WAITS_TITLE, report.budget_waits, out.width))
 
 
 @command()

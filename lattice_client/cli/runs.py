@@ -167,7 +167,7 @@ def submit(
         typer.Option(
             "--budget-tokens",
             metavar="N",
-            help="The run's token budget (input + output tokens of all its model calls); "
+            help="The run's token budget (input, prompt-cache and output tokens of all its model calls); "
             "it parks as budget_reached when spent (raise it with 'lattice budget').",
         ),
     ] = None,

@@ -97,17 +97,17 @@ def worker(
             "-c",
             min=1,
             metavar="N",
-            help="Steps (model calls) in flight in the process: default 200 on the default "
-            "asyncio pool and on --pool threads; processes with --pool prefork (default: one per CPU).",
+            help="Steps (model calls) in flight in the process: default 300 on the default "
+            "asyncio pool, 200 on --pool threads; processes with --pool prefork (default: one per CPU).",
         ),
     ] = None,
 ) -> None:
     """Start a Celery worker for a team's queues.
 
     The default pool, asyncio, runs every step of the process on one event
-    loop (200 at a time): model calls mostly wait on the network, so one
+    loop (300 at a time): model calls mostly wait on the network, so one
     process keeps many in flight in little memory. It uses one CPU at most:
-    past about 100 steps/s add processes, not concurrency. Plain (non-async)
+    past about 150 steps/s add processes, not concurrency. Plain (non-async)
     tool handlers run in threads; for CPU-bound tools use --pool prefork (one
     process per step); --pool threads gives each step a thread of its own.
     Other Celery worker options go after TEAM_REF and pass through, e.g.:

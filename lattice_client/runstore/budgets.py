@@ -1,7 +1,7 @@
 """Token budgets of runs (issue 22): the spend, the parks and the raise.
 
 A run with a budget holds on its record ``budget_tokens`` (the budget, a
-positive integer) and ``spent_tokens`` (input + output tokens of every model
+positive integer) and ``spent_tokens`` (input, prompt-cache and output tokens of every model
 call of the run so far, lead and members, from every worker: ``HINCRBY`` in
 ``spend_budget.lua``). Before each model call the step checks both and
 reserves the call's estimated tokens (``reserve_budget.lua``: the zset
@@ -111,6 +111,52 @@ class RunBudgets(RunStoreCore):
     async def drop_budget_wait(self, run_id: str, work_item_id: str) -> None:
         """Remove a member's budget wait once its message was moved on (see ``raise_budget.lua``)."""
         await self._conn().client.hdel(self.budget_waits_key(run_id), work_item_id)
+
+    async def budget_waits(self) -> list[dict[str, Any]]:
+        """The work parked at a run's budget, of every unfinished run of the
+        listing index (``P:runs:waiting``; a budget park adds its run), oldest
+        first: a lead parked at it (``member`` ``"lead"``, ``message_id`` /
+        ``work_item_id`` ``None``; ``created_at`` = the park's time) and each
+        member's work item (``R:budget_waits``). Each a dict with ``run_id``,
+        ``team``, ``member``, ``message_id``, ``mailbox_id``, ``work_item_id``,
+        ``reason``, ``created_at`` (ms), ``spent_tokens`` and ``budget_tokens``
+        (the run's now). Only reads; finished runs are skipped."""
+        client = self._conn().client
+        run_ids = [as_text(r) for r in await client.zrange(self.waiting_index_key, 0, -1)]
+        if not run_ids:
+            return []
+        fields = ["status", "budget_parked", "team", "spent_tokens", "budget_tokens", "updated_at"]
+        async with client.pipeline(transaction=False) as pipe:
+            for run_id in run_ids:
+                pipe.hmget(self.keys(run_id).record, fields)
+                pipe.hgetall(self.budget_waits_key(run_id))
+            replies = await pipe.execute()
+        found: list[dict[str, Any]] = []
+        for i, run_id in enumerate(run_ids):
+            values, raw = replies[2 * i], replies[2 * i + 1]
+            status, parked, team, spent, budget, updated = (
+                as_text(v) if v is not None else None for v in values
+            )
+            if status in (None, "completed", "failed", "cancelled") or budget is None:
+                continue
+            run = {"run_id": run_id, "spent_tokens": int(spent or 0), "budget_tokens": int(budget)}
+            if status == "budget_reached" and parked == "lead":
+                found.append(
+                    {
+                        "team": team,
+                        "member": "lead",
+                        "message_id": None,
+                        "mailbox_id": None,
+                        "work_item_id": None,
+                        "reason": f"the run's budget is spent ({spent or 0} of {budget} tokens)",
+                        "created_at": int(updated or 0),
+                        **run,
+                    }
+                )
+            for value in raw.values():
+                found.append({**json.loads(as_text(value)), **run})
+        found.sort(key=lambda w: (w.get("created_at") or 0, str(w.get("message_id") or w["run_id"])))
+        return found
 
     async def budget(self, run_id: str) -> tuple[int | None, int]:
         """``(budget tokens or None, spent tokens)`` of the run (``(None, 0)`` for an unknown run)."""

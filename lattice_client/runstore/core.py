@@ -18,7 +18,7 @@ from lattice_mailbox.connections import async_redis
 from ..errors import RunLeaseLostError, RunNotFoundError
 from ..models import RunStatus
 from ..settings import KEY_PREFIX_PATTERN
-from .records import DEFAULT_MAX_EVENTS, RunKeys, as_text, check_run_id
+from .records import DEFAULT_MAX_EVENTS, RunKeys, as_text, check_run_id, now_ms
 from .scripts import SCRIPTS, script_call
 
 
@@ -179,6 +179,16 @@ class RunStoreCore:
     def leases_key(self) -> str:
         """The sorted set of runs with a lead segment running, by ``lease_until`` (ms)."""
         return f"{self.prefix}:runs:leased"
+
+    @property
+    def waiting_index_key(self) -> str:
+        """The sorted set of run ids that have (or had) a wait -- a parked call,
+        an approval, work parked at the budget -- by time (ms): the listing index."""
+        return f"{self.prefix}:runs:waiting"
+
+    def index_wait_command(self, run_id: str) -> tuple[Any, ...]:
+        """The command adding ``run_id`` to the listing index (goes with a park)."""
+        return ("zadd", self.waiting_index_key, {run_id: now_ms()})
 
     def team_index_key(self, team: str) -> str:
         """The sorted set of one team's run ids by creation time (ms)."""

@@ -15,7 +15,8 @@ key                            type    content
 ``R:waits``                    hash    wait id -> wait JSON (kind ``parked`` | ``approval``, run_id,
                                        team, member, message_id, tool_use_id, tool_name, input,
                                        effect, effect_key, reason, created_at, resolution)
-``P:runs:waiting``             zset    run ids that have (or had) a wait, by time (ms): the listing index
+``P:runs:waiting``             zset    run ids that have (or had) a wait or a budget park, by time
+                                       (ms): the listing index
 =============================  ======  ==========================================================
 
 A call record (JSON): ``{"status": "started" | "completed", "effect_key", "started_at_ms",
@@ -86,11 +87,6 @@ class RunToolCalls(RunStoreCore):
     def waits_key(self, run_id: str) -> str:
         """The hash of the run's open waits."""
         return f"{self.keys(run_id).record}:waits"
-
-    @property
-    def waiting_index_key(self) -> str:
-        """The sorted set of run ids that have had a wait (the listing index)."""
-        return f"{self.prefix}:runs:waiting"
 
     # -- a member's work item ----------------------------------------------------------------
 
@@ -182,10 +178,6 @@ class RunToolCalls(RunStoreCore):
         return self._call("park_lead", keys, [token, wait_id, dumps(wait, "wait"), now_ms()])
 
     # -- waits --------------------------------------------------------------------------------
-
-    def index_wait_command(self, run_id: str) -> tuple[Any, ...]:
-        """The command adding ``run_id`` to the listing index (goes with a park)."""
-        return ("zadd", self.waiting_index_key, {run_id: now_ms()})
 
     async def waits(self, *, kind: str | None = None) -> list[dict[str, Any]]:
         """Every open, undecided wait of runs that are not finished, oldest first;

@@ -180,10 +180,12 @@ async def mailbox_page(request: Request) -> Response:
 
 
 async def calls_page(request: Request) -> Response:
-    """``/calls?team=``: the parked calls and pending approvals, with their decisions."""
+    """``/calls?team=``: the parked calls and pending approvals, with their
+    decisions, and the work parked at its run's token budget."""
     ui: UiState = request.app.state.ui
     team = _query(request, "team")
     parked, approvals = await waiting_calls(ui.client, team or None)
+    budget_waits = await ui.client.budget_waits(team or None)
     return await render(
         request,
         "calls.html",
@@ -191,6 +193,7 @@ async def calls_page(request: Request) -> Response:
             "title": "parked calls and approvals",
             "parked": parked,
             "approvals": approvals,
+            "budget_waits": budget_waits,
             "team": team,
             "teams": await ui.client.known_teams(),
             "refresh": 5,
@@ -199,13 +202,22 @@ async def calls_page(request: Request) -> Response:
 
 
 async def workers_page(request: Request) -> Response:
-    """``/workers``: the live workers and every queue, those no live worker consumes in red."""
+    """``/workers``: the live workers, every queue (those no live worker
+    consumes in red) and the model calls waiting for their turn under the
+    shared rate limits."""
     ui: UiState = request.app.state.ui
     workers, queues = await workers_and_queues(ui.client)
+    rate_limited = await ui.client.rate_limited()
     return await render(
         request,
         "workers.html",
-        {"title": "workers and queues", "workers": workers, "queues": queues, "refresh": 5},
+        {
+            "title": "workers and queues",
+            "workers": workers,
+            "queues": queues,
+            "rate_limited": rate_limited,
+            "refresh": 5,
+        },
     )
 
 

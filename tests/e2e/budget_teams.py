@@ -23,15 +23,20 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from lattice_worker import AssistantModelMessage, ScriptedModelClient, define_agent, tool
+from lattice_worker import AssistantModelMessage, ScriptedModelClient, create_agent, define_agent, tool
 from lattice_worker.team import create_team, team_member
 from tests.e2e.teams import _first_text
 
-CALL_USAGE = {"input_tokens": 250, "output_tokens": 100}
-"""The usage every model call of the team reports."""
+CALL_USAGE = {
+    "input_tokens": 150,
+    "cache_creation_input_tokens": 40,
+    "cache_read_input_tokens": 60,
+    "output_tokens": 100,
+}
+"""The usage every model call of the team reports (prompt-cache writes and reads included)."""
 
-CALL_TOKENS = CALL_USAGE["input_tokens"] + CALL_USAGE["output_tokens"]
-"""Tokens one call spends (350)."""
+CALL_TOKENS = sum(CALL_USAGE.values())
+"""Tokens one call spends (350): input, cache writes, cache reads and output alike."""
 
 
 def run_tokens(asks: int) -> int:
@@ -123,10 +128,12 @@ def build_team(
     budget: dict[str, int] | None = None,
     auto_compact: Any = None,
     parallel: bool = False,
+    session: bool = False,
 ) -> Any:
     """The "e2e_budget" team (see the module doc); ``budget``: its default
     budget; ``auto_compact``: the lead's (off by default); ``parallel``: the
-    lead asks all at once and the member's calls take a moment."""
+    lead asks all at once and the member's calls take a moment; ``session``:
+    ``worker`` is a session member (a live ``Agent``: one conversation, serial)."""
     lead = define_agent(
         name="lead",
         model_client=ScriptedModelClient(parallel_lead_model if parallel else lead_model),
@@ -134,7 +141,7 @@ def build_team(
         workspace=False,
         auto_compact=auto_compact,
     )
-    worker = define_agent(
+    worker = (create_agent if session else define_agent)(
         name="worker",
         model_client=ScriptedModelClient(slow_member_model if parallel else member_model),
         tools=[jot],
@@ -155,3 +162,5 @@ compact_team = build_team(
 """The same team whose lead compacts after every tool batch (its context is past 100 tokens)."""
 parallel_team = build_team("e2e_budget_parallel", parallel=True)
 """The team whose lead asks all at once (see the module doc)."""
+session_team = build_team("e2e_budget_session", session=True)
+"""The team whose member is a session member (see :func:`build_team`)."""

@@ -2,7 +2,7 @@
 effect, each recording what it did in Redis under the test's key prefix.
 
 The run prompt is JSON: ``{"member": "<tool> <label>"}`` (the lead asks member
-``m`` -- or ``gate``, whose tools need approvals -- to do it) or
+``m`` -- or ``gate``, whose tools need approvals, or the session member ``s`` -- to do it) or
 ``{"lead": "<tool> <label>"}`` (the lead calls its own tools). Either way the
 agent first calls ``prep <label>`` (an unguarded tool: it must never run twice),
 then ``<tool> <label>``, then answers with that tool's output (a member through
@@ -34,6 +34,7 @@ from lattice_worker import (
     Reconcile,
     ScriptedModelClient,
     ToolContext,
+    create_agent,
     define_agent,
     tool,
 )
@@ -167,10 +168,13 @@ def _steps(item: list[dict[str, Any]], task: str, finish: Any) -> AssistantModel
 
 def member_model(request: Any) -> AssistantModelMessage:
     messages = request.messages
+    # this item's conversation: from its task prompt on (a session member's holds earlier items before it)
+    starts = [i for i, m in enumerate(messages) if "You have been assigned message" in _first_text(m)]
+    item = messages[starts[-1] if starts else 0 :]
     # member_prompt() wraps the task: "... from <lead>:\n\n<task>\n\nWhen your work ..."
-    match = re.search(r"from [^\n]+:\n\n(.*?)\n\nWhen your work", _first_text(messages[0]), re.S)
-    task = match.group(1).strip() if match else _first_text(messages[0]).strip()
-    return _steps(messages, task, lambda out: _tool_use("team_reply", {"content": out}, "toolu_reply"))
+    match = re.search(r"from [^\n]+:\n\n(.*?)\n\nWhen your work", _first_text(item[0]), re.S)
+    task = match.group(1).strip() if match else _first_text(item[0]).strip()
+    return _steps(item, task, lambda out: _tool_use("team_reply", {"content": out}, "toolu_reply"))
 
 
 def lead_model(request: Any) -> AssistantModelMessage:
@@ -184,9 +188,23 @@ def lead_model(request: Any) -> AssistantModelMessage:
     return _text(f"final: {_result_text(messages[2])}")
 
 
+def _member_agent(make: Any, name: str, **options: Any) -> Any:
+    """A member agent with the tools and the scripted member model
+    (``make``: ``define_agent`` for a template, ``create_agent`` for a session)."""
+    return make(
+        name=name,
+        model_client=ScriptedModelClient(member_model),
+        tools=TOOLS,
+        max_turns=10,
+        workspace=False,
+        **options,
+    )
+
+
 def build_team(*, gated_lead: bool = False) -> Any:
     """The "fx" team: lead (with the tools) + template members ``m`` (plain) and
-    ``gate`` (``permission_mode="by_effect"``)."""
+    ``gate`` (``permission_mode="by_effect"``) + session member ``s`` (a live
+    ``Agent``: one conversation across its work items, serial)."""
     lead = define_agent(
         name="lead",
         model_client=ScriptedModelClient(lead_model),
@@ -196,27 +214,9 @@ def build_team(*, gated_lead: bool = False) -> Any:
         permission_mode="by_effect" if gated_lead else "allow",
     )
     members = [
-        team_member(
-            name="m",
-            agent=define_agent(
-                name="m",
-                model_client=ScriptedModelClient(member_model),
-                tools=TOOLS,
-                max_turns=10,
-                workspace=False,
-            ),
-        ),
-        team_member(
-            name="gate",
-            agent=define_agent(
-                name="gate",
-                model_client=ScriptedModelClient(member_model),
-                tools=TOOLS,
-                max_turns=10,
-                workspace=False,
-                permission_mode="by_effect",
-            ),
-        ),
+        team_member(name="m", agent=_member_agent(define_agent, "m")),
+        team_member(name="gate", agent=_member_agent(define_agent, "gate", permission_mode="by_effect")),
+        team_member(name="s", agent=_member_agent(create_agent, "s")),
     ]
     return create_team(name="fx" if not gated_lead else "fx_gated", lead=lead, members=members)
 

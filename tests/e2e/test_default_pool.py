@@ -28,19 +28,32 @@ pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(150)]
 RUNS = 6
 
 
-@pytest.mark.parametrize(("pool_args", "pool"), [([], "asyncio"), (["--pool", "threads"], "threads")])
-def test_kill9_of_a_worker_with_many_calls_in_flight_recovers_them_all(deployment_factory, pool_args, pool):
+@pytest.mark.parametrize(
+    ("pool_args", "pool", "stop"),
+    [([], "asyncio", "kill9"), (["--pool", "threads"], "threads", "kill9"), ([], "asyncio", "cold")],
+    ids=["asyncio", "threads", "asyncio-cold-shutdown"],
+)
+def test_kill9_of_a_worker_with_many_calls_in_flight_recovers_them_all(
+    deployment_factory, pool_args, pool, stop
+):
+    # "cold": SIGQUIT, Celery's cold shutdown (docs/deploy.md): the pool stops its loop
+    # with the calls mid-way, the process exits at once, and they are recovered as after a kill
     d = deployment_factory(lease_seconds=2, max_attempts=3)
     doomed = d.worker("tests.e2e.teams:team", *pool_args)  # the pool's default size
     [info] = d.client.status("e2e").workers
-    assert (info.pool, info.concurrency) == (pool, 200)
+    assert (info.pool, info.concurrency) == (pool, 300 if pool == "asyncio" else 200)
     tasks = [f"job{i} hang-first" for i in range(RUNS)]
     handles = [d.client.submit("e2e", plan(("worker", "handoff", task))) for task in tasks]
     # every member call is in flight at once in the one process
     wait_for(lambda: all(f"start:{t}" in d.work_log() for t in tasks), 45, "every member call to start")
     pids = {entry.split(":")[-1] for entry in d.redis.lrange(f"{d.prefix}:test:pids", 0, -1)}
     assert pids == {str(doomed.proc.pid)}  # the worker's own process runs them all
-    doomed.kill9()
+    if stop == "cold":
+        os.killpg(doomed.pgid, signal.SIGQUIT)
+        doomed.proc.wait(20)  # it exits by itself, without finishing its steps
+        assert "Unrecoverable error" not in doomed.log() and "end:" not in d.work_log()
+    else:
+        doomed.kill9()
     assert len(d.client.inbox("e2e::worker", "processing")) == RUNS
 
     d.worker("tests.e2e.teams:team")  # recovered on the default pool

@@ -10,7 +10,9 @@ recovered by its tool's effect: ``read_only`` runs again; ``idempotent`` is
 sent again with the same effect key (the provider stub sees one effect);
 ``reconcilable`` uses the value its lookup found, or runs again after a final
 not-found; ``unguarded`` parks, and ``lattice resolve --result`` completes the
-run with that value. Then approvals across a worker restart, decided from the CLI.
+run with that value. The same for a session member (a live ``Agent``), whose
+re-claimed item goes on in its conversation. Then approvals across a worker
+restart, decided from the CLI.
 """
 
 from __future__ import annotations
@@ -105,6 +107,33 @@ def test_kill9_during_member_tool_calls_recovers_each_by_its_effect(deployment_f
     survivor.wait_log(r"lattice\.deliver\[[^\]]+\] succeeded in [^:]+: 'parked'")
     finish_unguarded(d, handles, parked_id)
     assert {m.status.value for m in d.client.inbox("fx::m", "all")} == {"done"}
+
+
+def test_kill9_during_a_session_members_tool_call_parks_it_and_the_session_goes_on(deployment_factory):
+    # session member "s" (a live Agent): one conversation across its work items, serial
+    d = deployment_factory(lease_seconds=2, max_attempts=5)
+    doomed = d.worker(TEAM, "--concurrency", "2")
+    emailed = d.client.submit(TEAM, member_plan("send_email se-hang", via="s"))
+    wait_for(
+        lambda: "start:send_email:se-hang" in d.work_log(), 60, "the session member's send_email to start"
+    )
+    charged = d.client.submit(TEAM, member_plan("charge sc", via="s"))
+    # its task waits behind the first in the session's mailbox (serial), its lead suspended
+    wait_for(lambda: d.client.inbox("fx::s", "pending"), 60, "the second task to wait in the mailbox")
+    doomed.kill9()
+    d.worker(TEAM, "--concurrency", "2")
+    [call] = wait_for(lambda: d.client.parked("fx"), 60, "the unguarded call to park")
+    assert (call.member, call.tool_name, call.effect) == ("s", "send_email", "unguarded")
+    # the re-claimed item went on from its last turn: prep (completed) and send_email never ran again
+    assert count(d, "prep", "se-hang") == 1 and count(d, "send_email", "se-hang") == 1
+    assert cli(d, "resolve", call.message_id, "--result", "sent by hand").returncode == 0
+    result = emailed.wait(timeout=60)
+    assert (result.status, result.result) == ("completed", "final: sent by hand")
+    result = charged.wait(timeout=60)
+    assert (result.status, result.result) == ("completed", "final: charged[sc]")
+    assert count(d, "send_email", "se-hang") == 1 and count(d, "prep", "se-hang") == 1
+    assert count(d, "charge", "sc") == 1 and count(d, "prep", "sc") == 1
+    assert {m.status.value for m in d.client.inbox("fx::s", "all")} == {"done"}
 
 
 def test_kill9_during_the_leads_own_tool_calls_recovers_each_by_its_effect(deployment_factory):

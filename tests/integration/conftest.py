@@ -113,6 +113,19 @@ def raw(state_url: str):
 
 
 @pytest.fixture
+async def store(prefix: str, state_url: str) -> AsyncIterator[Any]:
+    """A ``RunStore`` on ``state_url`` under the test's ``prefix``, closed afterwards (the run-store tests').
+
+    A test module with a ``store`` of its own (a mailbox's, say) overrides this one.
+    """
+    from lattice_client.runstore import RunStore
+
+    s = RunStore(state_url, prefix=prefix)
+    yield s
+    await s.aclose()
+
+
+@pytest.fixture
 async def ctx(prefix: str) -> AsyncIterator[Any]:
     """A :func:`tests.support.workers.worker_context` for one test; its run store is closed afterwards."""
     from tests.support.workers import worker_context

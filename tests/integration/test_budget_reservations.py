@@ -20,13 +20,6 @@ STATE_STORES = ("redis", "cluster")
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
 
-@pytest.fixture
-async def store(prefix, state_url):
-    s = RunStore(state_url, prefix=prefix)
-    yield s
-    await s.aclose()
-
-
 async def reserve(
     store: RunStore, run_id: str, call_id: str, estimate: int = 0, hold_ms: int = 60_000
 ) -> Any:

@@ -7,6 +7,8 @@ running), spends at most one call past its budget, and completes after
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import uuid
 from typing import Any
 
@@ -23,6 +25,7 @@ from lattice_worker.runtime.worker.registry import TeamRegistry
 from tests.e2e.budget_teams import CALL_TOKENS, parallel_run_tokens, run_tokens
 from tests.support.races import stale_get
 from tests.support.services import REDIS_URL, settings_for
+from tests.support.ui_page import ui_html
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(90)]
 
@@ -50,6 +53,7 @@ class Env:
             registry.load("tests.e2e.budget_teams:default_team")
             registry.load("tests.e2e.budget_teams:compact_team")
             registry.load("tests.e2e.budget_teams:parallel_team")
+            registry.load("tests.e2e.budget_teams:session_team")
             self.ctxs.append(
                 WorkerContext(
                     settings=settings_for(prefix, lease_seconds=30),
@@ -202,6 +206,28 @@ async def test_a_member_parks_with_its_message_and_resumes_on_the_raise(make_env
     assert record.spent_tokens == run_tokens(3)
 
 
+async def test_a_session_member_parks_at_the_budget_and_goes_on_in_its_conversation(make_env, raw, prefix):
+    # budget 1_700: the session member's second call of item 1 parks; the raise resumes it
+    # in the same conversation (each item's prompt once), not from the item's start
+    e = make_env(1)
+    team = "e2e_budget_session"
+    run_id = await e.submit(3, 1_700, team=team)
+    outs = await e.drain()
+    assert outs[-1] == "budget_reached", outs
+    [parked] = await e.client.inbox(f"{team}::worker", "parked")
+    assert [w.message_id for w in await e.client.budget_waits(team)] == [parked.id]
+    assert (await e.client.get_run(run_id)).spent_tokens == 5 * CALL_TOKENS
+    await e.client.raise_budget(run_id, tokens=20_000)
+    await e.drain()
+    record = await e.client.get_run(run_id)
+    assert record.status.value == "completed", record
+    assert record.result.result == "final: answer0 | answer1 | answer2"
+    assert record.spent_tokens == run_tokens(3)
+    session_key = e.ctxs[0].keys.session(f"{team}::worker")
+    prompts = [m for m in map(json.loads, raw.lrange(session_key, 0, -1)) if isinstance(m["content"], str)]
+    assert len(prompts) == 3
+
+
 @pytest.mark.parametrize("workers", [1, 3])
 async def test_the_spend_is_the_same_on_one_worker_and_on_three(make_env, workers):
     e = make_env(workers)
@@ -345,17 +371,9 @@ def record_key(prefix: str, run_id: str) -> str:
 
 
 async def test_the_cli_shows_the_spend_and_raises_the_budget(make_env, prefix):
-    from typer.testing import CliRunner
+    from lattice_client.cli import EXIT_ERROR
 
-    from lattice_client.cli import EXIT_ERROR, app
-
-    def lattice(*args: str) -> Any:
-        result = CliRunner().invoke(
-            app, ["--broker-url", REDIS_URL, "--key-prefix", prefix, *args], env={"COLUMNS": "200"}
-        )
-        assert "Traceback" not in result.output, result.output
-        return result
-
+    lattice = cli_runner(prefix)
     e = make_env(1)
     run_id = await e.submit(3, 2_000)
     await e.drain()
@@ -376,6 +394,77 @@ async def test_the_cli_shows_the_spend_and_raises_the_budget(make_env, prefix):
     await e.drain()
     record = await e.client.get_run(run_id)
     assert record.status.value == "completed" and record.spent_tokens == run_tokens(3)
+
+
+def cli_runner(prefix: str) -> Any:
+    """``lattice(*args)``: the CLI on the tests' Redis and ``prefix``, 200 columns wide."""
+    from typer.testing import CliRunner
+
+    from lattice_client.cli import app
+
+    def lattice(*args: str) -> Any:
+        result = CliRunner().invoke(
+            app, ["--broker-url", REDIS_URL, "--key-prefix", prefix, *args], env={"COLUMNS": "200"}
+        )
+        assert "Traceback" not in result.output, result.output
+        return result
+
+    return lattice
+
+
+async def test_work_parked_at_the_budget_shows_in_parked_and_status(make_env, prefix):
+    e = make_env(1)
+    lead_parked = await e.submit(3, 2_000)  # the lead's next call parks
+    member_parked = await e.submit(3, 1_700)  # a member's call parks with its message
+    await e.drain()
+    [message] = await e.client.inbox(f"{TEAM}::worker", "parked")
+    waits = sorted(
+        await e.client.budget_waits(), key=lambda w: w.member
+    )  # (oldest first: whichever parked first)
+    assert [(w.kind, w.run_id, w.team, w.member, w.message_id) for w in waits] == [
+        ("budget", lead_parked, TEAM, "lead", None),
+        ("budget", member_parked, TEAM, "worker", message.id),
+    ]
+    assert [(w.spent_tokens, w.budget_tokens) for w in waits] == [
+        (6 * CALL_TOKENS, 2_000),
+        (5 * CALL_TOKENS, 1_700),
+    ]
+    assert waits[1].work_item_id == message.work_item_id and all(w.created_at > 0 for w in waits)
+    assert await e.client.budget_waits("other-team") == []
+    assert await e.client.parked() == []  # not tool calls: resolve does not decide them
+    status = await e.client.status(TEAM)
+    assert {w.run_id for w in status.budget_waits} == {lead_parked, member_parked}
+
+    lattice = cli_runner(prefix)
+    listed = lattice("parked", TEAM, "--json")
+    assert listed.exit_code == 0, listed.output
+    assert sorted(
+        (p["kind"], p["member"], p["run_id"], p["message_id"]) for p in json.loads(listed.output)
+    ) == [
+        ("budget", "lead", lead_parked, None),
+        ("budget", "worker", member_parked, message.id),
+    ]
+    for shown in (lattice("parked"), lattice("status", TEAM)):
+        assert shown.exit_code == 0, shown.output
+        assert "parked at the run's token budget (lattice budget RUN_ID --tokens N)" in shown.output
+        rows = [line for line in shown.output.splitlines() if "lead" in line or message.id in line]
+        assert any(lead_parked in r and f"{6 * CALL_TOKENS}/2000" in r for r in rows), shown.output
+        assert any(member_parked in r and f"{5 * CALL_TOKENS}/1700" in r for r in rows), shown.output
+
+    # so does the operations page's calls page
+    html = await asyncio.to_thread(ui_html, prefix, "/calls")
+    [table] = re.findall(r'<table class="list" id="budget-waits">.*?</table>', html, re.S)
+    assert lead_parked in table and member_parked in table and message.id in table
+    assert f"{6 * CALL_TOKENS} / 2000" in table and f"{5 * CALL_TOKENS} / 1700" in table
+
+    # raised, the member's run goes on: no longer listed; the parked lead still is
+    await e.client.raise_budget(member_parked, tokens=50_000)
+    assert [w.run_id for w in await e.client.budget_waits()] == [lead_parked]
+    await e.drain()
+    await e.client.cancel(lead_parked)  # a finished run's lead is not waiting any more
+    assert await e.client.budget_waits() == []
+    assert "no parked calls" in lattice("parked").output
+    assert 'id="budget-waits"' not in await asyncio.to_thread(ui_html, prefix, "/calls")
 
 
 async def test_a_run_parked_on_its_budget_can_be_cancelled(make_env):

@@ -23,6 +23,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from lattice_client.runstore import RunStore
 from lattice_mailbox.connections import (
+    ASYNC_POOL_OPTIONS,
     CONNECT_RETRIES,
     UnreachableError,
     async_redis,
@@ -66,6 +67,20 @@ async def test_asyncio_clients_replace_killed_and_idle_closed_connections(server
         done += 1
     assert _count(server) == done  # every command ran once
     await client.aclose()
+
+
+async def test_more_concurrent_commands_than_pooled_connections_wait_for_one(server):
+    # 1,000 steps in flight on one asyncio pool process share one client: a command that
+    # finds every connection in use waits for one (redis-py's default pool fails it at once)
+    client = async_redis(server.url)
+    limit = ASYNC_POOL_OPTIONS["max_connections"]
+    try:
+        replies = await asyncio.gather(*(client.blpop([f"q{i}"], timeout=0.2) for i in range(limit + 20)))
+        assert replies == [None] * (limit + 20)
+        with server.admin() as admin:
+            assert int(admin.info("clients")["connected_clients"]) <= limit + 1  # (+ the admin)
+    finally:
+        await client.aclose()
 
 
 async def test_an_idle_connection_killed_just_before_a_command_is_pinged_and_replaced(server):

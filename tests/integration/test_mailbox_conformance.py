@@ -31,6 +31,7 @@ from lattice_mailbox.redis import RedisMailbox
 from lattice_mailbox.sql import SQLMailbox
 from lattice_mailbox.validation import new_message_id
 from tests.support.services import PG_URL, REDIS_URL
+from tests.support.sql_mailbox import drop_sql_mailbox
 
 BACKENDS = [
     pytest.param("memory", id="memory"),
@@ -95,19 +96,7 @@ async def make_store(tmp_path, request: pytest.FixtureRequest) -> AsyncIterator[
         if kind == "postgres":
             kwargs.setdefault("table_prefix", f"t{uuid.uuid4().hex[:12]}_")
             mb = SQLMailbox(PG_URL, **kwargs)
-
-            async def drop_pg() -> None:
-                from sqlalchemy import text
-
-                def drop() -> None:
-                    with mb.engine.begin() as conn:
-                        p = mb.table_prefix
-                        conn.execute(text(f"DROP TABLE IF EXISTS {p}messages, {p}mailboxes"))
-
-                await asyncio.to_thread(drop)
-                await mb.aclose()
-
-            cleanups.append(drop_pg)
+            cleanups.append(lambda: drop_sql_mailbox(mb))
             return mb
         raise AssertionError(kind)
 

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from lattice_client import LatticeClient
 from lattice_client.celery_config import DELIVER_TASK, RESUME_LEAD_TASK, RUN_LEAD_TASK
 from lattice_client.cli import app
 from lattice_client.runstore import RunStore
@@ -33,6 +34,7 @@ from lattice_worker.runtime.worker.registry import TeamRegistry
 from tests.e2e.teams import plan
 from tests.support.fake_anthropic import ErrorReply, MessageReply, text_block
 from tests.support.services import REDIS_URL, settings_for
+from tests.support.ui_page import ui_html
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
@@ -103,6 +105,11 @@ def lattice_status(prefix: str, *more: str) -> str:
     return result.output
 
 
+def client_rate_limited(prefix: str) -> list[Any]:
+    with LatticeClient(broker_url=REDIS_URL, key_prefix=prefix) as client:
+        return client.rate_limited()
+
+
 async def event_types(ctx: WorkerContext, run_id: str) -> list[dict[str, Any]]:
     return [e for _, e in await ctx.runs.events(run_id, count=1000)]
 
@@ -130,6 +137,11 @@ async def test_a_lead_call_over_the_limit_ends_the_segment_and_is_not_run_early(
     assert "model calls waiting for their turn" in shown and "requests_per_minute" in shown
     report = json.loads(await asyncio.to_thread(lattice_status, prefix, "--json"))
     assert [(w["waiting"], w["limit"]) for w in report["rate_limited"]] == [(1, "requests_per_minute")]
+    # so do the client and the operations page's workers page
+    [listed] = await asyncio.to_thread(client_rate_limited, prefix)
+    assert (listed.model, listed.waiting, listed.limit) == (DEFAULT_MODEL, 1, "requests_per_minute")
+    page = await asyncio.to_thread(ui_html, prefix, "/workers")
+    assert 'id="rate-limited"' in page and DEFAULT_MODEL in page and "requests_per_minute" in page
 
     # an early resume (a reaper's, a duplicate) finds the held place: it waits again, takes no new turn
     assert await broker.run(RESUME_LEAD_TASK, [run_id]) == "rate_limited"
@@ -203,6 +215,26 @@ async def test_under_drain_a_member_call_over_the_limit_waits_in_place(env, raw,
         assert await member_step.process_claimed(ctx, team, member, message) == "done"
     assert raw.get(f"{prefix}:test:exec:d") == "1"
     assert not [q for q in broker.queue if q[0] == DELIVER_TASK]  # nothing re-enqueued
+    waits = [e for e in await event_types(ctx, run_id) if e.get("type") == "model_call_waiting"]
+    assert waits and not any(w["requeued"] for w in waits)
+
+
+async def test_a_session_member_call_over_the_limit_waits_in_place_holding_its_claim(env, raw, prefix):
+    # a session member's message handed back to wait would let the next item of its
+    # serial mailbox into the conversation: its call waits for its turn in place
+    ctx, broker = env
+    ctx.registry.load("tests.e2e.teams:session_team")
+    run_id = f"run_{uuid.uuid4().hex[:10]}"
+    await ctx.runs.create(run_id, "e2e_session", plan(("clerk", "handoff", "s")))
+    assert await lead_segment.run_lead(ctx, run_id) == "suspended"
+    await use_up(ctx, 2)
+    [(name, args, _)] = broker.queue
+    broker.queue.clear()
+    assert await broker.run(name, args) == "done"
+    assert raw.get(f"{prefix}:test:exec:s") == "1"
+    assert not [q for q in broker.queue if q[0] == DELIVER_TASK]  # nothing re-enqueued
+    [message] = await ctx.mailbox.inbox(args[0], "all")
+    assert (message.status.value, message.attempts) == ("done", 1)  # one claim: never released
     waits = [e for e in await event_types(ctx, run_id) if e.get("type") == "model_call_waiting"]
     assert waits and not any(w["requeued"] for w in waits)
 

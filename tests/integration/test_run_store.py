@@ -25,13 +25,6 @@ STATE_STORES = ("redis", "cluster")
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(90)]
 
 
-@pytest.fixture
-async def store(prefix, state_url):
-    s = RunStore(state_url, prefix=prefix)
-    yield s
-    await s.aclose()
-
-
 def item(n: int, member: str = "searcher") -> dict:
     return {
         "work_item_id": f"wi-{n}",

@@ -25,13 +25,6 @@ STATE_STORES = ("redis", "cluster")
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
 
-@pytest.fixture
-async def store(prefix, state_url):
-    s = RunStore(state_url, prefix=prefix)
-    yield s
-    await s.aclose()
-
-
 def history_key(store: RunStore, run_id: str) -> str:
     return f"{store.keys(run_id).record}:history"
 

@@ -10,20 +10,13 @@ import json
 import pytest
 
 from lattice_client.errors import RunLeaseLostError
-from lattice_client.runstore import RunStore, WaitStateError
+from lattice_client.runstore import WaitStateError
 from tests.support.runstore import run_call
 
 STATE_STORES = ("redis", "cluster")
 """Every test runs on the tests' Redis and on the session's Redis Cluster (tests/integration/conftest.py)."""
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
-
-
-@pytest.fixture
-async def store(prefix, state_url):
-    s = RunStore(state_url, prefix=prefix)
-    yield s
-    await s.aclose()
 
 
 async def test_a_work_items_writes_belong_to_its_latest_claim(store, raw, prefix):

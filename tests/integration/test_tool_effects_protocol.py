@@ -25,6 +25,7 @@ from lattice_worker.runtime.lead import segment as lead_segment
 from lattice_worker.runtime.member import step as member_step
 from lattice_worker.runtime.run.context import WorkerContext
 from lattice_worker.runtime.worker.registry import TeamRegistry
+from tests.e2e import effect_teams
 from tests.e2e.effect_teams import lead_plan, member_plan
 from tests.support.races import stale_get
 from tests.support.services import REDIS_URL, settings_for
@@ -129,8 +130,39 @@ async def env(tool_prefix):
     await mailbox.aclose()
 
 
+def effect_cases(p: str) -> list[tuple[str, str, int, str]]:
+    """(tool, label, executions, the run's answer) of an interrupted call per
+    recoverable effect, the labels starting with ``p``."""
+    return [
+        ("lookup_docs", f"{p}r-hang", 2, f"found[{p}r-hang]"),  # read_only: runs again
+        ("charge", f"{p}c-hang", 2, f"charged[{p}c-hang]"),  # idempotent: sent again with the same key
+        ("charge_checked", f"{p}k-hang", 1, f"looked-up[ch_{p}k-hang]"),  # reconcilable, found: its value
+        ("charge_checked", f"{p}k2-hang-late", 2, f"charged[{p}k2-hang-late]"),  # final not_found: again
+    ]
+
+
 def count(raw: redis.Redis, prefix: str, name: str, label: str) -> int:
     return int(raw.get(f"{prefix}:test:exec:{name}:{label}") or 0)
+
+
+def session_key(e: Env) -> str:
+    """Where session member ``s``'s conversation is stored (all its work items)."""
+    return e.ctx.keys.session("fx::s")
+
+
+def session_of(e: Env, raw: redis.Redis) -> list[dict[str, Any]]:
+    """Session member ``s``'s conversation as stored."""
+    return [json.loads(x) for x in raw.lrange(session_key(e), 0, -1)]
+
+
+def tool_use_ids(conversation: list[dict[str, Any]]) -> list[str]:
+    return [
+        b["id"]
+        for m in conversation
+        if m["role"] == "assistant" and isinstance(m["content"], list)
+        for b in m["content"]
+        if b.get("type") == "tool_use"
+    ]
 
 
 async def submit(e: Env, team: str, prompt: str) -> str:
@@ -162,32 +194,29 @@ async def result_of(e: Env, run_id: str) -> Any:
 
 
 @pytest.mark.parametrize(
-    ("tool_name", "label", "runs", "output"),
-    [
-        ("lookup_docs", "r1-hang", 2, "found[r1-hang]"),  # read_only: runs again
-        ("charge", "c1-hang", 2, "charged[c1-hang]"),  # idempotent: sent again with the same key
-        ("charge_checked", "k1-hang", 1, "looked-up[ch_k1-hang]"),  # reconcilable, found: its value
-        ("charge_checked", "k2-hang-late", 2, "charged[k2-hang-late]"),  # reconcilable, final not_found
-    ],
+    ("via", "tool_name", "label", "runs", "output"),
+    [("m", *case) for case in effect_cases("m")] + [("s", *case) for case in effect_cases("s")],
 )
 async def test_an_interrupted_member_call_is_recovered_by_its_effect(
-    env, raw, prefix, tool_name, label, runs, output
+    env, raw, prefix, via, tool_name, label, runs, output
 ):
+    # via "m": a template member (its history per work item); "s": a session member (a live
+    # Agent, one conversation across its work items)
     e = env
-    run_id = await start_member(e, f"{tool_name} {label}")
-    await e.stall(DELIVER_TASK, "fx::m", raw, f"start:{tool_name}:{label}")
+    box = f"fx::{via}"
+    run_id = await start_member(e, f"{tool_name} {label}", via=via)
+    await e.stall(DELIVER_TASK, box, raw, f"start:{tool_name}:{label}")
     # while the handler runs, what is stored agrees: the turn holding the call, and the call started
-    [claimed] = await e.ctx.mailbox.inbox("fx::m", "processing")
-    history = [
-        json.loads(x) for x in raw.lrange(e.ctx.runs.item_history_key(run_id, claimed.work_item_id), 0, -1)
-    ]
+    [claimed] = await e.ctx.mailbox.inbox(box, "processing")
+    history_key = e.ctx.runs.item_history_key(run_id, claimed.work_item_id)
+    history = [json.loads(x) for x in raw.lrange(history_key if via == "m" else session_key(e), 0, -1)]
     journal = raw.hgetall(e.ctx.runs.item_journal_key(run_id, claimed.work_item_id))
     assert [m["role"] for m in history] == ["user", "assistant", "user", "assistant"]
     assert history[-1]["content"][0]["id"] == "toolu_target"
     assert json.loads(journal["toolu_prep"])["status"] == "completed"
     assert json.loads(journal["toolu_target"])["status"] == "started"
     await e.crash_member()
-    assert await e.run(DELIVER_TASK, "fx::m") == "done"  # the re-claimed member resumed
+    assert await e.run(DELIVER_TASK, box) == "done"  # the re-claimed member resumed
     await e.drain()
     result = await result_of(e, run_id)
     assert (result.status, result.result) == ("completed", f"final: {output}")
@@ -195,11 +224,15 @@ async def test_an_interrupted_member_call_is_recovered_by_its_effect(
     assert count(raw, prefix, "prep", label) == 1  # completed before the crash: never again
     if tool_name.startswith("charge"):
         assert raw.get(f"{prefix}:test:provider:count:{label}") == "1"  # the provider saw one effect
-    [message] = await e.ctx.mailbox.inbox("fx::m", "all")
+    [message] = await e.ctx.mailbox.inbox(box, "all")
     assert (message.status.value, message.attempts) == ("done", 2)
     if tool_name == "charge":  # both sends carried the same effect key
         keys = raw.lrange(f"{prefix}:test:provider:keys:{label}", 0, -1)
         assert keys == [f"{message.work_item_id}:toolu_target"] * 2
+    if via == "s":  # one prompt, one turn per call: the item went on in the conversation, not over
+        conversation = session_of(e, raw)
+        assert sum(isinstance(m["content"], str) for m in conversation) == 1
+        assert tool_use_ids(conversation) == ["toolu_prep", "toolu_target", "toolu_reply"]
 
 
 async def test_an_interrupted_unguarded_member_call_parks_until_resolved(env, raw, prefix):
@@ -285,6 +318,32 @@ async def test_retry_runs_a_parked_call_again_and_fail_gives_the_model_the_reaso
     assert count(raw, prefix, "send_email", "e2-hang") == runs
 
 
+@pytest.mark.parametrize("via", ["m", "s"])
+async def test_a_reclaimed_attempt_parked_at_the_budget_keeps_the_interrupted_turn(
+    env, raw, prefix, monkeypatch, via
+):
+    # a model asked a turn again gives its calls new ids (here: a counter), unknown to the
+    # journal: the interrupted turn must stay stored until it is replayed
+    e = env
+    ids = iter(range(1000))
+    make = effect_teams._tool_use
+    monkeypatch.setattr(effect_teams, "_tool_use", lambda n, i, tid: make(n, i, f"{tid}_{next(ids)}"))
+    box = f"fx::{via}"
+    run_id = f"run_{uuid.uuid4().hex[:10]}"
+    await e.ctx.runs.create(run_id, "fx", member_plan("send_email eb-hang", via=via), budget_tokens=10**6)
+    assert await e.run(RUN_LEAD_TASK, run_id) == "suspended"
+    e.queue.clear()
+    await e.stall(DELIVER_TASK, box, raw, "start:send_email:eb-hang")
+    await e.crash_member()
+    raw.hset(e.ctx.runs.keys(run_id).record, "spent_tokens", 10**6)  # other calls spent the budget meanwhile
+    assert await e.run(DELIVER_TASK, box) == "budget_reached"  # before the replayed turn's "call"
+    await e.client.raise_budget(run_id, tokens=2 * 10**6)
+    await e.drain()
+    [parked] = await e.client.parked("fx")  # the replayed call is decided by its effect: it parks
+    assert (parked.member, parked.tool_name, parked.effect) == (via, "send_email", "unguarded")
+    assert count(raw, prefix, "send_email", "eb-hang") == 1 and count(raw, prefix, "prep", "eb-hang") == 1
+
+
 async def test_the_stalled_attempt_writes_nothing_after_its_claim_was_taken(env, raw, prefix):
     e = env
     run_id = await start_member(e, "lookup_docs r9-hang")
@@ -304,17 +363,45 @@ async def test_the_stalled_attempt_writes_nothing_after_its_claim_was_taken(env,
     assert (await result_of(e, run_id)).result == "final: found[r9-hang]"
 
 
+# --------------------------------------------------------------------------- session members
+
+
+async def park_session_email(e: Env, raw: redis.Redis, label: str) -> str:
+    """A run whose session member ``s`` parks its interrupted ``send_email <label>``; its id."""
+    run_id = await start_member(e, f"send_email {label}", via="s")
+    await e.stall(DELIVER_TASK, "fx::s", raw, f"start:send_email:{label}")
+    await e.crash_member()
+    assert await e.run(DELIVER_TASK, "fx::s") == "parked"
+    return run_id
+
+
+async def test_an_interrupted_unguarded_session_member_call_parks_and_the_session_goes_on(env, raw, prefix):
+    e = env
+    run_id = await park_session_email(e, raw, "se-hang")
+    [parked] = await e.client.parked("fx")
+    assert (parked.member, parked.tool_name, parked.effect) == ("s", "send_email", "unguarded")
+    assert count(raw, prefix, "send_email", "se-hang") == 1 and count(raw, prefix, "prep", "se-hang") == 1
+    await e.client.resolve(parked.message_id, result="sent by hand")
+    await e.drain()
+    result = await result_of(e, run_id)
+    assert (result.status, result.result) == ("completed", "final: sent by hand")
+    assert count(raw, prefix, "send_email", "se-hang") == 1 and count(raw, prefix, "prep", "se-hang") == 1
+    # the session's next item continues the same conversation
+    second = await start_member(e, "lookup_docs s2", via="s")
+    assert await e.run(DELIVER_TASK, "fx::s") == "done"
+    await e.drain()
+    assert (await result_of(e, second)).result == "final: found[s2]"
+    conversation = session_of(e, raw)
+    assert sum(isinstance(m["content"], str) for m in conversation) == 2
+    assert tool_use_ids(conversation) == ["toolu_prep", "toolu_target", "toolu_reply"] * 2
+
+
 # --------------------------------------------------------------------------- the lead's own tools
 
 
 @pytest.mark.parametrize(
     ("tool_name", "label", "runs", "output"),
-    [
-        ("lookup_docs", "lr-hang", 2, "found[lr-hang]"),
-        ("charge", "lc-hang", 2, "charged[lc-hang]"),
-        ("charge_checked", "lk-hang", 1, "looked-up[ch_lk-hang]"),
-        ("charge_checked", "lk2-hang-late", 2, "charged[lk2-hang-late]"),
-    ],
+    effect_cases("l"),
 )
 async def test_an_interrupted_lead_call_is_recovered_by_its_effect(
     env, raw, prefix, tool_name, label, runs, output

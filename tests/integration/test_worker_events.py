@@ -220,14 +220,16 @@ async def test_a_caller_cancelled_mid_write_fails_none_of_the_other_writes_of_it
 
     await ctx.events.emit("r1", {"type": "warm"})  # (later emits only queue: no read of the run)
     await ctx.writer.flush()
-    # the doomed task writes its batch, then (flushing "everything queued now") the next
-    # one, which holds the other tasks' writes and events
-    doomed = asyncio.create_task(ctx.writer.write([busy(100, "doomed")]))
+    # a first task's batch is in flight; the doomed task's flush waits for it, then
+    # writes the next batch (the oldest waiting flush does), which holds the other
+    # tasks' writes and events too
+    first = asyncio.create_task(ctx.writer.write([busy(100, "first")]))
     await asyncio.sleep(0.02)
-    others = [asyncio.create_task(ctx.writer.write([busy(1500, "long")]))]
+    doomed = asyncio.create_task(ctx.writer.write([busy(1500, "doomed")]))
+    await asyncio.sleep(0.02)
     for _ in range(3):
         await ctx.events.emit("r1", {"type": "from-another-task"})
-    others += [
+    others = [
         asyncio.create_task(ctx.writer.write([("rpush", key, f"o{i}"), ("llen", key)])) for i in range(3)
     ]
     marker = ctx.writer.queue_write([("rpush", key, "marker")])  # (before the others: they start later)
@@ -237,10 +239,10 @@ async def test_a_caller_cancelled_mid_write_fails_none_of_the_other_writes_of_it
     doomed.cancel()
     await asyncio.gather(doomed, return_exceptions=True)
     assert doomed.cancelled()
-    replies = await asyncio.gather(*others)  # none failed, each got its own replies
+    replies = await asyncio.gather(first, *others)  # none failed, each got its own replies
     assert replies == [[1], [4, 4], [5, 5], [6, 6]]
     await ctx.writer.sync()
-    assert raw.lrange(key, 0, -1) == ["doomed", "marker", "long", "o0", "o1", "o2"]
+    assert raw.lrange(key, 0, -1) == ["first", "doomed", "marker", "o0", "o1", "o2"]
     assert await _types(ctx, "r1") == ["warm"] + ["from-another-task"] * 3
 
 

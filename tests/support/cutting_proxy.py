@@ -1,4 +1,4 @@
-"""A TCP proxy in front of a Redis that loses the reply of one chosen command.
+"""A TCP proxy in front of a Redis (or a PostgreSQL) that loses the reply of one chosen command.
 
 ``CuttingProxy(port)`` listens on a free port of 127.0.0.1 (threads, so sync and
 asyncio clients and other processes can use it) and forwards to the Redis on
@@ -6,7 +6,10 @@ asyncio clients and other processes can use it) and forwards to the Redis on
 client sends that contains ``marker`` is forwarded to Redis (which runs it), and
 that client's connection is then closed before the reply reaches it: the
 command's outcome is unknown to the caller. Each cut happens once
-(``cuts`` counts them). Same approach as the asyncio proxy of
+(``cuts`` counts them). With ``early=True`` the client's connection is closed as
+soon as the command is forwarded, while the server may still be running it
+(a ``COMMIT`` still being written when the client gave up). Any TCP protocol works: a PostgreSQL client's
+``COMMIT`` is cut with the marker ``b"COMMIT"``. Same approach as the asyncio proxy of
 ``tests/integration/test_mailbox_redis.py``.
 """
 
@@ -23,6 +26,7 @@ class CuttingProxy:
         self.upstream = (upstream_host, upstream_port)
         self.cuts = 0
         self._marker: bytes | None = None
+        self._early = False
         self._lock = threading.Lock()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = int(self._listener.getsockname()[1])
@@ -35,10 +39,12 @@ class CuttingProxy:
         """``redis://127.0.0.1:<proxy port>/0``."""
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def cut_reply_of(self, marker: bytes) -> None:
-        """Lose the reply of the next command whose bytes contain ``marker``."""
+    def cut_reply_of(self, marker: bytes, *, early: bool = False) -> None:
+        """Lose the reply of the next command whose bytes contain ``marker``;
+        ``early``: close the client's connection right after forwarding it,
+        before the server has run it (see the module doc)."""
         with self._lock:
-            self._marker = marker
+            self._marker, self._early = marker, early
 
     def _accept(self) -> None:
         while not self._closed:
@@ -56,11 +62,16 @@ class CuttingProxy:
         try:
             while data := client.recv(65536):
                 with self._lock:
-                    if self._marker is not None and self._marker in data:
+                    hit = self._marker is not None and self._marker in data
+                    early = hit and self._early
+                    if hit:
                         self._marker = None
                         self.cuts += 1
                         cut.set()
                 upstream.sendall(data)
+                if early:
+                    _close(client)  # the server's side stays open until the reply comes (_down)
+                    return
         except OSError:
             pass
         _close(client, upstream)

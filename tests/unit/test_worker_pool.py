@@ -25,7 +25,7 @@ def test_the_default_pool_is_the_asyncio_pool_with_many_steps_in_flight():
     argv = worker_argv(["q"], "node@h", None, [])
     # Celery finds the pool in app.conf.worker_pool: the argv names none
     assert "--pool" not in argv and "-P" not in argv
-    assert argv[argv.index("--concurrency") + 1] == str(DEFAULT_ASYNCIO_CONCURRENCY) == "200"
+    assert argv[argv.index("--concurrency") + 1] == str(DEFAULT_ASYNCIO_CONCURRENCY) == "300"
     assert pool_setting([]) == POOL_PATH
     argv = worker_argv(["q"], "node@h", 50, [])
     assert argv[argv.index("--concurrency") + 1] == "50"

@@ -3,7 +3,7 @@
 --
 -- KEYS[1]  run record hash          <prefix>:run:{run:<id>}
 -- KEYS[2]  the run's reserved calls ...:budget_calls   zset (see reserve_budget.lua)
--- ARGV[1]  tokens the call spent (input + output), an integer >= 0 (0: a failed call)
+-- ARGV[1]  tokens the call spent (input, cache writes and reads, output), an integer >= 0 (0: a failed call)
 -- ARGV[2]  the call's reservation (the member reserve_budget.lua returned; "": none)
 --
 -- Every worker's calls for the run add here (HINCRBY on the record's

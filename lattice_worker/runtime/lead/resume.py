@@ -8,6 +8,7 @@ import logging
 from typing import Any
 
 from lattice_mailbox.message import MessageStatus
+from lattice_mailbox.redis import RedisMailbox
 
 from ...agent.agent import Agent
 from ...team.reports import format_report_message, parse_report_message
@@ -63,7 +64,7 @@ async def prepare_resume(
     elif report is not None:  # only appended: the stored messages stay as they are
         await agent._append(report)
     for outcome in [*asks.values(), *reports]:
-        if outcome.report is not None:
+        if outcome.report is not None and not _queue_mark_read(ctx, team, outcome.report.id, lease):
             await mark_read(team, outcome.report.id)
     if lease is None:
         await ctx.runs.clear_items(run_id)
@@ -82,6 +83,21 @@ def _already_reported(history: list[dict[str, Any]], reports: list[WorkItemOutco
     entries = parse_report_message(history[-1])
     reported = {e.get("work_item_id") for e in entries}
     return bool(entries) and all(r.message.work_item_id in reported for r in reports)
+
+
+def _queue_mark_read(ctx: WorkerContext, team: Team, message_id: str, lease: LeadLease | None) -> bool:
+    """:func:`mark_read` queued on the segment's writer (written with its next write,
+    after the history it was read into), when the team's mailbox is a
+    :class:`~lattice_mailbox.redis.RedisMailbox` on the writer's server: one round
+    trip fewer per resume. ``False`` when it cannot be (the caller marks it itself)."""
+    mailbox = team.mailbox
+    if lease is None or not isinstance(mailbox, RedisMailbox) or mailbox.url != ctx.writer.redis_url:
+        return False
+    call = mailbox.update_status_call(message_id, MessageStatus.DONE)
+    if call is not None:  # (None: no message of this store; update_status would answer False)
+        command, source = call
+        ctx.writer.queue_write([command], scripts=(source,))
+    return True
 
 
 async def mark_read(team: Team, message_id: str) -> None:

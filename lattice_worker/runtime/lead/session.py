@@ -14,10 +14,9 @@ from ...errors import ConfigError
 from ...team.lead_tools import make_lead_member_tools
 from ...team.member_tools import make_mailbox_tools
 from ...team.team import Team
-from ..limits.hook import limited_client
+from ..limits.hook import step_model_client
 from ..run.context import WorkerContext
 from ..run.keys import RUN_KEY_TTL_SECONDS
-from ..run.replay import ReplayModelClient
 from .dispatch import LeadTeamView, RunLinkingMailbox
 from .lease import FencedHistoryStore, LeadLease
 
@@ -65,13 +64,11 @@ def spawn_lead(
             ctx.client, ctx.keys.history(run_id), fail_on_error=True, ttl_seconds=RUN_KEY_TTL_SECONDS
         )
     update: dict[str, Any] = {"history_store": store}
-    client = limited_client(ctx, spec.options)  # the shared model rate limits (its own without them)
+    client = step_model_client(
+        ctx, spec.options, replay
+    )  # the shared model rate limits (its own without them)
     if client is not spec.options.model_client:
         update["model_client"] = client
-    if replay is not None:
-        update["model_client"] = ReplayModelClient(
-            replay, client, api_key=spec.options.api_key, base_url=spec.options.base_url
-        )
     options = spec.options.model_copy(update=update)
     agent = Agent(options, bare=options.workspace is False)
     tools = ctx.lead_tools.get(team.name)

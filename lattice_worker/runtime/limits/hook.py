@@ -33,6 +33,7 @@ from lattice_client.errors import RunLeaseLostError
 from lattice_client.runstore import now_ms
 
 from ..run.context import WorkerContext
+from ..run.replay import ReplayModelClient
 from .bucket import RateLimiter, pipelined_time, with_time
 from .gate import (
     SHORT_WAIT_SECONDS,
@@ -90,6 +91,18 @@ def limited_client(ctx: WorkerContext, options: Any) -> Any:
         return inner
     return LimitedModelClient(
         inner, limiter, api_key=getattr(options, "api_key", None), base_url=getattr(options, "base_url", None)
+    )
+
+
+def step_model_client(ctx: WorkerContext, options: Any, replay: dict[str, Any] | None = None) -> Any:
+    """:func:`limited_client`; with ``replay`` (a persisted assistant turn, wire
+    format) a :class:`~lattice_worker.runtime.run.replay.ReplayModelClient` whose
+    first request returns that turn and whose later ones go to that client."""
+    client = limited_client(ctx, options)
+    if replay is None:
+        return client
+    return ReplayModelClient(
+        replay, client, api_key=getattr(options, "api_key", None), base_url=getattr(options, "base_url", None)
     )
 
 

@@ -1,4 +1,5 @@
-"""A template member's attempt at a work item, journaled (``docs/tool-effects.md``).
+"""A template member's attempt at a work item, journaled (``docs/tool-effects.md``;
+a session member's: :mod:`lattice_worker.runtime.member.session`).
 
 :func:`journaled_member` builds the member's session for one claimed message
 of a distributed run: its history is the work item's (persisted as the member
@@ -21,10 +22,10 @@ from lattice_mailbox.message import TeamMessage
 
 from ...agent.agent import Agent
 from ...team.member import TeamMember
-from ..limits.hook import limited_client
+from ..limits.hook import step_model_client
 from ..run.context import WorkerContext
 from ..run.journal import ItemHistoryStore, ItemJournal, decode_history
-from ..run.replay import ReplayModelClient, encode_message
+from ..run.replay import encode_message
 
 
 async def journaled_member(
@@ -34,6 +35,31 @@ async def journaled_member(
     claimed ``message`` of run ``run_id``. ``resume``: the history holds this
     item's conversation already (continue it). Raises ``RunLeaseLostError`` when a
     later claim of the item already began (this attempt must write nothing)."""
+    journal, elements = await begin_attempt(ctx, team_name, member, message, run_id)
+    messages, replay = split_replay(decode_history(elements))
+    store = ItemHistoryStore(
+        journal, history=[encode_message(m, "history").decode("utf-8") for m in messages]
+    )
+    if replay is not None:
+        store.hold(messages, replay)  # stored until the model "returns" it (a park first leaves it)
+    spec = member.agent
+    update: dict[str, Any] = {"history_store": store}
+    client = step_model_client(
+        ctx, spec.options, replay
+    )  # the shared model rate limits (its own without them)
+    if client is not spec.options.model_client:
+        update["model_client"] = client
+    options = spec.options.model_copy(update=update)
+    return Agent(options, bare=options.workspace is False), journal, bool(messages)
+
+
+async def begin_attempt(
+    ctx: WorkerContext, team_name: str, member: TeamMember, message: TeamMessage, run_id: str
+) -> tuple[ItemJournal, list[str]]:
+    """The journal of this claim of ``message`` and the item history elements
+    (JSON text) the earlier attempts persisted. A first claim reads nothing; a
+    later one reads them with the journal's records (``begin_item``, one round
+    trip), which raises ``RunLeaseLostError`` when a later claim already began."""
     journal = ItemJournal(ctx, run_id, team_name, member.name, message)
     elements: list[str] = []
     if message.attempts > 1:
@@ -42,26 +68,16 @@ async def journaled_member(
         )
         replies = await ctx.writer.write([command], scripts=(source,), on_error=journal._failed("begin_item"))
         elements, journal.records = ctx.runs.begin_item_reply(replies[0])
-    messages = decode_history(elements)
-    replay: dict[str, Any] | None = None
+    return journal, elements
+
+
+def split_replay(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """``(history, replay)``: an assistant turn that ends ``messages`` is taken
+    off to be replayed (its tool batch was interrupted, or it ended the work);
+    ``replay`` is ``None`` otherwise."""
     if messages and messages[-1].get("role") == "assistant":
-        replay = messages.pop()
-    store = ItemHistoryStore(
-        journal, history=[encode_message(m, "history").decode("utf-8") for m in messages]
-    )
-    if replay is not None:
-        await store.replace(messages)  # the replayed turn is stored again as the model "returns" it
-    spec = member.agent
-    update: dict[str, Any] = {"history_store": store}
-    client = limited_client(ctx, spec.options)  # the shared model rate limits (its own without them)
-    if client is not spec.options.model_client:
-        update["model_client"] = client
-    if replay is not None:
-        update["model_client"] = ReplayModelClient(
-            replay, client, api_key=spec.options.api_key, base_url=spec.options.base_url
-        )
-    options = spec.options.model_copy(update=update)
-    return Agent(options, bare=options.workspace is False), journal, bool(messages)
+        return messages[:-1], messages[-1]
+    return messages, None
 
 
-__all__ = ["journaled_member"]
+__all__ = ["begin_attempt", "journaled_member", "split_replay"]

@@ -47,16 +47,14 @@ from lattice_mailbox.connections import UnreachableError
 from lattice_mailbox.message import MessageStatus, TeamMessage
 
 from ...agent.abort import AbortController
-from ...agent.agent import Agent
 from ...agent.call_gate import current_call_gate
-from ...agent.history_stores import RedisHistoryStore
 from ...team.events import TeamMessageEvent
 from ...team.ids import split_mailbox_id
 from ...team.mailbox_state import set_message_status
 from ...team.member import TeamMember
 from ...team.team import Team
 from ...team.work import WorkItemOutcome, run_work_item
-from ..limits.hook import item_scope, item_waits, limit_agent, limited_client, not_due
+from ..limits.hook import item_scope, item_waits, limit_agent, not_due
 from ..run.budget import member_gate
 from ..run.completion import complete_work_item
 from ..run.context import WorkerContext
@@ -65,6 +63,7 @@ from ..run.trace import member_trace
 from .child_runs import start_child_run
 from .journal import journaled_member
 from .lease import ABORT_GRACE_SECONDS, LeaseKeeper, WorkAbandoned, until_aborted
+from .session import journaled_session, session_agent, unjournaled_session
 
 logger = logging.getLogger("lattice_worker.runtime")
 
@@ -248,12 +247,19 @@ async def _process(
         return await start_child_run(ctx, team, member, message, run_id)
 
     controller = AbortController()
-    agent = session_agent(ctx, member, message.to) if member.kind == "agent" else None
+    agent = None
     journal = None
     resume = False
-    if run_id and token and message.work_item_id and member.kind == "spec" and ctx.settings.tool_journal:
+    if (
+        run_id
+        and token
+        and message.work_item_id
+        and member.kind in ("spec", "agent")
+        and ctx.settings.tool_journal
+    ):
+        begin = journaled_member if member.kind == "spec" else journaled_session
         try:
-            agent, journal, resume = await journaled_member(ctx, team.name, member, message, run_id)
+            agent, journal, resume = await begin(ctx, team.name, member, message, run_id)
         except RunLeaseLostError:
             logger.warning(
                 "member %s: a later claim of %s already began; nothing done", member.name, message.id
@@ -273,12 +279,23 @@ async def _process(
     )
     # a claim with a lease is renewed while the member works
     renewing = keeper if token and message.lease_until is not None else contextlib.nullcontext()
+    if agent is None and member.kind == "agent":  # not journaled: the item starts (over) here
+        try:
+            agent = await unjournaled_session(ctx, member, message, run_id)
+        except RunLeaseLostError:
+            logger.warning(
+                "member %s: a later claim took the session before %s began", member.name, message.id
+            )
+            return "lost"
     if agent is None and member.kind == "spec":
         agent = limit_agent(ctx, member.agent)  # None without LATTICE_MODEL_LIMITS
     tracer, trace_context = member_trace(team, run_id, message)  # (None, None): an untraced run
     gate_token = current_call_gate.set(member_gate(ctx, run_id, message, journal))  # None: no budget
     try:
-        with item_scope(ctx, run_id, member.name, message, journal) as calls:
+        # a session member's model call waits for its turn in place: its message, released
+        # to wait, would let the next item of its serial mailbox into the conversation
+        waits = journal if member.kind == "spec" else None
+        with item_scope(ctx, run_id, member.name, message, waits) as calls:
             async with renewing:
                 work = run_work_item(
                     team,
@@ -367,20 +384,6 @@ def _run_link(message: TeamMessage) -> tuple[str, str] | None:
     if isinstance(run_id, str) and run_id and isinstance(team, str) and team:
         return run_id, team
     return None
-
-
-def session_agent(ctx: WorkerContext, member: TeamMember, mailbox_id: str) -> Agent:
-    """A session member's ``Agent`` rebuilt over its persisted conversation
-    (Redis list ``<prefix>:session:<mailbox_id>``), with the member's tools
-    (mailbox tools included). Other options are the member agent's own."""
-    base: Agent = member.agent
-    store = RedisHistoryStore(ctx.client, ctx.keys.session(mailbox_id), fail_on_error=True)
-    update = {"history_store": store, "tools": list(base.tools)}
-    client = limited_client(ctx, base.options)  # under the shared limits it waits in place (serial mailbox)
-    if client is not base.options.model_client:
-        update["model_client"] = client
-    options = base.options.model_copy(update=update)
-    return Agent(options, bare=base.bare)
 
 
 async def _cancel_message(ctx: WorkerContext, team: Team, message: TeamMessage, record: RunRecord) -> str:

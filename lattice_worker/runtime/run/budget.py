@@ -14,8 +14,8 @@ queries under a :class:`BudgetGate` (:data:`~lattice_worker.agent.call_gate.curr
   ``"budget"``); only a call with none in flight may go past the budget. So
   a run spends at most one call past its budget with calls in parallel too
   (while no call is larger than its estimate);
-* after each model call (in a ``finally``: a failed call too) its input +
-  output tokens are added to the run's ``spent_tokens`` and its reservation
+* after each model call (in a ``finally``: a failed call too) its tokens (input, prompt-cache
+  writes and reads, output: :func:`call_tokens`) are added to the run's ``spent_tokens`` and its reservation
   released in the same script (``spend_budget.lua``; queued, so it goes in
   the same round trip as the next write -- at the latest the next call's
   reservation -- or after the writer's linger);
@@ -45,6 +45,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from lattice_client.errors import RunLeaseLostError
+from lattice_client.runstore import now_ms
 from lattice_client.runstore.budgets import budget_reply, reserve_reply
 from lattice_mailbox.base import InvalidTransitionError
 from lattice_mailbox.message import MessageStatus
@@ -68,9 +69,20 @@ BUDGET_METADATA_KEY = "lattice_budget"
 
 
 def call_tokens(usage: Any) -> int:
-    """Input + output tokens of one model call's ``usage`` (``TokenUsage``, dict or ``None``)."""
+    """Every token of one model call's ``usage`` (``TokenUsage``, dict or ``None``):
+    input, prompt-cache writes (``cache_creation_input_tokens``), prompt-cache
+    reads (``cache_read_input_tokens``) and output. Anthropic's ``input_tokens``
+    leaves the cached part of a prompt out, and the estimate a call reserves
+    covers its whole prompt, so the spend counts the cached part too
+    (docs/operate.md, "Budgets")."""
     counted = TokenUsage.from_any(usage if isinstance(usage, TokenUsage | dict) else None)
-    return max(counted.input_tokens, 0) + max(counted.output_tokens, 0)
+    parts = (
+        counted.input_tokens,
+        counted.cache_creation_input_tokens,
+        counted.cache_read_input_tokens,
+        counted.output_tokens,
+    )
+    return sum(max(part, 0) for part in parts)
 
 
 class BudgetGate:
@@ -231,8 +243,10 @@ class LeadBudgetGate(BudgetGate):
 
         await self.ctx.usage.add(self.run_id, getattr(final, "usage", None), known=usage, fence=lease.token)
         call, source = self.ctx.runs.park_budget_lead_call(self.run_id, lease.token)
-        # the queued usage, history and events go first, in the same round trip
-        replies = await self.ctx.writer.write([call], scripts=(source,), on_error=failed)
+        # the queued usage, history and events go first, in the same round trip; the run
+        # joins the waits' listing index (lattice parked / status list what it parked)
+        index = self.ctx.runs.index_wait_command(self.run_id)
+        replies = await self.ctx.writer.write([call, index], scripts=(source,), on_error=failed)
         parked, spent, budget = (int(v) for v in replies[0])
         await self.ctx.writer.sync(lease.token)  # a failed history write of the segment is raised here
         if not parked:
@@ -277,11 +291,15 @@ class ItemBudgetGate(BudgetGate):
             "mailbox_id": message.to,
             "work_item_id": journal.work_item_id,
             "reason": f"the run's budget is spent ({spent} of {budget} tokens)",
+            "created_at": now_ms(),
         }
         call, source = self.ctx.runs.park_budget_item_call(self.run_id, journal.work_item_id, wait)
-        # the item's queued history goes first, in the same round trip
+        # the item's queued history goes first, in the same round trip; the run joins the
+        # waits' listing index (lattice parked / status list what it parked)
         replies = await self.ctx.writer.write(
-            [call], scripts=(source,), on_error=lambda e: self.ctx.runs.script_error(e, self.run_id, "park")
+            [call, self.ctx.runs.index_wait_command(self.run_id)],
+            scripts=(source,),
+            on_error=lambda e: self.ctx.runs.script_error(e, self.run_id, "park"),
         )
         parked, spent, budget = (int(v) for v in replies[0])
         await self.ctx.writer.sync(journal.token)

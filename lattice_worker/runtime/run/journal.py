@@ -36,7 +36,7 @@ from ...agent.approvals import ApprovalRequest
 from ...agent.history_stores import RedisHistoryStore
 from ...agent.suspend import SuspendQuery
 from ...tools.recovery import JournalCall, JournalRecord
-from .replay import encode_message
+from .replay import ReplayedTurn, encode_message
 from .writer import QueuedWrite, RunWriter
 
 logger = logging.getLogger("lattice_worker.runtime")
@@ -259,12 +259,13 @@ class ItemJournal(Journal):
         await self.ctx.mailbox.complete(self.message.id, self.token, "parked")
 
 
-class ItemHistoryStore(RedisHistoryStore):
+class ItemHistoryStore(ReplayedTurn, RedisHistoryStore):
     """A member's history on one work item (``RunStore.item_history_key``),
     written only under the item's claim through the worker's writer (queued:
     it goes with the journal's next write, so a call's assistant turn is stored
     before its ``started`` record). ``history``: the elements ``begin_item``
-    read, returned by the first ``load``."""
+    read, returned by the first ``load``. A turn it :meth:`~.replay.ReplayedTurn.hold` s
+    stays stored until the model "returns" it (:class:`~.replay.ReplayedTurn`)."""
 
     def __init__(self, journal: ItemJournal, history: list[str] | None = None) -> None:
         runs = journal.runs
@@ -307,11 +308,17 @@ class ItemHistoryStore(RedisHistoryStore):
         self._queued_replace = replace
 
     async def append(self, message: dict[str, Any]) -> None:
+        redo = self.skips_append(message)
+        if redo is not None:
+            if redo:
+                await self.replace(redo)
+            return
         self._queue([encode_message(message, "ItemHistoryStore.append")], replace=False)
 
     async def replace(self, messages: list[dict[str, Any]]) -> None:
         if not isinstance(messages, list):
             raise TypeError(f"ItemHistoryStore.replace: expected a list, got {type(messages).__name__}")
+        self.release()
         self._queue([encode_message(m, "ItemHistoryStore.replace") for m in messages], replace=True)
 
 

@@ -10,6 +10,7 @@ key                                 type    content
 ``P:workitem:<work_item_id>``       string  JSON ``{"run_id", "team"}``: the run waiting for the item
 ``P:workitem:<id>:early``           string  an item's outcome, when it finished before its run registered it
 ``P:session:<mailbox_id>``          list    a session member's conversation
+``P:session-fence:{<session key>}`` string  ``<lease_until ms>|<claim token>``: the claim that writes it
 ``P:child:<child run id>:claim``    string  the claim token of the message a child run serves
 ==================================  ======  =====================================
 
@@ -49,6 +50,15 @@ class WorkerKeys:
     def session(self, mailbox_id: str) -> str:
         """The Redis list holding a session member's conversation."""
         return f"{self.prefix}:session:{mailbox_id}"
+
+    def session_fence(self, mailbox_id: str) -> str:
+        """The Redis string naming the claim that may write :meth:`session`'s
+        list, in that list's cluster slot (its hash tag is the list's key, or
+        the list key's own tag when it has one)."""
+        session = self.session(mailbox_id)
+        if "{" in session:
+            return f"{session}:fence"
+        return f"{self.prefix}:session-fence:{{{session}}}"
 
     def child_claim(self, child_run_id: str) -> str:
         """The Redis string holding the current claim token of the message a child

@@ -58,4 +58,49 @@ class ReplayModelClient:
         return await self._inner.create_message(request)
 
 
-__all__ = ["ReplayModelClient", "encode_message"]
+class ReplayedTurn:
+    """The stored history of a re-claimed work item still ends with the
+    assistant turn :class:`ReplayModelClient` replays, until the model
+    "returns" it: the agent is given the history without it, and the store
+    skips the turn's append (it is stored already). A step that stops before
+    the replayed call -- parked at the run's budget, its message handed back
+    to wait for a rate-limit turn, a crash -- leaves the turn stored, so the
+    next claim replays it again; dropped from the store first, a real model
+    would be asked that turn again and give its calls new ids (the interrupted
+    call unknown to the journal: run again, never decided by its effect).
+
+    A history store uses it as a mixin: ``load`` returns :meth:`held_history`
+    when not ``None``; ``append`` returns at once when :meth:`skips_append`
+    says so; ``replace`` calls :meth:`release` first."""
+
+    _held: tuple[list[dict[str, Any]], dict[str, Any]] | None = None
+
+    def hold(self, history: list[dict[str, Any]], turn: dict[str, Any]) -> None:
+        """The stored list is ``history`` + ``turn`` (the turn to replay)."""
+        self._held = (list(history), turn)
+
+    def held_history(self) -> list[dict[str, Any]] | None:
+        """The history without the held turn (a copy), or ``None`` when nothing is held."""
+        return None if self._held is None else json.loads(json.dumps(self._held[0]))
+
+    def release(self) -> None:
+        """The stored list is about to be replaced: nothing is held any more."""
+        self._held = None
+
+    def skips_append(self, message: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """For the first append while a turn is held: ``[]`` when ``message``
+        is that turn (already stored: skip it); else the whole history the
+        store must be replaced with (the history before the turn, then
+        ``message``). ``None`` when nothing is held (append as usual)."""
+        held, self._held = self._held, None
+        if held is None:
+            return None
+        history, turn = held
+        same = {"role": message.get("role"), "content": message.get("content")} == {
+            "role": turn.get("role"),
+            "content": turn.get("content"),
+        }
+        return [] if same else [*history, message]
+
+
+__all__ = ["ReplayModelClient", "ReplayedTurn", "encode_message"]

@@ -9,7 +9,10 @@ entry, a registration, a completion, a finish), with a :meth:`RunWriter.sync`
 or :meth:`RunWriter.flush`, or at the latest :data:`EVENT_LINGER_SECONDS`
 after the first of them was queued (a background task per writer).
 
-One batch is in flight at a time, in queue order. A flush writes the queued
+One batch is in flight at a time, in queue order. A flush returns once what
+was queued when it was called is written (not when the queue is empty: with
+many steps in flight it seldom is); after each batch only the flushes it
+settled are woken, and the oldest other one, which writes the next batch. A flush writes the queued
 batch in the calling task itself (no task hop) when every write and event of
 it was queued by that task; a batch holding other tasks' writes goes in a task
 of its own that the caller awaits shielded, so a caller cancelled mid-write
@@ -136,7 +139,14 @@ class RunWriter:
         self._wake: asyncio.Future[None] | None = None
         self._flushing = 0
         self._busy = False
-        self._idle: list[asyncio.Future[None]] = []
+        # what was ever queued / written (counts of queued items): a flush waits until what
+        # was queued when it was called is written, not until the queue is empty (under load
+        # it never is), and a written batch wakes only the flushes it settled plus one that
+        # writes the next batch, not every waiting flush (1,000 steps in flight made that
+        # quadratic: bench/distributed.py (b))
+        self._queued = 0
+        self._written = 0
+        self._idle: list[tuple[int, asyncio.Future[None]]] = []
         self._errors: dict[str, BaseException] = {}
 
     def _redis(self) -> Redis:
@@ -162,6 +172,7 @@ class RunWriter:
         ``fence`` (of that run) it is written only while the fence holds (a
         refused one is logged, not raised: events are observational)."""
         self._queue.append((record_key, events_key, payload, fence, asyncio.current_task()))
+        self._queued += 1
         self._start()
 
     def queue_write(
@@ -179,6 +190,7 @@ class RunWriter:
         :meth:`sync` under ``fence``. Returns the queued write (see :meth:`still_queued`)."""
         op = QueuedWrite(commands, None, scripts, fence, on_error, asyncio.current_task())
         self._queue.append(op)
+        self._queued += 1
         self._start()
         return op
 
@@ -218,6 +230,7 @@ class RunWriter:
         ``on_error``) is raised. ``scripts``: as for :meth:`queue_write`."""
         future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
         self._queue.append(QueuedWrite(commands, future, scripts, None, on_error, asyncio.current_task()))
+        self._queued += 1
         await self.flush()
         return await future
 
@@ -232,13 +245,19 @@ class RunWriter:
 
     async def flush(self) -> None:
         """Write everything queued now and wait until it is written (or reported lost)."""
+        target = self._queued
         self._flushing += 1
         try:
-            while self._queue or self._busy:
-                if self._busy:  # a batch is in flight (the background task's): after it
+            while self._written < target:
+                if self._busy:  # a batch is in flight: wait for it (and maybe write the next)
                     waiter = asyncio.get_running_loop().create_future()
-                    self._idle.append(waiter)
-                    await waiter
+                    self._idle.append((target, waiter))
+                    try:
+                        await waiter
+                    except BaseException:
+                        if not waiter.cancelled() and not self._busy:
+                            self._wake_waiters()  # woken to write the next batch: another one does
+                        raise
                     continue
                 _wake_up(self._wake)  # a lingering background task: nothing left for it
                 await self._write_queued(caller=asyncio.current_task())
@@ -273,12 +292,14 @@ class RunWriter:
         awaited shielded (the caller's cancellation leaves it running)."""
         batch, self._queue = self._queue, []
         self._busy = True
+        end = self._queued
         if caller is None or all(_owner(op) is caller for op in batch):
-            await self._write_settled(batch)
+            await self._write_settled(batch, end)
             return
-        await asyncio.shield(asyncio.get_running_loop().create_task(self._write_settled(batch)))
+        await asyncio.shield(asyncio.get_running_loop().create_task(self._write_settled(batch, end)))
 
-    async def _write_settled(self, batch: list[tuple[str, str, str, Any] | QueuedWrite]) -> None:
+    async def _write_settled(self, batch: list[tuple[str, str, str, Any] | QueuedWrite], end: int) -> None:
+        """Write ``batch`` (the items queued up to count ``end``) and settle its writes."""
         try:
             await self._write_batch(batch)
         except BaseException as exc:
@@ -294,9 +315,25 @@ class RunWriter:
                 raise
         finally:
             self._busy = False
-            idle, self._idle = self._idle, []
-            for waiter in idle:
-                _wake_up(waiter)
+            self._written = end
+            self._wake_waiters()
+
+    def _wake_waiters(self) -> None:
+        """After a batch: wake the flushes it settled, and one other (the oldest still
+        waiting) to write what was queued meanwhile; the rest wait for that batch."""
+        waiting: list[tuple[int, asyncio.Future[None]]] = []
+        writer_woken = False
+        for target, waiter in self._idle:
+            if waiter.done():  # (its flush was cancelled)
+                continue
+            if target <= self._written:
+                waiter.set_result(None)
+            elif not writer_woken:
+                waiter.set_result(None)
+                writer_woken = True
+            else:
+                waiting.append((target, waiter))
+        self._idle = waiting
 
     async def _write_batch(self, batch: list[_QueuedEvent | QueuedWrite]) -> None:
         """One pipeline for the batch: the queued writes in order, each run

@@ -4,7 +4,7 @@ A step of the runtime spends nearly all its time waiting (on the model, on
 Redis), so one process should hold hundreds of steps in flight. Celery's
 ``threads`` pool gives each step a thread that blocks on its own event loop;
 this pool gives each step a *greenlet* on one event loop instead
-(docs/deploy.md, "Sizing workers", has the measurements):
+(docs/deploy.md, "Pools and sizing for model latency", has the measurements):
 
 * the worker's consumer hands a task to :meth:`AsyncioPool.on_apply` (Celery's
   public pool interface, as its ``threads`` and ``solo`` pools implement it);
@@ -63,6 +63,7 @@ from typing import Any, TypeVar
 import greenlet
 from celery.concurrency.base import BasePool, apply_target
 from celery.concurrency.thread import ApplyResult  # (a future's result, as the threads pool returns)
+from celery.worker import state as worker_state
 
 from ...agent.tool_schedule import MAX_CONCURRENT_CALLS
 
@@ -141,6 +142,20 @@ async def run_in_greenlet(fn: Callable[..., T], *args: Any) -> T:
     return result  # type: ignore[no-any-return]
 
 
+class StepResult(ApplyResult):
+    """What :meth:`AsyncioPool.on_apply` returns for one task (Celery's request
+    keeps a weak reference to it and calls :meth:`terminate` on a cold shutdown
+    and on ``revoke(terminate=True)``)."""
+
+    def terminate(self, signal: int | None = None) -> None:
+        """Nothing: a step of this pool has no process of its own to kill, and
+        cancelling it would let it write the end of an interrupted tool batch.
+        A cold shutdown then stops the pool's loop with every step mid-way, as
+        a kill does (their claims and leases are recovered after a lease;
+        docs/deploy.md); to stop one run's steps, cancel the run
+        (``lattice cancel``), which its steps obey."""
+
+
 class AsyncioPool(BasePool):
     """Celery pool: every task in a greenlet on one asyncio event loop (module doc)."""
 
@@ -151,7 +166,7 @@ class AsyncioPool(BasePool):
         super().__init__(*args, **kwargs)
         self.loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._running: set[Future[Any]] = set()
+        self._running: dict[Future[Any], StepResult] = {}
         self._lock = threading.Lock()
         self._stopping = False
         self.tool_executor: ThreadPoolExecutor | None = None
@@ -205,26 +220,41 @@ class AsyncioPool(BasePool):
         future = asyncio.run_coroutine_threadsafe(
             run_in_greenlet(apply_target, target, args, kwargs, callback, accept_callback), self.loop
         )
+        result = StepResult(future)
         with self._lock:
-            self._running.add(future)
+            self._running[future] = result  # held until done: Celery keeps a weak reference
         future.add_done_callback(self._done)
-        return ApplyResult(future)
+        return result
 
     def _done(self, future: Future[Any]) -> None:
         with self._lock:
-            self._running.discard(future)
+            self._running.pop(future, None)
         if not future.cancelled() and future.exception() is not None:
             # apply_target hands task errors to Celery's callbacks; what reaches here
             # escaped them (a callback itself failed)
             logger.error("task greenlet failed", exc_info=future.exception())
 
     def on_stop(self) -> None:
-        """Warm shutdown: wait for the running tasks, then stop the loop."""
+        """Warm shutdown: wait for the running tasks, then stop the loop. In a
+        cold shutdown (Celery's ``on_cold_shutdown`` sets
+        ``worker.state.should_terminate`` and then stops the pool, expecting
+        its tasks terminated): stop the loop now, as :meth:`on_terminate`."""
+        if worker_state.should_terminate:
+            self._stop_loop()
+            return
         with self._lock:
             running = list(self._running)
         while running and self._thread is not None and self._thread.is_alive():
             running = list(wait_futures(running, timeout=1.0).not_done)
         self._stop_loop()
+
+    def terminate_job(self, pid: int, signal: int | None = None) -> None:
+        """Celery's per-task termination (cold shutdown, ``revoke(terminate=True)``)
+        signals the task's process; every task of this pool runs in the
+        worker's own process (``pid``), so nothing is signalled (see
+        :meth:`StepResult.terminate`). ``BasePool`` raises
+        ``NotImplementedError`` here, which made a cold shutdown an
+        "Unrecoverable error" that then waited for every running step."""
 
     def on_terminate(self) -> None:
         """Cold shutdown: stop the loop now (running tasks are abandoned; their
