@@ -82,7 +82,7 @@ def check_port_free(address: str, port: int, what: str = "Flower") -> None:
     except OSError as exc:
         reason = exc.strerror or str(exc)
         fail(
-            f"{what} cannot listen on {address}:{port}: {reason} (another {what}? choose --port or --address)"
+            f"{what} cannot listen on {address}:{port}: {reason} (is another server on that port? choose --port or --address)"
         )
 
 

@@ -67,7 +67,10 @@ class RunPage:
         if record.max_active is not None:
             rows.append(("max concurrent work items", str(record.max_active)))
         if record.budget_tokens is not None:
-            rows.append(("tokens spent / budget", f"{record.spent_tokens or 0} / {record.budget_tokens}"))
+            spent = f"{record.spent_tokens or 0} / {record.budget_tokens}"
+            if record.status.value == "budget_reached":  # parked: say how it goes on, as the calls page does
+                spent += f" (parked until raised: lattice budget {record.run_id} --tokens N, the new total)"
+            rows.append(("tokens spent / budget", spent))
         if record.result is not None and record.result.usage:
             rows.append(("usage", json.dumps(record.result.usage)))
         if record.metadata:

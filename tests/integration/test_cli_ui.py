@@ -103,6 +103,7 @@ def test_a_busy_port_is_one_error_line(prefix):
         done = run_ui(prefix, "--port", str(port), "--basic-auth", "ops:pw")
     assert done.returncode == 1
     assert done.stderr.startswith(f"error: the operations page cannot listen on 127.0.0.1:{port}")
+    assert "another server on that port? choose --port or --address" in done.stderr, done.stderr
 
 
 def test_a_wrong_password_gets_401_and_the_right_one_200_on_the_root(prefix):

@@ -237,3 +237,11 @@ def test_a_run_page_shows_its_tokens_spent_against_its_budget(page: TestClient, 
     html = page.get("/runs/run-budget", auth=("ops", "s3cret")).text
     assert "tokens spent / budget" in html and "0 / 2000" in html
     assert "tokens spent / budget" not in page.get("/runs/run-evil", auth=("ops", "s3cret")).text
+    assert "lattice budget" not in html  # not parked: nothing to raise yet
+
+
+def test_a_run_parked_at_its_budget_says_how_to_raise_it_on_its_page(page: TestClient, seeded: LatticeClient):
+    seeded._call(seeded.aio.runs.create, "run-parked", "t", "p", budget_tokens=2_000)
+    assert seeded._call(seeded.aio.runs.set_status, "run-parked", "budget_reached")
+    html = page.get("/runs/run-parked", auth=("ops", "s3cret")).text
+    assert "0 / 2000 (parked until raised: lattice budget run-parked --tokens N, the new total)" in html
