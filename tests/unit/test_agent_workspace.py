@@ -175,11 +175,16 @@ def test_define_agent_gives_each_spawned_session_its_own_workspace_tools(home: P
     first, second = spec.spawn(), spec.spawn()
     assert first.workspace is not None and second.workspace is not None
     assert first.workspace.cwd == second.workspace.cwd == str(workspaces(home) / "reviewer")
-    assert first.tools[0] is not second.tools[0]
+    # one workspace, one set of (stateless) tool definitions over it
+    assert first.tools[0].metadata["workspace"] == first.workspace == second.workspace
     unnamed = define_agent(model_client=ScriptedModelClient([]))
     a, b = unnamed.spawn(), unnamed.spawn()
     assert a.workspace is not None and b.workspace is not None
     assert a.workspace.cwd == str(workspaces(home) / f"agent-{a.session_id}") != b.workspace.cwd
+    assert [t.metadata["workspace"].cwd for t in (a.tools[0], b.tools[0])] == [
+        a.workspace.cwd,
+        b.workspace.cwd,
+    ]
     bare = define_agent(workspace=False, model_client=ScriptedModelClient([])).spawn()
     assert bare.bare and bare.workspace is None and bare.tools == []
     assert not (home / ".agent").exists()
