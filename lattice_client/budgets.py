@@ -22,6 +22,7 @@ members' messages go back to ``pending`` and their doorbells ring.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -90,13 +91,17 @@ class BudgetsMixin:
     mailbox: Any
     celery: Any
     settings: Any
+    team_name: Callable[[str | None], Awaitable[str | None]]
 
     async def budget_waits(self, team: str | None = None) -> list[BudgetWait]:
-        """The work waiting for a budget raise (of ``team`` when given), oldest
-        first: leads of ``budget_reached`` runs and members' messages parked at
-        their run's budget (a member's wait is listed once its message is
-        ``parked``: a raise then moves it on). Only reads; raises
-        ``redis.RedisError`` when Redis fails."""
+        """The work waiting for a budget raise (of ``team`` when given: its name
+        or a reference a live worker serves), oldest first: leads of
+        ``budget_reached`` runs and members' messages parked at their run's
+        budget (a member's wait is listed once its message is ``parked``: a
+        raise then moves it on). Only reads; raises ``ValueError`` for a
+        reference no live worker published, ``redis.RedisError`` when Redis
+        fails."""
+        team = await self.team_name(team)
         waits = [w for w in await self.runs.budget_waits() if team is None or w.get("team") == team]
         members = [w for w in waits if w.get("message_id")]
         messages = await asyncio.gather(*(self.mailbox.get(str(w["message_id"])) for w in members))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -129,9 +130,11 @@ class DecisionsMixin:
     mailbox: Any
     celery: Any
     settings: Any
+    team_name: Callable[[str | None], Awaitable[str | None]]
 
     async def parked(self, team: str | None = None) -> list[ParkedCall]:
-        """The parked tool calls (of ``team`` when given) that can be decided now, oldest first."""
+        """The parked tool calls (of ``team`` when given: its name or a reference
+        a live worker serves) that can be decided now, oldest first."""
         return [_parked(w) for w in await self._open_waits("parked", team)]
 
     async def approvals(self, team: str | None = None) -> list[PendingApproval]:
@@ -143,7 +146,10 @@ class DecisionsMixin:
         """The undecided waits of ``kind`` that a decision would find: a member
         stores its wait a moment before its message turns ``parked``, and a
         wait whose message is not parked (yet, or again after a crash in that
-        moment) is left out, so every listed call can be decided at once."""
+        moment) is left out, so every listed call can be decided at once.
+        ``team``: a name or a reference a live worker serves (``ValueError``
+        for one no live worker published)."""
+        team = await self.team_name(team)
         waits = [w for w in await self.runs.waits(kind=kind) if team is None or w.get("team") == team]
         members = [w for w in waits if w.get("message_id")]
         messages = await asyncio.gather(*(self._message(str(w["message_id"])) for w in members))

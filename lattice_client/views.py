@@ -75,14 +75,23 @@ class ViewsMixin:
         is lost mid-way."""
         return await read_again(lambda: self._status(team, limit))
 
+    async def team_name(self, team: str | None, workers: list[WorkerInfo] | None = None) -> str | None:
+        """The team name that ``team`` stands for: a ``"package.module:attribute"``
+        reference becomes the name a live worker published for it (``workers``:
+        the live workers, read when not given); a name (or ``None``) is returned
+        as it is. Raises ``ValueError`` for a malformed reference or one no live
+        worker published."""
+        if not team or ":" not in team or "::" in team:
+            return team
+        live = LiveRegistry(workers if workers is not None else await self.live_workers())
+        name = live.resolve(check_team_ref(team))
+        if name is None:
+            raise ValueError(_unserved_message(team, self.settings.key_prefix, live, is_ref=True))
+        return name
+
     async def _status(self, team: str | None, limit: int) -> StatusReport:
         workers = await self.live_workers()
-        if team and ":" in team and "::" not in team:
-            live = LiveRegistry(workers)
-            name = live.resolve(check_team_ref(team))
-            if name is None:
-                raise ValueError(_unserved_message(team, self.settings.key_prefix, live, is_ref=True))
-            team = name
+        team = await self.team_name(team, workers)
         prefix = f"{team}::" if team else None
         mailbox = self.mailbox
         ids = await mailbox.mailbox_ids(prefix)

@@ -37,7 +37,7 @@ def _listing(
     with guard():
         lattice = client_for(options_of(ctx))
         try:
-            if team:
+            if team and ":" not in team:  # a reference: the client resolves it (or says no worker serves it)
                 check_team(lattice, team, lattice.settings.key_prefix)
             rows = getattr(lattice, method)(team)
         finally:
@@ -67,7 +67,7 @@ def parked(
     with guard():
         lattice = client_for(options_of(ctx))
         try:
-            if team:
+            if team and ":" not in team:  # a reference: the client resolves it (or says no worker serves it)
                 check_team(lattice, team, lattice.settings.key_prefix)
             calls, budget = lattice.parked(team), lattice.budget_waits(team)
         finally:

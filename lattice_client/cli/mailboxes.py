@@ -60,7 +60,7 @@ def check_team(client: Any, team: str, prefix: str) -> None:
     """Refuse (``error:`` line, exit 1) a team name that is not registered and has no mailboxes or runs."""
     if client.team_exists(team):
         return
-    hint = f" (a reference needs ':attribute', e.g. '{team}:team')" if "." in team else ""
+    hint = f" (a reference needs ':attribute', e.g. '{team}:team')" if "." in team and ":" not in team else ""
     fail(
         f"unknown team {team!r}{hint}: no worker registered it and it has no mailboxes or runs under key "
         f"prefix {prefix!r}; {known_list(team, client.known_teams(), 'known teams')}"

@@ -7,9 +7,13 @@ tests' Redis): its own key prefix (``test-<uuid>``, so
 queues, mailboxes, runs and Celery's own keys never meet another test's), a
 client in the test process, and a way to start ``lattice worker ...``
 subprocesses -- each in its own process group (``start_new_session``), logging
-to a file, stopped by process-group id (``SIGTERM``, then ``SIGKILL``) or
-killed with ``SIGKILL`` on purpose. Every key under the prefix is deleted
-afterwards; the database is never flushed.
+to a file, stopped by process-group id (:meth:`Proc.stop`: ``SIGTERM``, then
+``SIGKILL``) or killed with ``SIGKILL`` on purpose (:meth:`Proc.kill9`). When the
+test ends, the processes still running are killed by process group
+(``SIGKILL``): a warm shutdown waits about a second per worker (kombu closes the
+channel only after its pending ``BRPOP`` returns), and the test is over. A test
+that checks what a warm shutdown does calls :meth:`Proc.stop` itself. Every key
+under the prefix is deleted afterwards; the database is never flushed.
 """
 
 from __future__ import annotations
@@ -208,9 +212,9 @@ class Deployment:
         self.redis.lpush(f"{self.prefix}:{queue}", raw)
 
     def close(self) -> None:
-        for proc in self.procs:
+        for proc in self.procs:  # the test is over: no warm shutdown (see the module docstring)
             with contextlib.suppress(Exception):
-                proc.stop(timeout=10)
+                proc.kill9()
         if self._client is not None:
             with contextlib.suppress(Exception):
                 self._client.close()

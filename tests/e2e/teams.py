@@ -70,7 +70,20 @@ connections spare them: they are the test's instruments, not the product)."""
 
 
 def _redis() -> redis_sync.Redis:
-    return redis_sync.Redis.from_url(deployment_redis_url(), client_name=TOOL_CLIENT_NAME)
+    """A client whose connection is open and named: a test killing connections spares
+    it only once its ``CLIENT SETNAME`` ran, and redis-py's handshake sends a health
+    ``PING`` first, so a connection killed in that window is opened again here (a
+    ``PING`` is safe to repeat) before the tool writes anything."""
+    client = redis_sync.Redis.from_url(deployment_redis_url(), client_name=TOOL_CLIENT_NAME)
+    for attempt in range(10):
+        try:
+            client.ping()
+            return client
+        except redis_sync.ConnectionError:
+            if attempt == 9:
+                raise
+            time.sleep(0.05)
+    return client
 
 
 def _tool_use(name: str, inp: dict[str, Any], tid: str) -> dict[str, Any]:

@@ -19,8 +19,8 @@ from tests.e2e.teams import plan
 pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(240)]
 
 TEAM_REF = "tests.e2e.teams:team"
-LIMITS = {"*": {"requests_per_minute": 3, "period_seconds": 6}}
-"""Three calls at once, then one every 2 s, for every model of the teams (their key: none)."""
+LIMITS = {"*": {"requests_per_minute": 3, "period_seconds": 3}}
+"""Three calls at once, then one a second, for every model of the teams (their key: none)."""
 
 
 def test_runs_over_the_limit_wait_their_turn_on_real_workers_and_complete(deployment: Deployment):
@@ -36,7 +36,7 @@ def test_runs_over_the_limit_wait_their_turn_on_real_workers_and_complete(deploy
     for handle in handles:
         events = list(d.client.events(handle.run_id, timeout=10))
         waits += [e for e in events if e.get("type") == "model_call_waiting"]
-    # 12 calls at 3 at once and one every 2 s: most waited, the long waits ended their steps
+    # 12 calls at 3 at once and one a second: most waited, the long waits (over 1 s) ended their steps
     assert waits and {w["limit"] for w in waits} == {"requests_per_minute"}
     assert any(w["requeued"] for w in waits)
     logs = "".join(w.log() for w in workers)

@@ -77,6 +77,8 @@ def test_a_worker_on_a_protected_redis_never_shows_the_password(tmp_path, protec
         )
         assert shown.exit_code == 1 and "unknown mailbox" in shown.output
         assert PASSWORD not in shown.output
+        worker.stop()  # the warm shutdown's lines too
     finally:
         d.close()
     assert PASSWORD not in worker.log()
+    assert "Warm shutdown" in worker.log()

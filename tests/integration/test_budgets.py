@@ -24,6 +24,7 @@ from lattice_worker.runtime.run.context import WorkerContext
 from lattice_worker.runtime.worker.registry import TeamRegistry
 from tests.e2e.budget_teams import CALL_TOKENS, parallel_run_tokens, run_tokens
 from tests.support.races import stale_get
+from tests.support.registry import publish_fake_worker
 from tests.support.services import REDIS_URL, settings_for
 from tests.support.ui_page import ui_html
 
@@ -456,6 +457,20 @@ async def test_work_parked_at_the_budget_shows_in_parked_and_status(make_env, pr
     [table] = re.findall(r'<table class="list" id="budget-waits">.*?</table>', html, re.S)
     assert lead_parked in table and member_parked in table and message.id in table
     assert f"{6 * CALL_TOKENS} / 2000" in table and f"{5 * CALL_TOKENS} / 1700" in table
+
+    # a team's reference a live worker serves lists the same (it read as an unknown team, told to add ':team')
+    ref = "tests.e2e.budget_teams:team"
+    publish_fake_worker(prefix, {ref: TEAM})
+    assert {w.run_id for w in await e.client.budget_waits(ref)} == {lead_parked, member_parked}
+    assert await e.client.parked(ref) == []
+    by_ref = lattice("parked", ref, "--json")
+    assert by_ref.exit_code == 0, by_ref.output
+    assert sorted(p["run_id"] for p in json.loads(by_ref.output)) == sorted([lead_parked, member_parked])
+    unserved = lattice("parked", "tests.e2e.budget_teams:nope")
+    assert unserved.exit_code == 1 and "no live worker" in unserved.output, unserved.output
+    assert "a reference needs ':attribute'" not in unserved.output
+    with pytest.raises(ValueError, match="no live worker"):
+        await e.client.budget_waits("tests.e2e.budget_teams:nope")
 
     # raised, the member's run goes on: no longer listed; the parked lead still is
     await e.client.raise_budget(member_parked, tokens=50_000)

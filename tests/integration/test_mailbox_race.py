@@ -1,5 +1,5 @@
 """Race test per shared store (Redis, SQLite, PostgreSQL): 8 OS processes x 4
-asyncio tasks claim from one mailbox of 2,000 messages with short leases while
+asyncio tasks claim from one mailbox of 1,000 messages with short leases while
 a 9th process runs ``requeue_expired`` in a loop. Some claims deliberately
 sleep past their lease, so requeues and fenced-out completions really happen.
 
@@ -24,11 +24,11 @@ import pytest
 from lattice_mailbox import ClaimMissingError, ClaimTakenError, MessageStatus
 from tests.support.services import PG_URL, REDIS_URL
 
-MESSAGES = 2_000
+MESSAGES = 1_000
 WORKERS = 8
 TASKS = 4
 LEASE_S = 1.0
-SLOW_EVERY = 200  # on their first claim these messages stall past the lease (10 of them)
+SLOW_EVERY = 100  # on their first claim these messages stall past the lease (10 of them)
 STALL_LIMIT_S = 30.0
 REAP_EVERY_S = 0.1
 BOX = "race::member"

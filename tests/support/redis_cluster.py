@@ -34,6 +34,8 @@ from typing import Any
 
 import redis
 
+from tests.support.redis_server import probe
+
 NODE_TIMEOUT_MS = 1000
 """``cluster-node-timeout`` of the nodes (ms): how soon a dead master is failed over."""
 
@@ -90,7 +92,7 @@ class RedisClusterServers:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                with self.admin(port) as client:
+                with probe(port) as client:  # tries once (redis-py's retries waited seconds)
                     client.ping()
                 return
             except redis.ConnectionError:

@@ -21,6 +21,15 @@ import time
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+
+def probe(port: int, **options: Any) -> redis.Redis:
+    """A plain client of ``127.0.0.1:port`` that tries once: redis-py's default retries a
+    refused connection with backoff (about 3-4 s in all), so a start-up probe of a
+    server not yet listening waited that long before its next try."""
+    return redis.Redis(host="127.0.0.1", port=port, socket_timeout=1, retry=Retry(NoBackoff(), 0), **options)
 
 
 def free_port() -> int:
@@ -56,7 +65,7 @@ class RedisServer:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                with self.admin() as client:
+                with probe(self.port) as client:
                     client.ping()
                 return self
             except redis.AuthenticationError:  # up, with a password
@@ -108,4 +117,4 @@ class RedisServer:
         self.stop()
 
 
-__all__ = ["RedisServer", "free_port"]
+__all__ = ["RedisServer", "free_port", "probe"]
