@@ -14,6 +14,8 @@ heartbeat.
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import subprocess
 import time
 
@@ -118,8 +120,8 @@ def test_the_registry_follows_live_workers_and_comes_back_after_a_redis_restart(
         report = client.status("e2e")
         assert {tuple(w.mailboxes) for w in report.workers} == {("e2e::other", "e2e::worker")}
         assert {(w.node, w.pool, w.concurrency) for w in report.workers} == {
-            (lead_node, "asyncio", 200),
-            (member_node, "asyncio", 200),
+            (lead_node, "asyncio", 300),
+            (member_node, "asyncio", 300),
         }  # the default pool and size
         assert (
             client.submit("e2e", plan(("worker", "ask", "t1"))).wait(timeout=60).result
@@ -135,7 +137,7 @@ def test_the_registry_follows_live_workers_and_comes_back_after_a_redis_restart(
         rows = {
             line.split()[0]: line for line in shown.stdout.splitlines() if line.strip().startswith(d.prefix)
         }
-        assert lead_node in rows[q["lead"]] and "asyncio x 200" in rows[q["lead"]]
+        assert lead_node in rows[q["lead"]] and "asyncio x 300" in rows[q["lead"]]
         assert member_node in rows[q["worker"]] and rows[q["worker"]].split()[1] == "1"
 
         # Redis restarts empty: the registry is back within about one heartbeat
@@ -168,3 +170,17 @@ def test_the_registry_follows_live_workers_and_comes_back_after_a_redis_restart(
         with contextlib.suppress(Exception):
             d.close()  # stops the workers (the keys die with this test's server)
         server.stop()
+
+
+def test_a_cold_shutdown_leaves_the_registry_at_once(deployment_factory):
+    # SIGQUIT (Celery's cold shutdown) sends no worker_shutdown signal: the entry stayed
+    # live until it expired (three heartbeats, 60 s here) and submits were accepted
+    d = deployment_factory(registry_heartbeat_seconds=20.0)
+    doomed = d.worker("tests.e2e.teams:team")
+    assert [w.node for w in d.client.status("e2e").workers]
+    os.killpg(doomed.pgid, signal.SIGQUIT)
+    doomed.proc.wait(20)
+    assert d.client.status("e2e").workers == []
+    d.client.aio._teams.clear()  # past the client's short cache of live answers
+    with pytest.raises(ValueError, match="no live worker serves team 'e2e'"):
+        d.client.submit("e2e", "hi")

@@ -21,7 +21,8 @@ Signals used:
   the reaper thread (:class:`~lattice_worker.runtime.reaper.sweep.Reaper`); and
   silence Celery's warning, at each lost broker connection, that running tasks
   are not cancelled (lattice_client/celery_config.py chose that).
-* ``worker_shutdown``: stop both (the heartbeat deletes the entry).
+* ``worker_shutdown``: stop both (the heartbeat deletes the entry). A cold
+  shutdown sends none: the entry is deleted at the process's exit (``atexit``).
 * ``worker_process_shutdown`` (each pool process) and ``worker_shutdown``:
   flush the tracers of the served teams (:func:`~lattice_worker.runtime.run.trace.flush_tracers`),
   so spans an exporter still buffers are sent before the process exits.
@@ -33,6 +34,7 @@ with ``LATTICE_WORKER_TEAMS`` set.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import warnings
@@ -156,6 +158,7 @@ def _start_heartbeat(sender: Any = None, **_: Any) -> None:
     )
     _heartbeat = Heartbeat(info, settings.state_url, settings.key_prefix, settings.registry_heartbeat_seconds)
     _heartbeat.start()
+    atexit.register(_leave_registry_at_exit, os.getpid())
     logger.info(
         "registry: %s serves %s on %d queue(s) (heartbeat every %.1f s)",
         info.node,
@@ -189,6 +192,16 @@ def _warn_process_local_mailbox(**_: Any) -> None:
             "give redis://..., postgresql://... or a sqlite:///path file",
             mask_url(url),
         )
+
+
+def _leave_registry_at_exit(pid: int) -> None:
+    # A cold shutdown (SIGQUIT, a second Ctrl-C: Celery's WorkController.terminate)
+    # sends no worker_shutdown, so the entry stayed live for three heartbeats and
+    # submits were accepted for a worker that was gone. Not in a forked child.
+    global _heartbeat
+    if os.getpid() == pid and _heartbeat is not None:
+        _heartbeat.stop()
+        _heartbeat = None
 
 
 @signals.worker_ready.connect
