@@ -184,8 +184,11 @@ async def calls_page(request: Request) -> Response:
     decisions, and the work parked at its run's token budget."""
     ui: UiState = request.app.state.ui
     team = _query(request, "team")
-    parked, approvals = await waiting_calls(ui.client, team or None)
-    budget_waits = await ui.client.budget_waits(team or None)
+    try:  # a team's reference no live worker published is a bad request, not a server error
+        parked, approvals = await waiting_calls(ui.client, team or None)
+        budget_waits = await ui.client.budget_waits(team or None)
+    except ValueError as exc:
+        return await not_found(request, str(exc), 400)
     return await render(
         request,
         "calls.html",

@@ -245,3 +245,9 @@ def test_a_run_parked_at_its_budget_says_how_to_raise_it_on_its_page(page: TestC
     assert seeded._call(seeded.aio.runs.set_status, "run-parked", "budget_reached")
     html = page.get("/runs/run-parked", auth=("ops", "s3cret")).text
     assert "0 / 2000 (parked until raised: lattice budget run-parked --tokens N, the new total)" in html
+
+
+def test_the_calls_page_of_a_team_reference_no_worker_serves_is_a_bad_request(page: TestClient):
+    refused = page.get("/calls", params={"team": "pkg.teams:nope"}, auth=("ops", "s3cret"))
+    assert refused.status_code == 400 and "no live worker" in refused.text, refused.text[:500]
+    assert page.get("/calls", params={"team": "t"}, auth=("ops", "s3cret")).status_code == 200

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -26,3 +27,32 @@ def test_the_celery_app_module_registers_the_three_tasks_on_its_app():
     assert names.split(",") == sorted([DELIVER_TASK, RESUME_LEAD_TASK, RUN_LEAD_TASK])
     assert same == "True"  # the body, with Celery's retry of Redis connection errors
     assert shared == "False"  # registered on this app only, not as shared tasks
+
+
+def test_a_worker_warns_when_its_mailboxes_live_in_its_own_process():
+    # memory:// and SQLite in memory are accepted (one process can use them) but no
+    # client, lattice command or other worker sees such a worker's messages
+    code = (
+        "import logging, sys\n"
+        "logging.basicConfig(stream=sys.stdout, level=logging.WARNING, format='%(message)s')\n"
+        "import lattice_worker.runtime.worker.celery_app as m\n"
+        "local = ['memory://', 'sqlite://', 'sqlite:///', 'sqlite:///:memory:', 'sqlite:///f?mode=memory&cache=shared']\n"
+        "shared = ['redis://:pw@h:6379/0', 'sqlite:///x.db', 'sqlite:////tmp/x.db', 'postgresql://u@h/db']\n"
+        "print(all(map(m.process_local_mailbox, local)), any(map(m.process_local_mailbox, shared)))\n"
+        "m._warn_process_local_mailbox()\n"
+    )
+    env = {
+        **os.environ,
+        "LATTICE_MAILBOX_URL": "memory://",
+        "LATTICE_BROKER_URL": "redis://:secret@127.0.0.1:1/0",
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env, check=True
+    )
+    first, *rest = out.stdout.splitlines()
+    assert first == "True False"
+    assert rest == [
+        "the mailbox URL memory:/// (LATTICE_MAILBOX_URL) keeps the mailboxes inside this worker process: "
+        "no other worker or pool process, no client and no lattice command sees its messages; "
+        "give redis://..., postgresql://... or a sqlite:///path file"
+    ], out.stdout

@@ -42,6 +42,7 @@ from celery import signals
 from celery.exceptions import CPendingDeprecationWarning
 
 from lattice_client.celery_config import make_celery_app
+from lattice_mailbox.urls import mask_url
 
 from ..reaper.sweep import Reaper
 from ..run.trace import flush_tracers
@@ -162,6 +163,32 @@ def _start_heartbeat(sender: Any = None, **_: Any) -> None:
         len(info.queues),
         info.heartbeat_seconds,
     )
+
+
+def process_local_mailbox(url: str) -> bool:
+    """Whether mailbox ``url`` keeps its messages inside one process:
+    ``memory://``, or SQLite in memory (``sqlite://``, ``sqlite:///``,
+    ``sqlite:///:memory:``, ``mode=memory``)."""
+    scheme, _, rest = url.partition("://")
+    scheme = scheme.lower()
+    if scheme == "memory":
+        return True
+    if scheme.split("+")[0] != "sqlite":
+        return False
+    path, _, query = rest.partition("?")
+    return path.removeprefix("/") in ("", ":memory:") or "mode=memory" in query
+
+
+@signals.worker_ready.connect
+def _warn_process_local_mailbox(**_: Any) -> None:
+    url = process.settings().mailbox_url
+    if process_local_mailbox(url):
+        logger.warning(
+            "the mailbox URL %s (LATTICE_MAILBOX_URL) keeps the mailboxes inside this worker process: "
+            "no other worker or pool process, no client and no lattice command sees its messages; "
+            "give redis://..., postgresql://... or a sqlite:///path file",
+            mask_url(url),
+        )
 
 
 @signals.worker_ready.connect
