@@ -306,7 +306,19 @@ def default_workspace_dir(where: str, name: str) -> str:
             f"{where}: the name {name!r} cannot name a workspace directory under {home_workspaces()}; "
             "pass workspace=... (a directory) or workspace=False"
         )
-    return str(home_workspaces() / name)
+    key = (os.environ.get("HOME"), name)
+    found = _DEFAULT_DIRS.get(key)
+    if found is None:
+        if len(_DEFAULT_DIRS) >= 1024:
+            _DEFAULT_DIRS.clear()
+        found = _DEFAULT_DIRS[key] = str(home_workspaces() / name)
+    return found
+
+
+_DEFAULT_DIRS: dict[tuple[str | None, str], str] = {}
+""":func:`default_workspace_dir` by ``(HOME, name)``: every agent spawned (one per
+step on a worker) asks for it twice, and the ``pathlib`` work took about as much CPU
+as the rest of the agent's construction."""
 
 
 def define_tool(
