@@ -53,7 +53,13 @@ def _listing(
 @command()
 def parked(
     ctx: typer.Context,
-    team: Annotated[str | None, typer.Argument(metavar="TEAM", help="Only this team's parked work.")] = None,
+    team: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="TEAM",
+            help="Only this team's parked work: its name or its reference (package.module:attribute).",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
     """List the tool calls parked for a person, then the work parked at its run's token budget, oldest first.
@@ -132,7 +138,11 @@ def resolve(
 def approvals(
     ctx: typer.Context,
     team: Annotated[
-        str | None, typer.Argument(metavar="TEAM", help="Only this team's pending approvals.")
+        str | None,
+        typer.Argument(
+            metavar="TEAM",
+            help="Only this team's pending approvals: its name or its reference (package.module:attribute).",
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
