@@ -82,7 +82,10 @@ def parked(
         out.print_json(json.dumps([r.model_dump(mode="json") for r in [*calls, *budget]]))
         return
     if not calls and not budget:
-        out.print("no parked calls" + (f" for team {team!r}" if team else ""), markup=False)
+        out.print(
+            "no parked calls and no work parked at a budget" + (f" for team {team!r}" if team else ""),
+            markup=False,
+        )
     if calls:
         out.print(waits_table("parked calls", calls, out.width, id_field="message_id"))
     if budget:

@@ -478,7 +478,7 @@ async def test_work_parked_at_the_budget_shows_in_parked_and_status(make_env, pr
     await e.drain()
     await e.client.cancel(lead_parked)  # a finished run's lead is not waiting any more
     assert await e.client.budget_waits() == []
-    assert "no parked calls" in lattice("parked").output
+    assert lattice("parked").output.strip() == "no parked calls and no work parked at a budget"
     assert 'id="budget-waits"' not in await asyncio.to_thread(ui_html, prefix, "/calls")
 
 
