@@ -80,7 +80,9 @@ class ViewsMixin:
         reference becomes the name a live worker published for it (``workers``:
         the live workers, read when not given); a name (or ``None``) is returned
         as it is. Raises ``ValueError`` for a malformed reference or one no live
-        worker published."""
+        worker published, ``TypeError`` when ``team`` is not a str."""
+        if team is not None and not isinstance(team, str):
+            raise TypeError(f"team must be a team name or reference (a str), not {type(team).__name__}")
         if not team or ":" not in team or "::" in team:
             return team
         live = LiveRegistry(workers if workers is not None else await self.live_workers())

@@ -471,6 +471,8 @@ async def test_work_parked_at_the_budget_shows_in_parked_and_status(make_env, pr
     assert "a reference needs ':attribute'" not in unserved.output
     with pytest.raises(ValueError, match="no live worker"):
         await e.client.budget_waits("tests.e2e.budget_teams:nope")
+    with pytest.raises(TypeError, match="team must be a team name or reference"):
+        await e.client.budget_waits(5)  # type: ignore[arg-type]
 
     # raised, the member's run goes on: no longer listed; the parked lead still is
     await e.client.raise_budget(member_parked, tokens=50_000)
