@@ -92,10 +92,7 @@ class FencedSessionStore(ReplayedTurn, RedisHistoryStore):
         return held if held is not None else await super().load()
 
     async def append(self, message: dict[str, Any]) -> None:
-        redo = self.skips_append(message)
-        if redo is not None:
-            if redo:
-                await self.replace(redo)
+        if await self.append_held(message):
             return
         await self._write("append", [_encode_message(message, where="FencedSessionStore.append")])
 

@@ -308,10 +308,7 @@ class ItemHistoryStore(ReplayedTurn, RedisHistoryStore):
         self._queued_replace = replace
 
     async def append(self, message: dict[str, Any]) -> None:
-        redo = self.skips_append(message)
-        if redo is not None:
-            if redo:
-                await self.replace(redo)
+        if await self.append_held(message):
             return
         self._queue([encode_message(message, "ItemHistoryStore.append")], replace=False)
 

@@ -70,8 +70,8 @@ class ReplayedTurn:
     call unknown to the journal: run again, never decided by its effect).
 
     A history store uses it as a mixin: ``load`` returns :meth:`held_history`
-    when not ``None``; ``append`` returns at once when :meth:`skips_append`
-    says so; ``replace`` calls :meth:`release` first."""
+    when not ``None``; ``append`` returns at once when :meth:`append_held`
+    handled the message; ``replace`` calls :meth:`release` first."""
 
     _held: tuple[list[dict[str, Any]], dict[str, Any]] | None = None
 
@@ -101,6 +101,19 @@ class ReplayedTurn:
             "content": turn.get("content"),
         }
         return [] if same else [*history, message]
+
+    async def append_held(self, message: dict[str, Any]) -> bool:
+        """What a store's ``append`` does first: ``True`` when ``message`` was
+        handled here (the held turn, stored already: skipped; another message:
+        the store replaced with the history before the turn, then ``message``,
+        through the store's own ``replace``), ``False`` when nothing is held
+        (append as usual)."""
+        redo = self.skips_append(message)
+        if redo is None:
+            return False
+        if redo:
+            await self.replace(redo)  # type: ignore[attr-defined]  # the host store's
+        return True
 
 
 __all__ = ["ReplayModelClient", "ReplayedTurn", "encode_message"]
