@@ -13,6 +13,7 @@ events, cancel) must go through.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -92,7 +93,22 @@ STEP_FAILURES = (
 connection only logs and sweeps again: not listed)."""
 
 
-def _no_step_failed(log: str) -> None:
+MID_REPLY = "Error while reading from"
+"""redis-py's error for a connection that died after the command was sent."""
+
+
+def _no_step_failed(log: str, *, mid_reply_batches: bool = False) -> None:
+    """No :data:`STEP_FAILURES` line in ``log``. ``mid_reply_batches``: a run
+    writer batch whose connection was killed while its reply was on the way is
+    let through (its writes' outcome is unknown and, by design, not sent again:
+    README "Not built yet"); one that failed for any other reason is not."""
+    if mid_reply_batches:
+        kept = []
+        for entry in re.split(r"(?m)^(?=\[\d{4}-)", log):  # one log record each
+            if "could not write a batch" in entry and MID_REPLY in entry:
+                continue
+            kept.append(entry)
+        log = "".join(kept)
     for symptom in STEP_FAILURES:
         at = log.find(symptom)
         assert at < 0, log[max(0, at - 1500) :][:5000]
@@ -211,4 +227,4 @@ def test_runs_ride_out_client_kill_bursts_at_any_moment(dep: OwnServerDeployment
     assert sum(kills) >= 20
     _check_members(d, tasks)
     assert worker.alive()
-    _no_step_failed(worker.log())
+    _no_step_failed(worker.log(), mid_reply_batches=True)
