@@ -22,7 +22,7 @@ import typer
 
 from ..settings import LatticeSettings, get_settings, is_amqp_url, unknown_variables
 from .help import HelpGroup, LatticeCommand
-from .output import EXIT_USAGE, err, redact, state
+from .output import EXIT_USAGE, err, out, redact, state
 
 GLOBAL_OPTIONS = ("--broker-url", "--mailbox-url", "--key-prefix", "--debug")
 """Options of ``lattice`` itself: they go before the command."""
@@ -192,6 +192,8 @@ def _main(
     )
     ctx.obj = options
     state.debug = debug
+    out.renew()  # this command's width (COLUMNS now, not at import)
+    err.renew()
     for name, close in unknown_variables(os.environ):
         hint = f" (did you mean {close}?)" if close else ""
         err.print(f"warning: {name} is not a lattice setting and is ignored{hint}", markup=False)

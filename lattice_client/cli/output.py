@@ -48,8 +48,29 @@ class State:
 state = State()
 """Set by the ``lattice`` callback for the command being run."""
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+class CommandConsole:
+    """A ``rich.console.Console`` made again for each ``lattice`` command
+    (:meth:`renew`, called by the command's callback); every other attribute is
+    the console's. Rich fixes a console's width from ``COLUMNS`` when the console
+    is made, and one process can run many commands (typer's ``CliRunner``, a
+    service that embeds the CLI): each command's tables then fit the width its
+    own environment gives, not the one at import."""
+
+    def __init__(self, **options: Any) -> None:
+        self._options = options
+        self._console = Console(**options)
+
+    def renew(self) -> None:
+        """Make the console again, reading ``COLUMNS`` / the terminal's size now."""
+        self._console = Console(**self._options)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._console, name)
+
+
+out = CommandConsole(highlight=False, soft_wrap=True)
+err = CommandConsole(stderr=True, highlight=False, soft_wrap=True)
 
 
 def redact(text: str) -> str:

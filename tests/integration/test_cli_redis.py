@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import subprocess
+import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 import redis
@@ -28,6 +32,7 @@ from tests.support.services import REDIS_URL
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
 runner = CliRunner()
+REPO = Path(__file__).resolve().parents[2]
 
 
 def register_teams(prefix: str, *names: str) -> None:
@@ -365,3 +370,34 @@ def test_inbox_status_all_shows_the_status_column_at_80_columns_when_every_messa
     # one status asked for: the title names it, so the column is the first to go
     lines, _ = _inbox_at_80(prefix, "pending", ids)
     assert _header_cells(lines, "example::searcher (pending)")[:2] == ["id", "attempts"]
+
+
+_COMMANDS_IN_ONE_PROCESS = """
+import json, sys
+from typer.testing import CliRunner
+from lattice_client.cli import app
+base = ["--broker-url", sys.argv[1], "--key-prefix", sys.argv[2], "status", "example"]
+widths = {}
+for columns in ("60", "200", "60"):
+    shown = CliRunner().invoke(app, base, env={"COLUMNS": columns})
+    assert shown.exit_code == 0, shown.output
+    widths.setdefault(columns, []).append(max(len(line.rstrip()) for line in shown.stdout.splitlines()))
+print(json.dumps(widths))
+"""
+
+
+def test_each_command_in_one_process_fits_its_own_columns(prefix):
+    """One process running many commands (CliRunner, a service embedding the CLI),
+    imported while COLUMNS said 40 (pytest-xdist's workers export COLUMNS=80): each
+    command fits the COLUMNS it runs with, not the width at import."""
+    lattice(
+        prefix, "submit", "example", "a question whose text is long enough to be cut " * 3, "--run-id", "wide"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LATTICE_")}
+    done = subprocess.run(
+        [sys.executable, "-c", _COMMANDS_IN_ONE_PROCESS, REDIS_URL, prefix],
+        env={**env, "COLUMNS": "40"}, capture_output=True, text=True, timeout=60, cwd=REPO,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    widths = json.loads(done.stdout.splitlines()[-1])
+    assert all(w <= 60 for w in widths["60"]) and widths["200"][0] > 70, widths  # not cut to 40 or 60
